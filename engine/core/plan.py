@@ -1,0 +1,265 @@
+"""The plan: the intermediate representation the rule compiler produces and the engine runs.
+
+Contract (read by ``rules/language`` and ``engine/spark``; changes here are additive only):
+
+* **Time** is ``int`` epoch milliseconds UTC everywhere (event times, durations, slack,
+  watermarks). :data:`END_OF_TIME` is the final heartbeat at +infinity: advancing to it
+  closes every window and fires every pending expiration.
+* **Expressions** are plain Python callables ``Callable[[Mapping[str, Any]], Any]``
+  (:data:`Expr`) built by the compiler. They read a row (column name -> value, timestamps
+  as int ms) and return a value; ``None`` is SQL NULL. The engine never parses or
+  evaluates text.
+* A :class:`Plan` is the set of stream schemas (sources and derived streams) plus the
+  compiled queries, one per ``CREATE STREAM ... AS`` / ``CREATE ALERT ... AS``
+  statement. A :class:`Query` reads one stream, applies stateless ``pre`` ops (the SQL
+  ``WHERE``), at most one window (:class:`OverWindow` for ``agg OVER (...)``,
+  :class:`ExtentWindow` for ``FROM s [RANGE r SLIDE s] GROUP BY ...``), then stateless
+  ``post`` ops (the ``SELECT`` list as a :class:`Project`, ``HAVING`` as a
+  :class:`Filter`), and writes to its :class:`Sink`.
+* The row a window hands to ``post`` is: for :class:`OverWindow`, the input row (or the
+  expiring row, for outputs of active expiration) plus one entry per aggregate alias;
+  for :class:`ExtentWindow`, the ``group_by`` columns, the aggregate aliases and the
+  pseudo-columns ``window_start`` / ``window_end``.
+* Event time travels with every output row outside its columns (``Output.ts`` in
+  :mod:`engine.core.evaluator`): an over-window output has the input tuple's timestamp
+  (or the expiration instant), an extent output has ``window_end``, a stateless query
+  keeps its input's event time.
+* :meth:`Plan.stages` cuts the plan into :class:`Stage` s, the units the runtime runs:
+  each stage has one input stream and partition-key columns; the runtime groups the
+  input rows by the key and runs one ``KeyedEvaluator`` per (stage, key value).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.core.aggregates import WindowAggregate
+
+END_OF_TIME: int = 2**62
+"""The final heartbeat at +infinity (int ms). Far below 2**63 so ``ts + range`` cannot
+overflow a BIGINT column."""
+
+Expr = Callable[[Mapping[str, Any]], Any]
+"""A compiled expression: row -> value (None is SQL NULL)."""
+
+
+class ColumnType(StrEnum):
+    """SQL column types of the rule language. TIMESTAMP values are int epoch ms."""
+
+    INT = "INT"
+    BIGINT = "BIGINT"
+    DOUBLE = "DOUBLE"
+    STRING = "STRING"
+    BOOLEAN = "BOOLEAN"
+    TIMESTAMP = "TIMESTAMP"
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a stream schema."""
+
+    name: str
+    type: ColumnType
+
+
+@dataclass(frozen=True)
+class StreamSchema:
+    """A stream: ``CREATE STREAM name (...) ORDER BY ts SLACK d SOURCE 'topic'``.
+
+    Derived streams (``CREATE STREAM name AS SELECT ...``) have a schema too, with
+    ``topic=None`` and ``slack_ms=0``; their ``timestamp`` names the SELECT column that
+    carries the event time if there is one, else ``None``.
+    """
+
+    name: str
+    columns: tuple[Column, ...]
+    timestamp: str | None
+    slack_ms: int = 0
+    topic: str | None = None
+
+    def column(self, name: str) -> Column:
+        """The column called ``name`` (KeyError if absent)."""
+        for col in self.columns:
+            if col.name == name:
+                return col
+        raise KeyError(f"stream {self.name!r} has no column {name!r}")
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Keep the rows where ``predicate`` is true (None, like SQL NULL, drops the row)."""
+
+    predicate: Expr
+
+
+@dataclass(frozen=True)
+class Project:
+    """Replace the row by ``{name: expr(row) for name, expr in columns}`` (SELECT list)."""
+
+    columns: tuple[tuple[str, Expr], ...]
+
+
+StatelessOp = Filter | Project
+
+
+class FrameUnits(StrEnum):
+    """How an OVER frame is measured: in rows (physical) or in event time (logical)."""
+
+    ROWS = "ROWS"
+    RANGE = "RANGE"
+
+
+@dataclass(frozen=True)
+class AggCall:
+    """One aggregate call in a SELECT list: ``name(args...) [OVER (...)] AS alias``.
+
+    ``factory`` is None for a built-in (looked up by ``name`` in
+    ``engine.core.aggregates.BUILTINS``) or, for ``CREATE AGGREGATE ... LANGUAGE PYTHON``,
+    the imported class (a ``WindowAggregate`` subclass) called with no arguments to get
+    a fresh aggregate. ``args`` are evaluated on the input row; ``count(*)`` has none.
+    """
+
+    name: str
+    args: tuple[Expr, ...]
+    alias: str
+    factory: Callable[[], WindowAggregate] | None = None
+
+
+@dataclass(frozen=True)
+class OverWindow:
+    """A data-driven window: ``agg OVER (PARTITION BY ... ROWS|RANGE ... [SLIDE | ACTIVE
+    EXPIRATION])`` (SQL:2003 / ESL §5). One output per input tuple (per yield tuple with
+    a slide), plus, with active expiration, one per expiring tuple.
+
+    * ``units=ROWS``: the frame is the row and the ``preceding`` rows before it.
+    * ``units=RANGE``: the frame is ``[ts - preceding, ts]``, peers (equal ts) included.
+    * ``preceding=None``: UNBOUNDED PRECEDING (landmark from the partition's start).
+    * ``slide_rows`` / ``slide_ms``: keep only the yield tuple (the last one) of each
+      n-row slot, or of each time slot ``[k*s, (k+1)*s)`` counted from the epoch.
+    * ``active_expiration``: RANGE only; a tuple at ``t`` expires at ``t + preceding``,
+      after all tuples at that instant, and its ``expire`` may emit.
+    * ``lag``: the frame is delayed by ``lag`` rows/ms behind the current tuple (0: none).
+
+    All aggregates of one SELECT share one OverWindow (one window spec per query).
+    """
+
+    aggregates: tuple[AggCall, ...]
+    units: FrameUnits
+    preceding: int | None
+    partition_by: tuple[str, ...] = ()
+    slide_rows: int | None = None
+    slide_ms: int | None = None
+    active_expiration: bool = False
+    lag: int = 0
+
+
+@dataclass(frozen=True)
+class ExtentWindow:
+    """A domain-driven window: ``FROM s [RANGE r SLIDE s] GROUP BY g`` (CQL / WID).
+
+    The extents are ``[e - range_ms, e)`` for every ``e`` that is a multiple of
+    ``slide_ms`` from the epoch; each non-empty extent's result (one row per group) is
+    emitted once, when the watermark passes ``e``, with event time ``e``.
+    """
+
+    aggregates: tuple[AggCall, ...]
+    range_ms: int
+    slide_ms: int
+    group_by: tuple[str, ...] = ()
+
+
+class SinkKind(StrEnum):
+    """Where a query's rows go: a derived stream (its own table) or the alerts table."""
+
+    STREAM = "STREAM"
+    ALERT = "ALERT"
+
+
+@dataclass(frozen=True)
+class Sink:
+    """A query's destination; ``name`` is the derived stream's or the alert's name."""
+
+    name: str
+    kind: SinkKind
+
+
+@dataclass(frozen=True)
+class Query:
+    """One compiled statement: input -> pre -> [window] -> post -> sink."""
+
+    sink: Sink
+    input: str
+    pre: tuple[StatelessOp, ...] = ()
+    window: OverWindow | ExtentWindow | None = None
+    post: tuple[StatelessOp, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """Partition-key columns of the input stream (empty: one evaluator in all)."""
+        if isinstance(self.window, OverWindow):
+            return self.window.partition_by
+        if isinstance(self.window, ExtentWindow):
+            return self.window.group_by
+        return ()
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What the runtime runs as one (keyed) operator.
+
+    ``query`` is a stateful query, or a stateless one whose input is not produced inside
+    another stage; ``downstream`` are the stateless queries fed, directly or
+    transitively, by its sink, in plan order. Every output of the stage is one of
+    their sinks. Rows of ``input`` are grouped by ``key`` (column names of ``input``).
+    """
+
+    query: Query
+    downstream: tuple[Query, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The stage is named after its root query's sink."""
+        return self.query.sink.name
+
+    @property
+    def input(self) -> str:
+        """The stream whose rows feed the stage."""
+        return self.query.input
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """Partition-key columns; the runtime runs one evaluator per key value."""
+        return self.query.key
+
+
+@dataclass(frozen=True)
+class Plan:
+    """All streams (sources and derived) and all compiled queries of a rule set."""
+
+    streams: Mapping[str, StreamSchema] = field(default_factory=dict)
+    queries: tuple[Query, ...] = ()
+
+    def sources(self) -> Iterator[StreamSchema]:
+        """The streams fed from outside (those no query writes)."""
+        written = {q.sink.name for q in self.queries}
+        return (s for s in self.streams.values() if s.name not in written)
+
+    def stages(self) -> tuple[Stage, ...]:
+        """Cut the plan into stages: stateless queries join the stage that feeds them."""
+        producer = {q.sink.name: q for q in self.queries}
+
+        def root(q: Query) -> Query:
+            # Walk up through stateless queries over derived streams.
+            while q.window is None and q.input in producer:
+                q = producer[q.input]
+            return q
+
+        roots = [q for q in self.queries if root(q) is q]
+        return tuple(
+            Stage(r, tuple(q for q in self.queries if q is not r and root(q) is r))
+            for r in roots
+        )
