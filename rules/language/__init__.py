@@ -1,0 +1,1 @@
+"""The Lookout rule language: grammar, parser, checker, compiler and CLI."""
