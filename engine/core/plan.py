@@ -219,6 +219,8 @@ class Stage:
 
     query: Query
     downstream: tuple[Query, ...] = ()
+    timestamp: str = "ts"
+    """The input stream's timestamp column (int ms in the rows given to the evaluator)."""
 
     @property
     def name(self) -> str:
@@ -258,8 +260,16 @@ class Plan:
                 q = producer[q.input]
             return q
 
+        def timestamp(stream: str) -> str:
+            schema = self.streams.get(stream)
+            return schema.timestamp if schema and schema.timestamp else "ts"
+
         roots = [q for q in self.queries if root(q) is q]
         return tuple(
-            Stage(r, tuple(q for q in self.queries if q is not r and root(q) is r))
+            Stage(
+                r,
+                tuple(q for q in self.queries if q is not r and root(q) is r),
+                timestamp(r.input),
+            )
             for r in roots
         )
