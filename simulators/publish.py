@@ -1,0 +1,263 @@
+"""Where the messages go: MQTT (paced, batched, acknowledged), a JSON-lines file, or replay.
+
+The pacing maps arrival time (event-time ms) to the wall clock: a message arriving at
+``a`` is sent at ``wall0 + (a - start) / speedup``; ``speedup`` 0 sends as fast as
+possible. Readings for one topic are batched up to ``batch`` per message (a JSON array;
+a single reading goes as an object); a partial batch goes out whenever the publisher
+is ahead of schedule, so batching never adds latency. Heartbeats and malformed payloads
+are single messages, sent after the buffered readings.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import IO
+
+import orjson
+import paho.mqtt.client as mqtt
+
+from simulators.common import format_ts, parse_ts
+from simulators.disorder import Message
+from simulators.truth import Truth
+
+
+class FileSink:
+    """Writes readings as JSON lines in arrival order (malformed payloads as raw lines).
+
+    Heartbeats are not written: the file is the readings a replay consumes, and its end
+    is the final heartbeat.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._fh: IO[bytes] = open(path, "wb")  # noqa: SIM115
+        self.readings = 0
+        self.messages = 0
+        self.inflight = 0
+
+    def send(self, kind: str, topic: str, payload: dict | bytes) -> None:
+        """Write one message (heartbeats are dropped)."""
+        if kind == "heartbeat":
+            return
+        if kind == "reading":
+            self.readings += 1
+            self._fh.write(orjson.dumps(payload) + b"\n")
+        else:
+            data = payload if isinstance(payload, bytes) else orjson.dumps(payload)
+            self._fh.write(data.replace(b"\n", b" ") + b"\n")
+        self.messages += 1
+
+    def flush(self) -> None:
+        """Nothing is buffered beyond the file object's own buffer."""
+
+    def close(self) -> None:
+        """Close the file."""
+        self._fh.close()
+
+
+class MqttSink:
+    """Publishes to an MQTT broker with QoS ``qos``, at most ``max_inflight`` unacknowledged.
+
+    ``close`` waits for every PUBACK (QoS 1) so that a finished run has lost nothing.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        qos: int = 1,
+        batch: int = 1,
+        client_id: str | None = None,
+        max_inflight: int = 1000,
+    ) -> None:
+        self.qos = qos
+        self.batch = max(1, batch)
+        self.max_inflight = max_inflight
+        self.readings = 0
+        self.messages = 0
+        self._acked = 0
+        self._cond = threading.Condition()
+        self._buf: dict[str, list[dict]] = {}
+        cid = client_id or f"lookout-sim-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid)
+        self._client.max_inflight_messages_set(max_inflight)
+        self._client.on_publish = self._on_publish
+        self._connected = threading.Event()
+        self._client.on_connect = lambda c, u, f, rc, p: self._connected.set()
+        self._client.connect(host, port, keepalive=30)
+        self._client.loop_start()
+        if not self._connected.wait(10):
+            self._client.loop_stop()
+            raise ConnectionError(f"no CONNACK from {host}:{port}")
+
+    @property
+    def inflight(self) -> int:
+        """Messages published but not yet acknowledged."""
+        return self.messages - self._acked if self.qos else 0
+
+    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+        with self._cond:
+            self._acked += 1
+            self._cond.notify()
+
+    def _publish(self, topic: str, data: bytes) -> None:
+        if self.qos:
+            with self._cond:
+                # Bound the in-flight window: paho would otherwise queue without limit.
+                while self.messages - self._acked >= self.max_inflight:
+                    self._cond.wait(1.0)
+        self.messages += 1
+        self._client.publish(topic, data, qos=self.qos)
+
+    def _flush_topic(self, topic: str) -> None:
+        buf = self._buf.pop(topic, None)
+        if buf:
+            self._publish(topic, orjson.dumps(buf[0] if len(buf) == 1 else buf))
+
+    def send(self, kind: str, topic: str, payload: dict | bytes) -> None:
+        """Queue a reading for its topic's batch, or publish a heartbeat/malformed payload."""
+        if kind == "reading":
+            self.readings += 1
+            buf = self._buf.setdefault(topic, [])
+            buf.append(payload)  # type: ignore[arg-type]
+            if len(buf) >= self.batch:
+                self._flush_topic(topic)
+            return
+        # Heartbeats promise no older readings: everything buffered must go first.
+        self.flush()
+        self._publish(topic, payload if isinstance(payload, bytes) else orjson.dumps(payload))
+
+    def flush(self) -> None:
+        """Publish every partial batch."""
+        for topic in list(self._buf):
+            self._flush_topic(topic)
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Flush, wait for all acknowledgements, disconnect."""
+        self.flush()
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.qos and self._acked < self.messages and time.monotonic() < deadline:
+                self._cond.wait(0.5)
+        self._client.disconnect()
+        self._client.loop_stop()
+
+
+class Progress:
+    """Prints counts and the achieved rate to stderr about once a second."""
+
+    def __init__(self, label: str, truth: Truth | None, quiet: bool = False) -> None:
+        self.label = label
+        self.truth = truth
+        self.quiet = quiet
+        self.t0 = time.monotonic()
+        self._last = self.t0
+        self._last_n = 0
+
+    def tick(self, sink: FileSink | MqttSink, event_ms: int, final: bool = False) -> None:
+        """Report if a second has passed (or always when ``final``)."""
+        now = time.monotonic()
+        if self.quiet or (not final and now - self._last < 1.0):
+            return
+        n = sink.readings
+        rate = (n - self._last_n) / max(now - self._last, 1e-9)
+        if final:
+            rate = n / max(now - self.t0, 1e-9)
+        faults = ""
+        if self.truth is not None:
+            c = self.truth.counts
+            faults = f" late {c['late']} dup {c['duplicate']} malformed {c['malformed']}"
+        print(
+            f"{self.label}: {n} readings in {sink.messages} msgs, "
+            f"{'average' if final else 'now'} {rate:,.0f} readings/s, in-flight {sink.inflight},"
+            f"{faults} event time {format_ts(event_ms, 'iso')}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._last, self._last_n = now, n
+
+
+def emit(
+    messages: Iterable[Message],
+    sink: FileSink | MqttSink,
+    speedup: float,
+    start_ms: int,
+    progress: Progress | None = None,
+) -> int:
+    """Send ``messages`` to ``sink`` paced by arrival time; return the readings sent.
+
+    ``speedup`` 0 means as fast as possible. Ctrl-C stops cleanly: what was sent is
+    flushed and acknowledged.
+    """
+    wall0 = time.monotonic()
+    event_ms = start_ms
+    try:
+        for arrival, kind, topic, payload in messages:
+            event_ms = arrival
+            if speedup > 0:
+                wait = wall0 + (arrival - start_ms) / 1000 / speedup - time.monotonic()
+                if wait > 0.001:
+                    sink.flush()
+                    time.sleep(wait)
+            sink.send(kind, topic, payload)
+            if progress is not None:
+                progress.tick(sink, event_ms)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sink.close()
+        if progress is not None:
+            progress.tick(sink, event_ms, final=True)
+    return sink.readings
+
+
+def _topic_of(reading: dict) -> str | None:
+    if "station" in reading:
+        return f"lookout/traffic/{reading['station']}/readings"
+    if "door" in reading:
+        return f"lookout/rfid/{reading['door']}/readings"
+    if "vid" in reading:
+        return f"lookout/positions/{reading.get('xway', 0)}/readings"
+    return None
+
+
+def replay_messages(lines: Iterable[bytes], default_topic: str) -> Iterator[Message]:
+    """Messages to republish a recorded JSON-lines file, timed by its readings' ``ts``.
+
+    A reading's arrival is the running maximum of ``ts`` (so a disordered file keeps its
+    order and its pace); lines that are not readings go, as they are, to the topic of the
+    reading before them (``default_topic`` at the start).
+    """
+    topic = default_topic
+    clock: int | None = None
+    for raw in lines:
+        line = raw.rstrip(b"\r\n")
+        if not line:
+            continue
+        try:
+            obj = orjson.loads(line)
+            t = parse_ts(obj["ts"])
+            new_topic = _topic_of(obj)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            obj, t, new_topic = None, None, None
+        if obj is None or new_topic is None or t is None:
+            yield (clock or 0), "malformed", topic, line
+            continue
+        topic = new_topic
+        clock = t if clock is None else max(clock, t)
+        yield clock, "reading", topic, obj
+
+
+def first_ts(path: str) -> int:
+    """The ``ts`` of the first parseable reading of a recorded file (its replay start)."""
+    with open(path, "rb") as fh:
+        for line in fh:
+            try:
+                return parse_ts(orjson.loads(line)["ts"])
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+    return 0
