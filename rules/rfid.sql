@@ -1,0 +1,43 @@
+-- RFID rules over the door readers (ESL §7, examples 17 and 18).
+-- One reading per tag seen at a door: tagid, tagtype ('item', 'case', 'pallet', or
+-- 'ap' = authorised person), door, and the reading's own event time ts.
+CREATE STREAM tag_readings (tagid STRING, tagtype STRING, door STRING, ts TIMESTAMP)
+  ORDER BY ts SLACK 2 SECONDS SOURCE 'lookout/rfid/+/readings';
+
+-- packing_groups (ESL example 17): items read at one door less than 2 s apart are
+-- packed into the same case; a longer gap starts the next group. packing_group() is
+-- non-blocking and keeps only the previous item's time.
+CREATE AGGREGATE packing_group(tagtime TIMESTAMP) RETURNS BIGINT
+  LANGUAGE PYTHON AS 'rules.udas:PackingGroup';
+CREATE STREAM packing_groups AS
+  SELECT tagid, door, ts,
+         packing_group(ts) OVER (PARTITION BY door ROWS UNBOUNDED PRECEDING) AS group_no
+  FROM tag_readings WHERE tagtype = 'item';
+
+-- larceny (ESL example 18): an item leaves through a door and no authorised person
+-- is read at that door within 5 s before or after it. Active expiration fires the
+-- check 5 s after the item, even if nothing else is read at the door.
+CREATE AGGREGATE item_alarm(tagid STRING, tagtype STRING, tagtime TIMESTAMP) RETURNS STRING
+  LANGUAGE PYTHON AS 'rules.udas:ItemAlarm';
+CREATE ALERT larceny SEVERITY critical
+  MESSAGE 'item {tagid} left through door {door} without an authorised person'
+  AS SELECT tagid, door, ts AS tagtime,
+            item_alarm(tagid, tagtype, ts) OVER (PARTITION BY door RANGE 5 SECONDS PRECEDING ACTIVE EXPIRATION) AS alarm
+     FROM tag_readings;
+
+-- missed_shipping: a tag read at the 'receiving' door and not at the next door,
+-- 'shipping', within 30 minutes.
+CREATE AGGREGATE missed_door(door STRING, next_door STRING) RETURNS STRING
+  LANGUAGE PYTHON AS 'rules.udas:MissedDoor';
+CREATE ALERT missed_shipping SEVERITY warning
+  MESSAGE 'tag {tagid} seen at {last_door} but not at shipping within 30 minutes'
+  AS SELECT tagid,
+            missed_door(door, 'shipping') OVER (PARTITION BY tagid RANGE 30 MINUTES PRECEDING ACTIVE EXPIRATION) AS last_door
+     FROM tag_readings WHERE door IN ('receiving', 'shipping') AND tagtype <> 'ap';
+
+-- daily_door_counts: readings per door per day (UTC), one row per door when the
+-- day ends (a one-day tumble: extents [midnight, next midnight)).
+CREATE STREAM daily_door_counts AS
+  SELECT door, window_end, count(*) AS readings
+  FROM tag_readings [RANGE 1 DAY]
+  GROUP BY door;

@@ -1,0 +1,59 @@
+-- Traffic rules over the loop-detector stream (PIPES §2.2 running example).
+-- One reading per vehicle passing a detector: station, lane, speed (m/s), length (m),
+-- and the reading's own event time ts. Readings up to 2 s out of order are reordered.
+CREATE STREAM traffic (station INT, lane INT, speed DOUBLE, length DOUBLE, ts TIMESTAMP)
+  ORDER BY ts SLACK 2 SECONDS SOURCE 'lookout/traffic/+/readings';
+
+-- station_speed: per station, the average speed over the last 15 minutes, reported
+-- for the last reading of each minute (data-driven window, ESL §5.3; SLIDE keeps the
+-- yield tuple of each one-minute slot).
+CREATE STREAM station_speed AS
+  SELECT station, ts,
+         avg(speed) OVER (PARTITION BY station RANGE 15 MINUTES PRECEDING SLIDE 1 MINUTE) AS avg_speed
+  FROM traffic;
+
+-- congestion (PIPES §2.2): a station whose 15-minute average speed is below 15 m/s.
+CREATE ALERT congestion SEVERITY warning
+  MESSAGE 'station {station}: {avg_speed} m/s over 15 minutes'
+  AS SELECT station, ts, avg_speed FROM station_speed WHERE avg_speed < 15;
+
+-- segment_minmax (WID Q1): per station, the highest and lowest speed over 5 minutes,
+-- every minute (domain-driven window: extents [e - 5 min, e) for every whole minute e,
+-- each emitted once when the watermark passes e).
+CREATE STREAM segment_minmax AS
+  SELECT station, window_end, max(speed) AS max_speed, min(speed) AS min_speed
+  FROM traffic [RANGE 5 MINUTES SLIDE 1 MINUTE]
+  GROUP BY station;
+
+-- station_volume (WID Q2/Q4): per station, how many of its last 1,000 readings were
+-- long vehicles (over 10 m), reported every 100 readings (count-based window with a
+-- slide: the yield tuple of each 100-row slot).
+CREATE STREAM station_volume AS
+  SELECT station, ts,
+         count(*) OVER (PARTITION BY station ROWS 999 PRECEDING SLIDE 100) AS vehicles,
+         sum(CASE WHEN length > 10 THEN 1 ELSE 0 END)
+           OVER (PARTITION BY station ROWS 999 PRECEDING SLIDE 100) AS long_vehicles
+  FROM traffic;
+
+-- silent_detector: a station that sent no reading for 5 minutes. Active expiration
+-- (ESL §5.2): the station's newest reading expires 5 minutes after its timestamp even
+-- if no reading of that station ever follows; silence() emits its timestamp then.
+CREATE AGGREGATE silence(ts TIMESTAMP) RETURNS TIMESTAMP
+  LANGUAGE PYTHON AS 'rules.udas:Silence';
+CREATE ALERT silent_detector SEVERITY warning
+  MESSAGE 'station {station}: no reading since {last_reading}'
+  AS SELECT station,
+            silence(ts) OVER (PARTITION BY station RANGE 5 MINUTES PRECEDING ACTIVE EXPIRATION) AS last_reading
+     FROM traffic;
+
+-- stopped_vehicle (Linear Road style): four consecutive reports of a lane all below
+-- 1 m/s mean a vehicle standing on the detector: a stopped vehicle or an accident.
+CREATE STREAM lane_reports AS
+  SELECT station, lane, ts,
+         max(speed) OVER (PARTITION BY station, lane ROWS 3 PRECEDING) AS max_speed,
+         count(*) OVER (PARTITION BY station, lane ROWS 3 PRECEDING) AS reports
+  FROM traffic;
+CREATE ALERT stopped_vehicle SEVERITY critical
+  MESSAGE 'station {station} lane {lane}: vehicle stopped (4 reports under 1 m/s)'
+  AS SELECT station, lane, ts, max_speed FROM lane_reports
+     WHERE reports = 4 AND max_speed < 1.0;
