@@ -1,0 +1,60 @@
+"""`lookout rules check [PATH...]` and `lookout rules explain NAME`.
+
+`lookout/cli.py` calls `register(subparsers)` and dispatches with `args.func(args)`,
+which returns the process exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rules.language.checker import check_statements
+from rules.language.explain import explain
+from rules.language.loader import RULES_DIR, check_paths, rule_files
+from rules.language.parser import parse_text
+
+
+def _check(args: argparse.Namespace) -> int:
+    errors = check_paths(args.paths or [RULES_DIR])
+    for error in errors:
+        print(error.format(), file=sys.stderr)
+    if errors:
+        print(f"{len(errors)} error{'s' if len(errors) != 1 else ''}", file=sys.stderr)
+        return 1
+    files = rule_files(args.paths or [RULES_DIR])
+    print(f"ok: {len(files)} rule file{'s' if len(files) != 1 else ''}")
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    statements, texts = [], {}
+    for path in rule_files(args.rules or [RULES_DIR]):
+        texts[str(path)] = path.read_text(encoding="utf-8")
+        parsed, syntax = parse_text(texts[str(path)], str(path))
+        for error in syntax:
+            print(error.format(), file=sys.stderr)
+        statements.extend(parsed)
+    # Explain what can be explained even if other rules have errors.
+    catalog, _ = check_statements(statements, texts)
+    text = explain(catalog, args.name)
+    if text is None:
+        print(f"no stream, alert, table or aggregate named '{args.name}'", file=sys.stderr)
+        return 1
+    print(text)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the `rules` command (with `check` and `explain`) to an argparse subparsers."""
+    rules = subparsers.add_parser("rules", help="check and explain rule files")
+    sub = rules.add_subparsers(dest="rules_command", required=True)
+    check = sub.add_parser("check", help="check rule files; exit 1 on any error")
+    check.add_argument("paths", nargs="*", metavar="PATH",
+                       help="rule files or folders (default: the rules/ folder)")
+    check.set_defaults(func=_check)
+    expl = sub.add_parser("explain", help="explain a rule's streams, keys, windows, outputs")
+    expl.add_argument("name", metavar="NAME")
+    expl.add_argument("--rules", action="append", metavar="PATH",
+                      help="rule files or folders (default: the rules/ folder)")
+    expl.set_defaults(func=_explain)
