@@ -220,6 +220,7 @@ def _simulate(
             args.ts_format,
             round(args.heartbeat_interval * 1000) if args.heartbeats else None,
             start,
+            end,
         )
         try:
             sink = (

@@ -118,11 +118,14 @@ def arrange(
     ts_format: str,
     heartbeat_ms: int | None,
     start_ms: int,
+    end_ms: int | None = None,
 ) -> Iterator[Message]:
     """Yield the messages of ``readings`` in arrival order, with heartbeats.
 
     ``sources`` maps every source id to its kind (``traffic``, ``rfid``, ``positions``),
     which names its heartbeat topic. ``heartbeat_ms`` None turns heartbeats off.
+    ``end_ms`` is the run's end (None: endless): readings too close to it to be
+    overtaken by a newer one by more than the slack are not made late.
     """
     skew: dict[str, int] = {}
     for src in sorted(sources):
@@ -130,6 +133,7 @@ def arrange(
         if skew[src]:
             truth.record({"type": "skew", "source": src, "skew_ms": skew[src]})
     late_extra = faults.slack_ms + 2 * model.bound_ms
+    last_late = end_ms - late_extra - 1000 if end_ms is not None else None
     p_mal = faults.malformed
     p_late = p_mal + faults.late
     p_dup = p_late + faults.duplicate
@@ -176,7 +180,7 @@ def arrange(
             body = _malform(payload, how)
             kind = "malformed"
             truth.record({"type": "malformed", "source": r.source, "seq": r.seq, "reason": how})
-        elif u < p_late:
+        elif u < p_late and (last_late is None or r.t < last_late):
             arrival = r.t + late_extra + rng.randint(1000, 10000)
             truth.record(
                 {
@@ -203,9 +207,9 @@ def arrange(
             next_hb += heartbeat_ms
     yield from drain(last_arrival)
     if next_hb is not None:
-        end = max(last_t, last_arrival)
+        # Nothing more will come: promise the run's end (never less than before).
+        final = max(last_t, end_ms or 0, model.floor(next_hb - heartbeat_ms))
         for src in sorted(sources):
             topic = f"lookout/{sources[src]}/{src}/heartbeat"
-            # Nothing more will come, so the promise can be the last reading's time.
-            ts = format_ts(last_t + skew[src], ts_format)
-            yield end, "heartbeat", topic, {"source": src, "ts": ts}
+            ts = format_ts(final + skew[src], ts_format)
+            yield max(last_t, last_arrival), "heartbeat", topic, {"source": src, "ts": ts}
