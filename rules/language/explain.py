@@ -58,8 +58,9 @@ def window_lines(spec: ast.WindowSpec) -> list[str]:
                      f"{duration_words(spec.range_ms)} every {duration_words(slide)}, "
                      "aligned to the epoch; each extent's result is emitted once, when the "
                      "watermark passes its end")
+        base = t0 - t0 % slide  # extents end at multiples of the slide from the epoch
         for k in range(1, 4):
-            end = t0 + k * slide
+            end = base + k * slide
             lines.append(f"  extent [{_clock(end - spec.range_ms)}, {_clock(end)}) "
                          f"is emitted when the watermark reaches {_clock(end)}")
         return lines

@@ -1,0 +1,20 @@
+"""Shared helpers for the rule-language tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rules.language.errors import RuleError
+from rules.language.loader import check_paths
+
+TRAFFIC = """\
+CREATE STREAM traffic (station INT, lane INT, speed DOUBLE, length DOUBLE, ts TIMESTAMP)
+  ORDER BY ts SLACK 2 SECONDS SOURCE 'lookout/traffic/+/readings';
+"""
+
+
+def check_text(tmp_path: Path, text: str, name: str = "rule.sql") -> tuple[str, list[RuleError]]:
+    """Write `text` to a rule file and check it; return the file's path and the errors."""
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path), check_paths([path])
