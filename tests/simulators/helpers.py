@@ -17,6 +17,15 @@ KEYS = (
 )
 
 
+def is_reading(obj: object) -> bool:
+    """A well-formed reading (epoch-ms ts and every field of its kind)."""
+    return (
+        isinstance(obj, dict)
+        and isinstance(obj.get("ts"), int)
+        and any(all(k in obj for k in keys) for keys in KEYS)
+    )
+
+
 def simulate(tmp: Path, *argv: str, name: str = "run") -> tuple[Path, Path]:
     """Run ``simulate ARGV --out tmp/name.jsonl --truth tmp/name.truth``; return both paths."""
     out, truth = tmp / f"{name}.jsonl", tmp / f"{name}.truth"
@@ -34,7 +43,7 @@ def load(out: Path) -> tuple[list[dict], list[bytes]]:
         except orjson.JSONDecodeError:
             bad.append(line)
             continue
-        if isinstance(obj.get("ts"), int) and any(all(k in obj for k in keys) for keys in KEYS):
+        if is_reading(obj):
             good.append(obj)
         else:
             bad.append(line)

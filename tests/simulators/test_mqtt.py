@@ -1,0 +1,151 @@
+"""Publishing to a real mosquitto on loopback: a subscriber receives every reading."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import paho.mqtt.client as mqtt
+import pytest
+
+from simulators.cli import main
+from tests.simulators.helpers import is_reading, load, simulate
+
+pytestmark = pytest.mark.mqtt
+
+RUN = (
+    "traffic",
+    "--rate",
+    "2000",
+    "--duration",
+    "10",
+    "--start",
+    "2026-01-01T00:00:00Z",
+    "--seed",
+    "3",
+    "--disorder",
+    "bounded:1",
+    "--duplicate-fraction",
+    "0.01",
+    "--malformed-fraction",
+    "0.01",
+    "--accident",
+    "2@0+5",
+)
+
+
+class Subscriber:
+    """Collects every message under ``lookout/#`` at QoS 1."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.readings: list[tuple[str, dict]] = []
+        self.heartbeats: list[dict] = []
+        self.malformed: list[bytes] = []
+        self._subscribed = threading.Event()
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="test-sub")
+        self.client.on_message = self._on_message
+        self.client.on_subscribe = lambda *a: self._subscribed.set()
+        self.client.on_connect = lambda c, *a: c.subscribe("lookout/#", qos=1)
+        self.client.connect(host, port)
+        self.client.loop_start()
+        assert self._subscribed.wait(10)
+
+    def _on_message(self, client, userdata, msg) -> None:
+        try:
+            body = orjson.loads(msg.payload)
+        except orjson.JSONDecodeError:
+            self.malformed.append(msg.payload)
+            return
+        if msg.topic.endswith("/heartbeat"):
+            self.heartbeats.append(body)
+            return
+        for r in body if isinstance(body, list) else [body]:
+            self.readings.append((msg.topic, r))
+
+    def wait_for(self, n: int, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.readings) + len(self.malformed) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # anything beyond n would show up now
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+@pytest.fixture
+def subscriber(mosquitto: tuple[str, int]) -> Iterator[Subscriber]:
+    sub = Subscriber(*mosquitto)
+    yield sub
+    sub.close()
+
+
+def _key(r: dict) -> bytes:
+    return orjson.dumps(r, option=orjson.OPT_SORT_KEYS)
+
+
+def test_publish_delivers_every_reading(
+    mosquitto: tuple[str, int], subscriber: Subscriber, tmp_path: Path
+) -> None:
+    host, port = mosquitto
+    lines = (simulate(tmp_path, *RUN)[0]).read_bytes().splitlines()
+    expected, bad = load(tmp_path / "run.jsonl")
+    rc = main(
+        [*RUN, "--host", host, "--port", str(port), "--speedup", "0", "--batch", "20", "--quiet"]
+    )
+    assert rc == 0
+    subscriber.wait_for(len(lines))
+    got = [r for _, r in subscriber.readings if is_reading(r)]
+    assert Counter(map(_key, got)) == Counter(map(_key, expected))
+    assert len(subscriber.readings) - len(got) + len(subscriber.malformed) == len(bad)
+    for topic, r in subscriber.readings:
+        if "station" in r:
+            assert topic == f"lookout/traffic/{r['station']}/readings"
+        elif "vid" in r:
+            assert topic == "lookout/positions/0/readings"
+    # Per source, MQTT keeps the publisher's order: the file's arrival order.
+    assert _seqs(got) == _seqs(expected)
+    hb_sources = Counter(h["source"] for h in subscriber.heartbeats)
+    assert set(hb_sources) == {f"station-{i}" for i in range(1, 11)} | {"xway-0"}
+    assert min(hb_sources.values()) >= 10
+
+
+def _seqs(readings: list[dict]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = defaultdict(list)
+    for r in readings:
+        out[r["source"]].append(r["seq"])
+    return out
+
+
+def test_replay_republishes_the_file(
+    mosquitto: tuple[str, int], subscriber: Subscriber, tmp_path: Path
+) -> None:
+    host, port = mosquitto
+    out, _ = simulate(tmp_path, *RUN)
+    lines = out.read_bytes().splitlines()
+    t0 = time.monotonic()
+    rc = main(
+        [
+            "replay",
+            str(out),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--speedup",
+            "5",
+            "--batch",
+            "50",
+            "--quiet",
+        ]
+    )
+    elapsed = time.monotonic() - t0
+    assert rc == 0
+    subscriber.wait_for(len(lines))
+    assert len(subscriber.readings) + len(subscriber.malformed) == len(lines)
+    # Ten seconds of event time at five times the original speed: about two seconds.
+    assert 1.5 < elapsed < 6
