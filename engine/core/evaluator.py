@@ -34,7 +34,7 @@ from engine.core.plan import (
     Stage,
     StatelessOp,
 )
-from engine.core.windows import OverOperator, Row, StatelessOperator
+from engine.core.windows import ExtentOperator, OverOperator, Row, StatelessOperator
 
 _SNAPSHOT_VERSION = 1
 
@@ -68,9 +68,9 @@ class KeyedEvaluator:
         self.stage = stage
         window = stage.query.window
         if isinstance(window, OverWindow):
-            self.operator: OverOperator | StatelessOperator = OverOperator(window)
+            self.operator: OverOperator | ExtentOperator | StatelessOperator = OverOperator(window)
         elif isinstance(window, ExtentWindow):
-            raise NotImplementedError("domain-driven (extent) windows are not implemented yet")
+            self.operator = ExtentOperator(window)
         else:
             self.operator = StatelessOperator()
         self.watermark = -END_OF_TIME

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine.core.aggregates import IncrementalAggregate, WindowAggregate, make_aggregate
-from engine.core.plan import AggCall, FrameUnits, OverWindow
+from engine.core.plan import END_OF_TIME, AggCall, ExtentWindow, FrameUnits, OverWindow
 
 Row = dict[str, Any]
 Arrival = tuple[int, Row]
@@ -83,14 +83,88 @@ class StatelessOperator:
         """No state."""
 
 
-class OverOperator:
-    """A data-driven window (``agg OVER (...)``) for one partition.
+class _Aggregating:
+    """What every window with aggregates holds: the calls, one aggregate per call, one
+    ``inwindow`` per ESL-shaped aggregate, and the frame buffer of
+    ``(uid, ts, row, args)`` entries, oldest first (``row`` is None unless the
+    window's outputs need the expiring tuple's columns)."""
 
-    State: the frame's buffer of ``(uid, ts, row, args)`` entries (``row`` only kept
-    under active expiration, whose outputs carry the expiring tuple's columns), one
-    aggregate per call, one ``inwindow`` per ESL-shaped aggregate, the arrival count
-    (row slides), and the pending yield of the current time slot.
-    """
+    def __init__(self, calls: tuple[AggCall, ...]) -> None:
+        self.calls = calls
+        self.aggs: list[WindowAggregate] = [make_aggregate(c.name, c.factory) for c in calls]
+        self.incremental = [isinstance(a, IncrementalAggregate) for a in self.aggs]
+        self.views: list[BufferView | None] = [
+            None if inc else BufferView() for inc in self.incremental
+        ]
+        self.buffer: deque[tuple[int, int, Row | None, tuple[tuple[Any, ...], ...]]] = deque()
+        self.arrived = 0
+
+    def _add(self, ts: int, row: Row, keep_row: bool, expires: bool) -> list[list[Any]]:
+        """Feed one tuple to every aggregate, then to the buffers; return the ESL-shaped
+        aggregates' emissions per call (empty lists for the incremental ones)."""
+        args = tuple(tuple(e(row) for e in c.args) for c in self.calls)
+        emitted: list[list[Any]] = []
+        for agg, inc, view, a in zip(self.aggs, self.incremental, self.views, args, strict=True):
+            if inc:
+                agg.accumulate(*a)  # type: ignore[attr-defined]
+                emitted.append([])
+            else:
+                assert view is not None
+                step = agg.initialize if self.arrived == 0 else agg.iterate
+                emitted.append([*step(a, view), *agg.terminate(view)])
+        self.arrived += 1
+        if expires:  # an UNBOUNDED frame never expires: no need to remember the tuple
+            self.buffer.append((self.arrived, ts, row if keep_row else None, args))
+        for view, a in zip(self.views, args, strict=True):
+            if view is not None:
+                view.entries.append((self.arrived, a))
+        return emitted
+
+    def _values(self, emitted: list[list[Any]]) -> list[list[Any]]:
+        """Fill in the incremental aggregates' current values."""
+        return [
+            [agg.get_value()] if inc else em  # type: ignore[attr-defined]
+            for agg, inc, em in zip(self.aggs, self.incremental, emitted, strict=True)
+        ]
+
+    def _expire_oldest(self) -> tuple[Row | None, list[list[Any]]]:
+        """Remove the oldest tuple, running ``retract``/``expire``; return its row and
+        the values emitted per call (incremental: the value after the retraction)."""
+        uid, _, row, args = self.buffer.popleft()
+        emitted: list[list[Any]] = []
+        for agg, inc, view, a in zip(self.aggs, self.incremental, self.views, args, strict=True):
+            if inc:
+                agg.retract(*a)  # type: ignore[attr-defined]
+                emitted.append([agg.get_value()])  # type: ignore[attr-defined]
+            elif view is not None and view.entries and view.entries[0][0] == uid:
+                emitted.append(list(agg.expire(a, view)))
+                view.entries.popleft()
+            else:
+                emitted.append([])  # deleted from inwindow earlier: it does not expire
+        return row, emitted
+
+    def get_state(self) -> Any:
+        """Plain data: buffer, aggregate states, inwindows, arrival count."""
+        return (
+            list(self.buffer),
+            [a.get_state() for a in self.aggs],
+            [None if v is None else list(v.entries) for v in self.views],
+            self.arrived,
+        )
+
+    def set_state(self, state: Any) -> None:
+        """Restore what ``get_state`` returned."""
+        buffer, aggs, views, self.arrived = state
+        self.buffer = deque(buffer)
+        for agg, s in zip(self.aggs, aggs, strict=True):
+            agg.set_state(s)
+        self.views = [None if v is None else BufferView(deque(v)) for v in views]
+
+
+class OverOperator(_Aggregating):
+    """A data-driven window (``agg OVER (...)``) for one partition: besides the frame, the
+    pending yield of the current time slot (``pending`` outputs, emitted by the timer at
+    ``pending_close``, the slot's last instant)."""
 
     def __init__(self, window: OverWindow) -> None:
         if window.lag:
@@ -103,46 +177,28 @@ class OverOperator:
             raise ValueError("ACTIVE EXPIRATION replaces SLIDE; they cannot be combined")
         if window.slide_rows and window.slide_ms:
             raise ValueError("a window slides in rows or in time, not both")
+        super().__init__(window.aggregates)
         self.window = window
-        self.calls = window.aggregates
-        self.aggs: list[WindowAggregate] = [
-            make_aggregate(c.name, c.factory) for c in window.aggregates
-        ]
-        self.incremental = [isinstance(a, IncrementalAggregate) for a in self.aggs]
-        self.views: list[BufferView | None] = [
-            None if inc else BufferView() for inc in self.incremental
-        ]
-        self.buffer: deque[tuple[int, int, Row | None, tuple[tuple[Any, ...], ...]]] = deque()
-        self.arrived = 0
         self.pending: list[Result] = []
         self.pending_close: int | None = None
-
-    # -- arrivals ---------------------------------------------------------------------
 
     def arrive(self, group: list[Arrival]) -> list[Result]:
         """Process one peer group (equal ts) in order; return the kept outputs."""
         w = self.window
         ts = group[0][0]
+        rows_frame = w.units is FrameUnits.ROWS
         per_tuple: list[tuple[Row, list[list[Any]]]] = []
         for _, row in group:
-            if w.units is FrameUnits.ROWS and w.preceding is not None:
+            if rows_frame and w.preceding is not None:
                 while len(self.buffer) > w.preceding:
                     self._expire_oldest()
-            args = tuple(tuple(e(row) for e in c.args) for c in self.calls)
-            emitted = self._accumulate(args)
-            self.arrived += 1
-            self.buffer.append((self.arrived, ts, row if w.active_expiration else None, args))
-            for view, a in zip(self.views, args, strict=True):
-                if view is not None:
-                    view.entries.append((self.arrived, a))
-            if w.units is FrameUnits.ROWS:
-                emitted = self._with_values(emitted)
-            per_tuple.append((row, emitted))
-        if w.units is FrameUnits.RANGE:
+            emitted = self._add(ts, row, w.active_expiration, w.preceding is not None)
+            per_tuple.append((row, self._values(emitted) if rows_frame else emitted))
+        if not rows_frame:
             # RANGE frames include peers: every peer reads the value after the last one.
-            per_tuple = [(row, self._with_values(em)) for row, em in per_tuple]
-        first = self.arrived - len(group) + 1
+            per_tuple = [(row, self._values(em)) for row, em in per_tuple]
         if w.slide_rows:
+            first = self.arrived - len(group) + 1
             return [
                 r
                 for i, (row, em) in enumerate(per_tuple, start=first)
@@ -155,28 +211,6 @@ class OverOperator:
             self.pending_close = (ts // w.slide_ms + 1) * w.slide_ms - 1
             return []
         return [r for row, em in per_tuple for r in _combine(ts, row, self.calls, em)]
-
-    def _accumulate(self, args: tuple[tuple[Any, ...], ...]) -> list[list[Any]]:
-        """Feed one tuple to every aggregate; the ESL-shaped ones' emissions, per call."""
-        emitted: list[list[Any]] = []
-        for agg, inc, view, a in zip(self.aggs, self.incremental, self.views, args, strict=True):
-            if inc:
-                agg.accumulate(*a)  # type: ignore[attr-defined]
-                emitted.append([])
-            else:
-                assert view is not None
-                step = agg.initialize if self.arrived == 0 else agg.iterate
-                emitted.append([*step(a, view), *agg.terminate(view)])
-        return emitted
-
-    def _with_values(self, emitted: list[list[Any]]) -> list[list[Any]]:
-        """Fill in the incremental aggregates' current values."""
-        return [
-            [agg.get_value()] if inc else em  # type: ignore[attr-defined]
-            for agg, inc, em in zip(self.aggs, self.incremental, emitted, strict=True)
-        ]
-
-    # -- timers -----------------------------------------------------------------------
 
     def _expiry_instant(self) -> int | None:
         w = self.window
@@ -196,52 +230,87 @@ class OverOperator:
         return self.pending_close
 
     def fire(self, instant: int) -> list[Result]:
-        """Close the time slot ending at ``instant`` and expire tuples due at it."""
+        """Close the time slot ending at ``instant`` and expire the tuples due at it; under
+        active expiration, each expiring tuple's outputs are stamped ``instant``."""
         out: list[Result] = []
         if self.pending_close is not None and self.pending_close <= instant:
             out, self.pending, self.pending_close = self.pending, [], None
         while (due := self._expiry_instant()) is not None and due <= instant:
-            out.extend(self._expire_oldest(due))
+            row, emitted = self._expire_oldest()
+            if row is not None:
+                out.extend(_combine(due, row, self.calls, emitted))
         return out
 
-    def _expire_oldest(self, instant: int | None = None) -> list[Result]:
-        """Remove the oldest tuple, running ``expire``/``retract``; under active
-        expiration return its outputs, stamped ``instant``."""
-        uid, _, row, args = self.buffer.popleft()
-        emitted: list[list[Any]] = []
-        for agg, inc, view, a in zip(self.aggs, self.incremental, self.views, args, strict=True):
-            if inc:
-                agg.retract(*a)  # type: ignore[attr-defined]
-                emitted.append([agg.get_value()])  # type: ignore[attr-defined]
-            elif view is not None and view.entries and view.entries[0][0] == uid:
-                emitted.append(list(agg.expire(a, view)))
-                view.entries.popleft()
-            else:
-                emitted.append([])  # deleted from inwindow earlier: it does not expire
-        if row is None or instant is None:
-            return []
-        return _combine(instant, row, self.calls, emitted)
-
-    # -- snapshot ---------------------------------------------------------------------
-
     def get_state(self) -> Any:
-        """Plain data: buffer, aggregate states, inwindows, counters, pending yield."""
-        return (
-            list(self.buffer),
-            [a.get_state() for a in self.aggs],
-            [None if v is None else list(v.entries) for v in self.views],
-            self.arrived,
-            self.pending,
-            self.pending_close,
-        )
+        """The frame's state plus the pending yield."""
+        return (super().get_state(), self.pending, self.pending_close)
 
     def set_state(self, state: Any) -> None:
         """Restore what ``get_state`` returned."""
-        buffer, aggs, views, self.arrived, self.pending, self.pending_close = state
-        self.buffer = deque(buffer)
-        for agg, s in zip(self.aggs, aggs, strict=True):
-            agg.set_state(s)
-        self.views = [None if v is None else BufferView(deque(v)) for v in views]
+        base, self.pending, self.pending_close = state
+        super().set_state(base)
+
+
+class ExtentOperator(_Aggregating):
+    """A domain-driven window (``FROM s [RANGE r SLIDE s] GROUP BY g``) for one group.
+
+    Extent ``[e - r, e)`` is a RANGE frame read at its last instant ``e - 1``: tuples are
+    accumulated on arrival, and the timer at ``e - 1`` (after every tuple at that
+    instant) retracts those below ``e - r`` and emits one row if the extent is not
+    empty. ESL-shaped aggregates give their result through ``terminate``.
+    """
+
+    def __init__(self, window: ExtentWindow) -> None:
+        if window.range_ms <= 0 or window.slide_ms <= 0:
+            raise ValueError("extent RANGE and SLIDE must be positive")
+        super().__init__(window.aggregates)
+        self.window = window
+        self.key: dict[str, Any] | None = None
+        self.closed = -END_OF_TIME  # end of the last extent emitted
+
+    def arrive(self, group: list[Arrival]) -> list[Result]:
+        """Accumulate the group; extents are emitted by timers."""
+        ts = group[0][0]
+        for _, row in group:
+            if self.key is None:
+                self.key = {c: row[c] for c in self.window.group_by}
+            self._add(ts, row, keep_row=False, expires=True)
+        return []
+
+    def next_timer(self) -> int | None:
+        """The last instant of the next extent that may hold the oldest buffered tuple."""
+        if not self.buffer:
+            return None
+        slide = self.window.slide_ms
+        end = (max(self.buffer[0][1], self.closed) // slide + 1) * slide
+        return end - 1
+
+    next_wakeup = next_timer
+
+    def fire(self, instant: int) -> list[Result]:
+        """Close the extent ending at ``instant + 1``."""
+        end = instant + 1
+        start = end - self.window.range_ms
+        while self.buffer and self.buffer[0][1] < start:
+            self._expire_oldest()
+        self.closed = end
+        if not self.buffer:
+            return []
+        values = [
+            [agg.get_value()] if inc else list(agg.terminate(view))  # type: ignore[attr-defined]
+            for agg, inc, view in zip(self.aggs, self.incremental, self.views, strict=True)
+        ]
+        row = {**(self.key or {}), "window_start": start, "window_end": end}
+        return _combine(end, row, self.calls, values)
+
+    def get_state(self) -> Any:
+        """The frame's state plus the group key and the last extent closed."""
+        return (super().get_state(), self.key, self.closed)
+
+    def set_state(self, state: Any) -> None:
+        """Restore what ``get_state`` returned."""
+        base, self.key, self.closed = state
+        super().set_state(base)
 
 
 def _combine(
