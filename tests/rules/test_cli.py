@@ -1,0 +1,59 @@
+"""`rules check` and `rules explain` as registered on an argparse parser."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from rules.language.cli import register
+from tests.rules.helpers import TRAFFIC
+
+
+def _run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="lookout")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_check_library_default_path(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["rules", "check"]) == 0
+    assert capsys.readouterr().out.startswith("ok: ")
+
+
+def test_check_reports_errors_with_caret(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.sql"
+    bad.write_text(TRAFFIC + "CREATE STREAM s AS SELECT station, sped FROM traffic;\n")
+    assert _run(["rules", "check", str(bad)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"{bad}:3:36: unknown column 'sped'")
+    assert err[1] == "CREATE STREAM s AS SELECT station, sped FROM traffic;"
+    assert err[2] == " " * 35 + "^"
+    assert err[3] == "1 error"
+
+
+def test_explain_congestion(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["rules", "explain", "station_speed"]) == 0
+    out = capsys.readouterr().out
+    assert "reads stream: traffic" in out
+    assert "slack 2 seconds" in out
+    assert "keys: station" in out
+    assert "for a tuple at t, the tuples in [t - 15 minutes, t]" in out
+    assert "a tuple at 01-01 01:15:00 sees [01-01 01:00:00, 01-01 01:15:00]" in out
+    assert "SLIDE 1 minute: only the last tuple of each slot is output" in out
+    assert "outputs: station INT, ts TIMESTAMP, avg_speed DOUBLE" in out
+
+
+def test_explain_domain_window(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["rules", "explain", "segment_minmax"]) == 0
+    out = capsys.readouterr().out
+    assert "extent [01-01 00:56:00, 01-01 01:01:00) is emitted when the watermark reaches " \
+           "01-01 01:01:00" in out
+
+
+def test_explain_unknown_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["rules", "explain", "nope"]) == 1
+    assert "no stream, alert, table or aggregate named 'nope'" in capsys.readouterr().err

@@ -1,0 +1,128 @@
+"""The compiler's output: the congestion plan the engine accepts, and expression
+closures with SQL NULL semantics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.core.evaluator import KeyedEvaluator
+from engine.core.plan import (
+    ColumnType,
+    Filter,
+    FrameUnits,
+    OverWindow,
+    Project,
+    SinkKind,
+)
+from rules.language import ast
+from rules.language.compiler import compile_expr
+from rules.language.loader import RULES_DIR, load_rules
+from rules.language.parser import parse_text
+from tests.rules.helpers import TRAFFIC
+
+
+def test_congestion_plan() -> None:
+    plan = load_rules([RULES_DIR / "traffic.sql"]).plan
+    traffic = plan.streams["traffic"]
+    assert (traffic.timestamp, traffic.slack_ms, traffic.topic) == (
+        "ts", 2000, "lookout/traffic/+/readings")
+    assert [(c.name, c.type) for c in traffic.columns] == [
+        ("station", ColumnType.INT), ("lane", ColumnType.INT), ("speed", ColumnType.DOUBLE),
+        ("length", ColumnType.DOUBLE), ("ts", ColumnType.TIMESTAMP)]
+    speed_schema = plan.streams["station_speed"]
+    assert speed_schema.timestamp == "ts" and speed_schema.topic is None
+    assert [(c.name, c.type) for c in speed_schema.columns] == [
+        ("station", ColumnType.INT), ("ts", ColumnType.TIMESTAMP),
+        ("avg_speed", ColumnType.DOUBLE)]
+
+    queries = {q.sink.name: q for q in plan.queries}
+    speed = queries["station_speed"]
+    assert (speed.input, speed.sink.kind, speed.pre) == ("traffic", SinkKind.STREAM, ())
+    window = speed.window
+    assert isinstance(window, OverWindow)
+    assert (window.units, window.preceding, window.partition_by, window.slide_ms,
+            window.slide_rows, window.active_expiration, window.lag) == (
+        FrameUnits.RANGE, 900_000, ("station",), 60_000, None, False, 0)
+    (avg,) = window.aggregates
+    # Aggregates travel under internal aliases so they never shadow an input column.
+    assert (avg.name, avg.alias, avg.factory) == ("avg", "__agg0", None)
+    assert avg.args[0]({"speed": 12.5}) == 12.5
+    (project,) = speed.post
+    assert isinstance(project, Project)
+    row = {"station": 4, "ts": 60_000, "speed": 3.0, avg.alias: 14.0}
+    assert {n: f(row) for n, f in project.columns} == {
+        "station": 4, "ts": 60_000, "avg_speed": 14.0}
+
+    congestion = queries["congestion"]
+    assert (congestion.input, congestion.sink.kind, congestion.window) == (
+        "station_speed", SinkKind.ALERT, None)
+    (where,) = congestion.pre
+    assert isinstance(where, Filter)
+    assert where.predicate({"avg_speed": 14.9}) is True
+    assert where.predicate({"avg_speed": 15.0}) is False
+    assert where.predicate({"avg_speed": None}) is None
+
+    # The engine accepts the plan: stages cut, and an evaluator per stage builds.
+    stages = {s.name: s for s in plan.stages()}
+    assert [q.sink.name for q in stages["station_speed"].downstream] == ["congestion"]
+    assert stages["station_speed"].key == ("station",)
+    KeyedEvaluator(stages["station_speed"])
+
+
+def _expr(text: str) -> ast.Expr:
+    statements, errors = parse_text(f"CREATE STREAM e AS SELECT {text} AS v FROM s;")
+    assert errors == []
+    expr = statements[0].query.selects[0].items[0].expr
+    assert expr is not None
+    return expr
+
+
+@pytest.mark.parametrize(
+    ("text", "row", "value"),
+    [
+        ("a + b * 2", {"a": 1, "b": 3}, 7),
+        ("a / b", {"a": 7, "b": 2}, 3.5),
+        ("a / b", {"a": 7, "b": 0}, None),
+        ("a % b", {"a": -7, "b": 3}, -1),
+        ("-a", {"a": 2}, -2),
+        ("a + b", {"a": 1, "b": None}, None),
+        ("a > 1 AND b > 1", {"a": 0, "b": None}, False),
+        ("a > 1 AND b > 1", {"a": 2, "b": None}, None),
+        ("a > 1 OR b > 1", {"a": 2, "b": None}, True),
+        ("a > 1 OR b > 1", {"a": 0, "b": None}, None),
+        ("NOT a = 1", {"a": 1}, False),
+        ("NOT a = 1", {"a": None}, None),
+        ("a IS NULL", {"a": None}, True),
+        ("a IS NOT NULL", {"a": None}, False),
+        ("a IN (1, 2)", {"a": 2}, True),
+        ("a NOT IN (1, 2)", {"a": 3}, True),
+        ("a IN (1, NULL)", {"a": 3}, None),
+        ("CASE WHEN a > 10 THEN 'fast' WHEN a > 5 THEN 'ok' ELSE 'slow' END", {"a": 7}, "ok"),
+        ("CASE WHEN a > 10 THEN 'fast' END", {"a": 7}, None),
+        ("ts - INTERVAL 1 MINUTE", {"ts": 120_000}, 60_000),
+        ("ts > TIMESTAMP '1970-01-01T00:01:00Z'", {"ts": 60_001}, True),
+        ("coalesce(a, b, 3)", {"a": None, "b": None}, 3),
+        ("round(abs(a), 1)", {"a": -2.26}, 2.3),
+        ("upper(concat(s, '-', a))", {"s": "ab", "a": 1}, "AB-1"),
+        ("greatest(a, b)", {"a": 1, "b": 4}, 4),
+        ("'it''s'", {}, "it's"),
+    ],
+)
+def test_expression_closures(text: str, row: dict[str, Any], value: Any) -> None:
+    assert compile_expr(_expr(text))(row) == value
+
+
+def test_non_blocking_uda_with_group_by_runs_unbounded(tmp_path: Path) -> None:
+    path = tmp_path / "g.sql"
+    path.write_text(TRAFFIC + "CREATE AGGREGATE grp(t TIMESTAMP) RETURNS BIGINT LANGUAGE PYTHON "
+                    "AS 'rules.udas:PackingGroup';\nCREATE STREAM g AS SELECT station, ts, "
+                    "grp(ts) AS n FROM traffic GROUP BY station;")
+    (query,) = load_rules([path]).plan.queries
+    window = query.window
+    assert isinstance(window, OverWindow)
+    assert (window.units, window.preceding, window.partition_by) == (
+        FrameUnits.ROWS, None, ("station",))
+    assert window.aggregates[0].factory is not None
