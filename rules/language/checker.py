@@ -117,32 +117,6 @@ def _overrides(cls: type, method: str) -> bool:
     return False
 
 
-def iter_calls(expr: ast.Expr | None) -> Iterator[ast.Call]:
-    """Every function call inside `expr`, outermost first."""
-    if expr is None:
-        return
-    if isinstance(expr, ast.Call):
-        yield expr
-        for arg in expr.args:
-            yield from iter_calls(arg)
-    elif isinstance(expr, ast.Unary):
-        yield from iter_calls(expr.operand)
-    elif isinstance(expr, ast.Binary):
-        yield from iter_calls(expr.left)
-        yield from iter_calls(expr.right)
-    elif isinstance(expr, ast.IsNull):
-        yield from iter_calls(expr.operand)
-    elif isinstance(expr, ast.InList):
-        yield from iter_calls(expr.operand)
-        for item in expr.items:
-            yield from iter_calls(item)
-    elif isinstance(expr, ast.Case):
-        for cond, value in expr.whens:
-            yield from iter_calls(cond)
-            yield from iter_calls(value)
-        yield from iter_calls(expr.otherwise)
-
-
 def _describe(spec: ast.WindowSpec) -> str:
     return {"rows": "ROWS", "partition_rows": "PARTITION BY ... ROWS", "range": "RANGE",
             "unbounded": "UNBOUNDED", "now": "NOW", "since": "SINCE", "until": "UNTIL",
@@ -350,21 +324,19 @@ class Checker:
         ctx = _Ctx(self, file, scope, pseudo)
         for src, on in zip(sel.sources, sel.joins, strict=True):
             if on is not None:
-                ctx.expect_boolean(on, f"the ON condition of '{src.name.name}'")
+                ctx.clause = f"the ON condition of '{src.name.name}'"
+                ctx.expect_boolean(on, ctx.clause)
         if sel.where is not None:
+            ctx.clause = "WHERE"
             ctx.expect_boolean(sel.where, "WHERE")
-            for call in iter_calls(sel.where):
-                if self._is_aggregate(call.name):
-                    self.error(file, call.pos, f"aggregate '{call.name}' is not allowed in "
-                                               "WHERE; filter on it in HAVING or in a "
-                                               "stream derived from this one")
+        ctx.clause = "GROUP BY"
         for key in sel.group_by:
             if not isinstance(key, ast.Column):
                 self.error(file, _expr_pos(key), "GROUP BY takes column names")
             else:
                 ctx.type_of(key)
 
-        ctx.aggregates_allowed = True
+        ctx.clause = None  # aggregates are allowed from here on: SELECT list and HAVING
         self._outputs(file, info, ctx)
         if sel.having is not None:
             if not sel.group_by and info.window is None:
@@ -413,9 +385,6 @@ class Checker:
             or (expr.name == "window_end" and info.window is not None)
         ):
             info.timestamp = name
-
-    def _is_aggregate(self, name: str) -> bool:
-        return name in BUILTINS or name in self.catalog.aggregates
 
     def _aggregate_rules(self, file: str, info: SelectInfo) -> None:
         """Windows and blocking (ESL §3): aggregates need a window on a stream."""
@@ -558,7 +527,9 @@ class _Ctx:
         self.file = file
         self.scope = scope
         self.pseudo = pseudo
-        self.aggregates_allowed = False
+        # The clause being typed while aggregates are not allowed there; None in SELECT
+        # and HAVING, where they are.
+        self.clause: str | None = "FROM"
         self.aggregates: list[AggUse] = []
         self._in_aggregate = False
 
@@ -734,8 +705,10 @@ class _Ctx:
         return known[0] if known else "NULL"
 
     def _aggregate(self, call: ast.Call, uda: Aggregate | None) -> str | None:
-        if not self.aggregates_allowed:
-            return None  # reported by the caller (WHERE) with a better message
+        if self.clause is not None:
+            self.err(call.pos, f"aggregate '{call.name}' is not allowed in {self.clause}; "
+                               "filter on it in HAVING or in a stream derived from this one")
+            return None
         if self._in_aggregate:
             self.err(call.pos, f"aggregate '{call.name}' cannot be nested in another aggregate")
             return None

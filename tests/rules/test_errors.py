@@ -117,6 +117,10 @@ CASES = [
         TRAFFIC + "CREATE STREAM s AS SELECT station FROM traffic WHERE avg(speed) > 1;",
         "3:54", "aggregate 'avg' is not allowed in WHERE", id="aggregate-in-where"),
     pytest.param(
+        TRAFFIC + STATIONS + "CREATE STREAM s AS SELECT station FROM traffic JOIN stations "
+        "ON max(speed) > 1;", "4:65", "aggregate 'max' is not allowed in the ON condition of "
+        "'stations'", id="aggregate-in-on"),
+    pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT station, speed * 2 FROM traffic;",
         "3:36", "name this column with AS", id="unnamed-column"),
     pytest.param(
