@@ -92,7 +92,7 @@ def over_plan(
     window: OverWindow, stream: StreamSchema = TRAFFIC, extra: tuple[str, ...] = ()
 ) -> Plan:
     """One OVER query over ``stream`` selecting ts, source, seq, the key, extras and aliases."""
-    names = ("ts", "source", "seq", *window.partition_by, *extra)
+    names = (stream.timestamp or "ts", "source", "seq", *window.partition_by, *extra)
     post = Project(
         tuple((n, col(n)) for n in names)
         + tuple((c.alias, col(c.alias)) for c in window.aggregates)
