@@ -35,9 +35,19 @@ CREATE ALERT missed_shipping SEVERITY warning
             missed_door(door, 'shipping') OVER (PARTITION BY tagid RANGE 30 MINUTES PRECEDING ACTIVE EXPIRATION) AS last_door
      FROM tag_readings WHERE door IN ('receiving', 'shipping') AND tagtype <> 'ap';
 
--- daily_door_counts: readings per door per day (UTC), one row per door when the
--- day ends (a one-day tumble: extents [midnight, next midnight)).
+-- daily_door_counts: a running count of readings per door that resets at midnight
+-- UTC (a landmark window with a periodic reset): each reading is stamped with its day,
+-- and the unbounded window is partitioned by door and day.
+CREATE STREAM door_days AS
+  SELECT door, ts, time_bucket(INTERVAL 1 DAY, ts) AS day FROM tag_readings;
 CREATE STREAM daily_door_counts AS
+  SELECT door, day, ts,
+         count(*) OVER (PARTITION BY door, day RANGE UNBOUNDED PRECEDING) AS readings
+  FROM door_days;
+
+-- door_day_totals: the day's final count per door, one row per door when the day
+-- ends (a one-day tumble: extents [midnight, next midnight)).
+CREATE STREAM door_day_totals AS
   SELECT door, window_end, count(*) AS readings
   FROM tag_readings [RANGE 1 DAY]
   GROUP BY door;

@@ -32,7 +32,7 @@ NUMERIC_AGGREGATES = {"sum", "avg", "var", "stddev"}
 SCALARS = {
     "abs": (1, 1), "round": (1, 2), "floor": (1, 1), "ceil": (1, 1),
     "lower": (1, 1), "upper": (1, 1), "concat": (1, 99), "coalesce": (1, 99),
-    "greatest": (2, 99), "least": (2, 99),
+    "greatest": (2, 99), "least": (2, 99), "time_bucket": (2, 2),
 }
 MESSAGE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -692,6 +692,12 @@ class _Ctx:
             return "BIGINT" if name in ("floor", "ceil") else types[0]
         if name in ("lower", "upper", "concat"):
             return "STRING"
+        if name == "time_bucket":
+            if (types[0], types[1]) != ("INTERVAL", "TIMESTAMP"):
+                self.err(call.pos, f"type mismatch: time_bucket takes an INTERVAL and a "
+                                   f"TIMESTAMP, not {types[0]} and {types[1]}")
+                return None
+            return "TIMESTAMP"
         known = [t for t in types if t != "NULL"]
         for typ, arg in zip(types, call.args, strict=True):
             if known and typ != "NULL" and not _compatible(known[0], typ):

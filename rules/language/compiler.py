@@ -87,6 +87,9 @@ _SCALARS: dict[str, Callable[..., Any]] = {
     "concat": lambda *xs: "".join(str(x) for x in xs),
     "greatest": lambda *xs: max(xs),
     "least": lambda *xs: min(xs),
+    # The start of the period of length `width` holding `ts`, periods aligned to the
+    # epoch (Python's % floors, so instants before 1970 land right too).
+    "time_bucket": lambda width, ts: ts - ts % width,
 }
 
 

@@ -108,6 +108,7 @@ def _expr(text: str) -> ast.Expr:
         ("round(abs(a), 1)", {"a": -2.26}, 2.3),
         ("upper(concat(s, '-', a))", {"s": "ab", "a": 1}, "AB-1"),
         ("greatest(a, b)", {"a": 1, "b": 4}, 4),
+        ("time_bucket(INTERVAL 1 MINUTE, ts)", {"ts": 150_000}, 120_000),
         ("'it''s'", {}, "it's"),
     ],
 )

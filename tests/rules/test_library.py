@@ -120,10 +120,19 @@ def test_domain_window_rules_compile(library: RuleSet) -> None:
     assert (minmax.range_ms, minmax.slide_ms, minmax.group_by) == (5 * M, M, ("station",))
     assert [(a.name, a.alias) for a in minmax.aggregates] == [("max", "__agg0"),
                                                               ("min", "__agg1")]
-    daily = by_sink["daily_door_counts"].window
+    daily = by_sink["door_day_totals"].window
     assert isinstance(daily, ExtentWindow)
     assert (daily.range_ms, daily.slide_ms, daily.group_by) == (1440 * M, 1440 * M, ("door",))
     row = {"door": "A", "window_start": 0, "window_end": 1440 * M, "__agg0": 7}
-    project = by_sink["daily_door_counts"].post[-1]
+    project = by_sink["door_day_totals"].post[-1]
     assert {name: fn(row) for name, fn in project.columns} == {
         "door": "A", "window_end": 1440 * M, "readings": 7}
+
+
+def test_daily_door_counts_reset_at_midnight(library: RuleSet) -> None:
+    day = 1440 * M
+    readings = [tag("x", "item", door, ts) for door, ts in
+                [("A", day - 2 * S), ("A", day - S), ("B", day - 500), ("A", day), ("A", day + 5)]]
+    got = outputs(library, ("door_days", "daily_door_counts"), readings, "daily_door_counts")
+    assert [(row["door"], row["day"], row["readings"]) for _, row in got] == [
+        ("A", 0, 1), ("A", 0, 2), ("B", 0, 1), ("A", day, 1), ("A", day, 2)]
