@@ -10,6 +10,7 @@ from engine.core.plan import (
     Column,
     ColumnType,
     Expr,
+    ExtentWindow,
     Filter,
     FrameUnits,
     OverWindow,
@@ -98,4 +99,16 @@ def over_plan(
         + tuple((c.alias, col(c.alias)) for c in window.aggregates)
     )
     q = Query(Sink("out", SinkKind.STREAM), stream.name, window=window, post=(post,))
+    return Plan({stream.name: stream}, (q,))
+
+
+def extent_plan(window: ExtentWindow, stream: StreamSchema = TRAFFIC) -> Plan:
+    """One extent query selecting the group columns, window bounds and aliases."""
+    names = (*window.group_by, "window_start", "window_end", *(c.alias for c in window.aggregates))
+    q = Query(
+        Sink("out", SinkKind.STREAM),
+        stream.name,
+        window=window,
+        post=(Project(tuple((n, col(n)) for n in names)),),
+    )
     return Plan({stream.name: stream}, (q,))

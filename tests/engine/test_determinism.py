@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.evaluator import KeyedEvaluator, Output
-from engine.core.plan import END_OF_TIME, AggCall, FrameUnits, OverWindow, Plan
+from engine.core.plan import END_OF_TIME, AggCall, ExtentWindow, FrameUnits, OverWindow, Plan
 from engine.core.replay import run
-from tests.engine.helpers import TRAFFIC, col, over_plan
+from tests.engine.helpers import TRAFFIC, col, extent_plan, over_plan
 
 SLACK = 20
 
@@ -29,12 +29,21 @@ WINDOWS = [
         (AggCall("stddev", (col("speed"),), "v"),), FrameUnits.ROWS, 4, ("station",), slide_rows=3
     ),
     OverWindow((AggCall("count", (), "v"),), FrameUnits.RANGE, None, ("station",)),
+    OverWindow(
+        (AggCall("sum", (col("speed"),), "v"),),
+        FrameUnits.RANGE,
+        25,
+        ("station",),
+        active_expiration=True,
+    ),
+    ExtentWindow((AggCall("min", (col("speed"),), "v"),), 30, 10, ("station",)),
+    ExtentWindow((AggCall("avg", (col("speed"),), "v"),), 7, 20, ("station",)),
 ]
 
 
-def plan_for(window: OverWindow) -> Plan:
+def plan_for(window: OverWindow | ExtentWindow) -> Plan:
     """The test query over a traffic stream with the test slack."""
-    plan = over_plan(window)
+    plan = over_plan(window) if isinstance(window, OverWindow) else extent_plan(window)
     return replace(plan, streams={"traffic": replace(TRAFFIC, slack_ms=SLACK)})
 
 
@@ -71,7 +80,7 @@ SETTINGS = settings(max_examples=150, deadline=None)
 @SETTINGS
 @given(data=disordered(), window=st.sampled_from(WINDOWS), batch=st.integers(1, 7))
 def test_disorder_within_slack_gives_identical_outputs(
-    data: tuple, window: OverWindow, batch: int
+    data: tuple, window: OverWindow | ExtentWindow, batch: int
 ) -> None:
     in_order, shuffled = data
     plan = plan_for(window)
@@ -103,7 +112,7 @@ def drive(
             }
     for ev in evaluators.values():
         out.extend(ev.advance(END_OF_TIME))
-    return sorted(out, key=lambda o: (o.row["station"], o.ts, o.row["source"], o.row["seq"]))
+    return sorted(out, key=lambda o: (o.ts, repr(o.row)))
 
 
 @SETTINGS
@@ -114,7 +123,7 @@ def drive(
     restore_at=st.sets(st.integers(0, 49), max_size=5),
 )
 def test_batching_and_restore_do_not_change_outputs(
-    data: tuple, window: OverWindow, schedule: list[int], restore_at: set[int]
+    data: tuple, window: OverWindow | ExtentWindow, schedule: list[int], restore_at: set[int]
 ) -> None:
     _, shuffled = data
     (stage,) = plan_for(window).stages()

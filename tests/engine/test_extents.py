@@ -15,17 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.evaluator import KeyedEvaluator
-from engine.core.plan import (
-    END_OF_TIME,
-    AggCall,
-    ExtentWindow,
-    Plan,
-    Project,
-    Query,
-    Sink,
-    SinkKind,
-)
-from tests.engine.helpers import TRAFFIC, col
+from engine.core.plan import END_OF_TIME, AggCall, ExtentWindow, Plan
+from tests.engine.helpers import col, extent_plan
 
 AGGS = (
     AggCall("count", (), "n"),
@@ -35,17 +26,10 @@ AGGS = (
 )
 
 
-def extent_plan(r: int, s: int) -> Plan:
+def minmax_plan(r: int, s: int) -> Plan:
     """``SELECT station, window_start, window_end, aggs FROM traffic [RANGE r SLIDE s]
     GROUP BY station``."""
-    names = ("station", "window_start", "window_end", "n", "max_speed", "avg_speed", "var_speed")
-    q = Query(
-        Sink("minmax", SinkKind.STREAM),
-        "traffic",
-        window=ExtentWindow(AGGS, r, s, ("station",)),
-        post=(Project(tuple((n, col(n)) for n in names)),),
-    )
-    return Plan({"traffic": TRAFFIC}, (q,))
+    return extent_plan(ExtentWindow(AGGS, r, s, ("station",)))
 
 
 def oracle(rows: list[dict], r: int, s: int) -> list[tuple]:
@@ -80,7 +64,7 @@ def test_extents_match_the_wid_definition(raw: list, r: int, s: int) -> None:
         {"ts": ts, "station": k, "speed": float(v), "source": "s", "seq": i}
         for i, (ts, k, v) in enumerate(sorted(raw))
     ]
-    (stage,) = extent_plan(r, s).stages()
+    (stage,) = minmax_plan(r, s).stages()
     assert stage.key == ("station",)
     evaluators: dict[Any, KeyedEvaluator] = {}
     for row in rows:
@@ -101,7 +85,7 @@ def test_extents_match_the_wid_definition(raw: list, r: int, s: int) -> None:
 
 def test_an_extent_is_emitted_when_the_watermark_passes_its_end() -> None:
     # RANGE 5 min SLIDE 1 min over ms: extents [e - 300000, e) with e a whole minute.
-    (stage,) = extent_plan(300_000, 60_000).stages()
+    (stage,) = minmax_plan(300_000, 60_000).stages()
     ev = KeyedEvaluator(stage)
     ev.insert({"ts": 61_000, "station": 3, "speed": 7.0, "source": "s", "seq": 0})
     assert ev.advance(119_999) == []  # instant 119999 may still receive a reading
