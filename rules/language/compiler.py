@@ -286,6 +286,14 @@ def compile_catalog(catalog: Catalog, texts: dict[str, str]) -> tuple[plan.Plan,
         columns = tuple(plan.Column(n, _column_type(t)) for n, t in rel.columns.items())
         streams[rel.name] = plan.StreamSchema(rel.name, columns, rel.timestamp,
                                               rel.slack_ms, rel.topic)
+    for info in catalog.queries:
+        # Alerts get a schema too (never a source: a query writes them), so that
+        # consumers know their column types, e.g. which values are timestamps.
+        if isinstance(info.statement, ast.CreateAlert):
+            first = info.selects[0]
+            columns = tuple(plan.Column(n, _column_type(t)) for n, t, _ in first.outputs)
+            name = info.statement.name.name
+            streams[name] = plan.StreamSchema(name, columns, first.timestamp)
     queries: list[plan.Query] = []
     errors: list[RuleError] = []
     for info in catalog.queries:

@@ -56,6 +56,8 @@ def test_congestion_plan() -> None:
     assert {n: f(row) for n, f in project.columns} == {
         "station": 4, "ts": 60_000, "avg_speed": 14.0}
 
+    assert plan.streams["congestion"].timestamp == "ts"  # alerts have a schema too
+    assert {s.name for s in plan.sources()} == {"traffic"}
     congestion = queries["congestion"]
     assert (congestion.input, congestion.sink.kind, congestion.window) == (
         "station_speed", SinkKind.ALERT, None)

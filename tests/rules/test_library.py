@@ -23,7 +23,8 @@ def library() -> RuleSet:
 def outputs(rules: RuleSet, sinks: tuple[str, ...], readings: list[tuple[str, dict[str, Any]]],
             want: str) -> list[tuple[int, dict[str, Any]]]:
     """Run only the queries writing `sinks` and return (event time, row) of sink `want`."""
-    plan = Plan(streams=rules.plan.streams,
+    keep = {s.name for s in rules.plan.sources()} | set(sinks)
+    plan = Plan(streams={n: s for n, s in rules.plan.streams.items() if n in keep},
                 queries=tuple(q for q in rules.plan.queries if q.sink.name in sinks))
     return [(o.ts, o.row) for o in run(plan, readings).outputs if o.sink == want]
 
