@@ -18,7 +18,6 @@ value. ``next_wakeup()`` tells the runtime where to set its event-time timer;
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import pickle
 from collections.abc import Iterable
@@ -74,7 +73,8 @@ class KeyedEvaluator:
         else:
             self.operator = StatelessOperator()
         self.watermark = -END_OF_TIME
-        # Heap of (ts, source, seq, tiebreak, row); tiebreak keeps dicts out of comparisons.
+        # (ts, source, seq, tiebreak, row), sorted lazily by advance: arrivals are mostly in
+        # order, which Timsort handles in linear time. tiebreak keeps dicts out of compares.
         self.pending: list[tuple[int, str, int, int, Row]] = []
         self._tiebreak = itertools.count()
         self._consumers: dict[str, list[Query]] = {}
@@ -90,32 +90,34 @@ class KeyedEvaluator:
             )
         kept = apply_ops(self.stage.query.pre, row)
         if kept is not None:
-            heapq.heappush(
-                self.pending, (ts, row["source"], row["seq"], next(self._tiebreak), kept)
-            )
+            self.pending.append((ts, row["source"], row["seq"], next(self._tiebreak), kept))
 
     def advance(self, watermark: int) -> list[Output]:
         """Process every buffered tuple and timer strictly below ``watermark``."""
         out: list[Output] = []
         op = self.operator
         pending = self.pending
+        pending.sort()
+        n, i = len(pending), 0
+        query = self.stage.query
         while True:
-            arrival = pending[0][0] if pending and pending[0][0] < watermark else None
+            arrival = pending[i][0] if i < n and pending[i][0] < watermark else None
             timer = op.next_timer()
             if timer is not None and timer >= watermark:
                 timer = None
             if arrival is not None and (timer is None or arrival <= timer):
-                group = []
-                while pending and pending[0][0] == arrival:
-                    entry = heapq.heappop(pending)
-                    group.append((arrival, entry[4]))
-                results = op.arrive(group)
+                j = i + 1
+                while j < n and pending[j][0] == arrival:
+                    j += 1
+                results = op.arrive([(arrival, entry[4]) for entry in pending[i:j]])
+                i = j
             elif timer is not None:
                 results = op.fire(timer)
             else:
                 break
             for ts, row in results:
-                self._emit(self.stage.query, ts, row, out)
+                self._emit(query, ts, row, out)
+        del pending[:i]
         self.watermark = max(self.watermark, watermark)
         return out
 
@@ -134,7 +136,7 @@ class KeyedEvaluator:
         """The smallest watermark at which ``advance`` would emit something new."""
         times = []
         if self.pending:
-            times.append(self.pending[0][0] + 1)
+            times.append(min(self.pending)[0] + 1)
         wake = self.operator.next_wakeup()
         if wake is not None:
             times.append(wake + 1)

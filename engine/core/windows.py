@@ -102,7 +102,7 @@ class _Aggregating:
     def _add(self, ts: int, row: Row, keep_row: bool, expires: bool) -> list[list[Any]]:
         """Feed one tuple to every aggregate, then to the buffers; return the ESL-shaped
         aggregates' emissions per call (empty lists for the incremental ones)."""
-        args = tuple(tuple(e(row) for e in c.args) for c in self.calls)
+        args = tuple([tuple([e(row) for e in c.args]) for c in self.calls])
         emitted: list[list[Any]] = []
         for agg, inc, view, a in zip(self.aggs, self.incremental, self.views, args, strict=True):
             if inc:
