@@ -113,21 +113,28 @@ def test_packing_groups(library: RuleSet) -> None:
     assert [row["group_no"] for _, row in got] == [0, 0, 0, 1, 1]
 
 
-def test_domain_window_rules_compile(library: RuleSet) -> None:
-    # The engine core does not run extent windows yet; their plans are pinned here.
-    by_sink = {q.sink.name: q for q in library.plan.queries}
-    minmax = by_sink["segment_minmax"].window
+def test_segment_minmax(library: RuleSet) -> None:
+    minmax = next(q for q in library.plan.queries if q.sink.name == "segment_minmax").window
     assert isinstance(minmax, ExtentWindow)
     assert (minmax.range_ms, minmax.slide_ms, minmax.group_by) == (5 * M, M, ("station",))
-    assert [(a.name, a.alias) for a in minmax.aggregates] == [("max", "__agg0"),
-                                                              ("min", "__agg1")]
-    daily = by_sink["door_day_totals"].window
-    assert isinstance(daily, ExtentWindow)
-    assert (daily.range_ms, daily.slide_ms, daily.group_by) == (1440 * M, 1440 * M, ("door",))
-    row = {"door": "A", "window_start": 0, "window_end": 1440 * M, "__agg0": 7}
-    project = by_sink["door_day_totals"].post[-1]
-    assert {name: fn(row) for name, fn in project.columns} == {
-        "door": "A", "window_end": 1440 * M, "readings": 7}
+    readings = [traffic(1, speed, ts) for speed, ts in [(10.0, 30 * S), (30.0, 90 * S),
+                                                        (20.0, 150 * S)]]
+    got = outputs(library, ("segment_minmax",), readings, "segment_minmax")
+    # Extents [e - 5 min, e) for every whole minute e holding a reading.
+    assert [(ts // M, row["max_speed"], row["min_speed"]) for ts, row in got] == [
+        (1, 10.0, 10.0), (2, 30.0, 10.0), (3, 30.0, 10.0), (4, 30.0, 10.0), (5, 30.0, 10.0),
+        (6, 30.0, 20.0), (7, 20.0, 20.0)]
+    assert all(row["window_end"] == ts for ts, row in got)
+
+
+def test_door_day_totals(library: RuleSet) -> None:
+    day = 1440 * M
+    readings = [tag("x", "item", door, ts) for door, ts in
+                [("A", 10), ("B", 20), ("A", 30), ("A", day + 5)]]
+    got = outputs(library, ("door_day_totals",), readings, "door_day_totals")
+    assert got == [(day, {"door": "A", "window_end": day, "readings": 2}),
+                   (day, {"door": "B", "window_end": day, "readings": 1}),
+                   (2 * day, {"door": "A", "window_end": 2 * day, "readings": 1})]
 
 
 def test_daily_door_counts_reset_at_midnight(library: RuleSet) -> None:
