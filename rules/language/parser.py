@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 from lark import Lark, Token, Transformer, Tree, UnexpectedInput, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedToken, VisitError
@@ -141,6 +141,13 @@ def _strip(children: list[Any]) -> list[Any]:
                                         and c.type not in ("INT", "STRING", "UNIT"))]
 
 
+class _R2S(NamedTuple):
+    """`ISTREAM(list)` and friends, on its way into `ast.Select`."""
+
+    operator: str
+    items: tuple[ast.SelectItem, ...]
+
+
 class _Build(Transformer[Token, Any]):
     """Bottom-up conversion of lark's parse tree into `ast` nodes."""
 
@@ -233,8 +240,8 @@ class _Build(Transformer[Token, Any]):
     @v_args(meta=True)
     def select(self, meta: Any, children: list[Any]) -> ast.Select:
         parts = _strip(children)
-        r2s, items = parts[0] if isinstance(parts[0], tuple) and len(parts[0]) == 2 \
-            and isinstance(parts[0][0], str) else (None, parts[0])
+        # The projection is a plain select list, or (operator, list) for ISTREAM(...) etc.
+        r2s, items = parts[0] if isinstance(parts[0], _R2S) else (None, parts[0])
         sources, joins = parts[1]
         clauses = {kind: value for kind, value in parts[2:]}
         return ast.Select(r2s, items, sources, joins, clauses.get("where"),
@@ -244,8 +251,8 @@ class _Build(Transformer[Token, Any]):
     def r2s(self, children: list[Token]) -> str:
         return str(children[0]).upper()
 
-    def r2s_projection(self, children: list[Any]) -> tuple[str, tuple[ast.SelectItem, ...]]:
-        return children[0], children[1]
+    def r2s_projection(self, children: list[Any]) -> _R2S:
+        return _R2S(children[0], children[1])
 
     def select_list(self, children: list[ast.SelectItem]) -> tuple[ast.SelectItem, ...]:
         return tuple(children)
@@ -439,9 +446,8 @@ class _Build(Transformer[Token, Any]):
 
     def case(self, children: list[Any]) -> ast.Case:
         whens = tuple(c for c in children if isinstance(c, tuple))
-        otherwise = children[-2] if str(children[-3]).upper() == "ELSE" \
-            and isinstance(children[-3], Token) else None
-        return ast.Case(whens, otherwise, _pos(children[0]))
+        has_else = isinstance(children[-3], Token) and children[-3].type == "ELSE"
+        return ast.Case(whens, children[-2] if has_else else None, _pos(children[0]))
 
     def when(self, children: list[Any]) -> tuple[ast.Expr, ast.Expr]:
         return children[1], children[3]

@@ -131,6 +131,23 @@ CASES = [
         "CREATE STREAM t (a INTEGR, ts TIMESTAMP) ORDER BY ts SLACK 1 SECOND SOURCE 'x';",
         "1:20", "unknown type 'INTEGR'", id="unknown-type"),
     pytest.param(
+        TRAFFIC + RFID + "CREATE STREAM s AS SELECT station FROM traffic, tag_readings;",
+        "5:49", "this query reads two streams ('traffic' and 'tag_readings'); a stream can "
+        "only be joined with reference tables", id="two-streams"),
+    pytest.param(
+        TRAFFIC + "CREATE STREAM s AS SELECT station, ts FROM traffic\n"
+        "  UNION ALL SELECT station FROM traffic;",
+        "4:13", "UNION ALL branches must have the same number of columns: 2 and 1",
+        id="union-arity"),
+    pytest.param(
+        TRAFFIC + "CREATE STREAM s AS SELECT station, ts FROM traffic\n"
+        "  UNION ALL SELECT ts, station FROM traffic;",
+        "4:20", "type mismatch: column 'station' is INT in the first branch of UNION ALL and "
+        "TIMESTAMP here", id="union-types"),
+    pytest.param(
+        TRAFFIC + "CREATE STREAM s AS SELECT station FROM traffic HAVING station > 1;",
+        "3:55", "HAVING needs GROUP BY or a window in FROM", id="having-without-grouping"),
+    pytest.param(
         TRAFFIC + STATIONS + "CREATE ALERT speeding SEVERITY warning AS\n"
         "  SELECT station, ts, speed FROM traffic JOIN stations ON station = id\n"
         "  WHERE speed > speed_limit;",
