@@ -118,6 +118,7 @@ class KeyedEvaluator:
             for ts, row in results:
                 self._emit(query, ts, row, out)
         del pending[:i]
+        op.settle(watermark)
         self.watermark = max(self.watermark, watermark)
         return out
 

@@ -14,6 +14,9 @@ Window pieces, after the ESL paper §4-5:
 * the slide decides which outputs are kept: every n-th row, or the last tuple of each
   time slot (emitted by a timer at the slot's last instant);
 * active expiration keeps the outputs of ``expire``, stamped with the expiration instant.
+
+``settle(watermark)``, called at the end of each advance, lets go of state no future
+tuple can need (passive expiry), so idle partitions do not hold their last window.
 """
 
 from __future__ import annotations
@@ -74,6 +77,9 @@ class StatelessOperator:
     def fire(self, instant: int) -> list[Result]:
         """Nothing to fire."""
         return []
+
+    def settle(self, watermark: int) -> None:
+        """Nothing to let go."""
 
     def get_state(self) -> Any:
         """No state."""
@@ -179,6 +185,7 @@ class OverOperator(_Aggregating):
             raise ValueError("a window slides in rows or in time, not both")
         super().__init__(window.aggregates)
         self.window = window
+        self.range = window.preceding if window.units is FrameUnits.RANGE else None
         self.pending: list[Result] = []
         self.pending_close: int | None = None
 
@@ -187,6 +194,7 @@ class OverOperator(_Aggregating):
         w = self.window
         ts = group[0][0]
         rows_frame = w.units is FrameUnits.ROWS
+        self.settle(ts)
         per_tuple: list[tuple[Row, list[list[Any]]]] = []
         for _, row in group:
             if rows_frame and w.preceding is not None:
@@ -213,33 +221,38 @@ class OverOperator(_Aggregating):
         return [r for row, em in per_tuple for r in _combine(ts, row, self.calls, em)]
 
     def _expiry_instant(self) -> int | None:
-        w = self.window
-        if w.units is FrameUnits.RANGE and w.preceding is not None and self.buffer:
-            return self.buffer[0][1] + w.preceding
+        if self.range is not None and self.buffer:
+            return self.buffer[0][1] + self.range
         return None
 
     def next_timer(self) -> int | None:
-        """The earliest slot close or RANGE expiry."""
-        times = [t for t in (self.pending_close, self._expiry_instant()) if t is not None]
-        return min(times) if times else None
-
-    def next_wakeup(self) -> int | None:
-        """The earliest timer that can emit: a slot close or an active expiration."""
+        """The earliest slot close or active expiration (passive expiry needs no timer:
+        ``arrive`` and ``settle`` do it, in the same order relative to the arrivals)."""
         if self.window.active_expiration:
             return self._expiry_instant()
         return self.pending_close
 
+    next_wakeup = next_timer
+
     def fire(self, instant: int) -> list[Result]:
-        """Close the time slot ending at ``instant`` and expire the tuples due at it; under
-        active expiration, each expiring tuple's outputs are stamped ``instant``."""
-        out: list[Result] = []
-        if self.pending_close is not None and self.pending_close <= instant:
+        """Close the time slot ending at ``instant`` or run the active expirations due at
+        it; each expiring tuple's outputs are stamped ``instant``."""
+        if not self.window.active_expiration:
             out, self.pending, self.pending_close = self.pending, [], None
+            return out
+        out: list[Result] = []
         while (due := self._expiry_instant()) is not None and due <= instant:
             row, emitted = self._expire_oldest()
             if row is not None:
                 out.extend(_combine(due, row, self.calls, emitted))
         return out
+
+    def settle(self, watermark: int) -> None:
+        """Passively expire every tuple whose expiration instant is below ``watermark``:
+        no future tuple's frame can hold it."""
+        if self.range is not None and not self.window.active_expiration:
+            while self.buffer and self.buffer[0][1] + self.range < watermark:
+                self._expire_oldest()
 
     def get_state(self) -> Any:
         """The frame's state plus the pending yield."""
@@ -302,6 +315,9 @@ class ExtentOperator(_Aggregating):
         ]
         row = {**(self.key or {}), "window_start": start, "window_end": end}
         return _combine(end, row, self.calls, values)
+
+    def settle(self, watermark: int) -> None:
+        """Tuples leave at extent closes (timers), never in between."""
 
     def get_state(self) -> Any:
         """The frame's state plus the group key and the last extent closed."""
