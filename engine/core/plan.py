@@ -142,7 +142,16 @@ class OverWindow:
       n-row slot, or of each time slot ``[k*s, (k+1)*s)`` counted from the epoch.
     * ``active_expiration``: RANGE only; a tuple at ``t`` expires at ``t + preceding``,
       after all tuples at that instant, and its ``expire`` may emit.
-    * ``lag``: the frame is delayed by ``lag`` rows/ms behind the current tuple (0: none).
+    * ``lag``: the frame is delayed by ``lag`` rows/ms behind the current tuple (0: none):
+      ROWS n LAG d is rows ``[i - d - n, i - d]``, RANGE t LAG d is ``[ts - d - t, ts - d]``
+      (paper 000's scope with lag δ). Incremental aggregates only; no ACTIVE EXPIRATION.
+    * ``reset_every_ms``: landmark with periodic reset: the window restarts empty (fresh
+      aggregates, ESL INITIALIZE) at every multiple of it from the epoch (1 day:
+      midnight UTC), i.e. the frame never reaches before ``ts // d * d``.
+    * ``since_ms`` / ``until_ms``: fixed bounds (RANGE, ``preceding=None``): only tuples
+      with ``since_ms <= ts <= until_ms`` enter the window; SINCE alone is a lower-bounded
+      landmark, UNTIL alone an upper-bounded one (frozen after it), both a fixed band.
+      Every input tuple still gets its output row (empty window: count 0, others NULL).
 
     All aggregates of one SELECT share one OverWindow (one window spec per query).
     """
@@ -155,6 +164,9 @@ class OverWindow:
     slide_ms: int | None = None
     active_expiration: bool = False
     lag: int = 0
+    reset_every_ms: int | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
 
 
 @dataclass(frozen=True)

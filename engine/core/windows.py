@@ -103,7 +103,15 @@ class _Aggregating:
             None if inc else BufferView() for inc in self.incremental
         ]
         self.buffer: deque[tuple[int, int, Row | None, tuple[tuple[Any, ...], ...]]] = deque()
-        self.arrived = 0
+        self.added = 0  # tuples ever added: their uids
+        self.fresh = True  # the next tuple gets INITIALIZE
+
+    def _restart(self) -> None:
+        """Empty the window and start every aggregate afresh (a landmark reset)."""
+        self.aggs = [make_aggregate(c.name, c.factory) for c in self.calls]
+        self.views = [None if inc else BufferView() for inc in self.incremental]
+        self.buffer.clear()
+        self.fresh = True
 
     def _add(self, ts: int, row: Row, keep_row: bool, expires: bool) -> list[list[Any]]:
         """Feed one tuple to every aggregate, then to the buffers; return the ESL-shaped
@@ -116,14 +124,15 @@ class _Aggregating:
                 emitted.append([])
             else:
                 assert view is not None
-                step = agg.initialize if self.arrived == 0 else agg.iterate
+                step = agg.initialize if self.fresh else agg.iterate
                 emitted.append([*step(a, view), *agg.terminate(view)])
-        self.arrived += 1
+        self.fresh = False
+        self.added += 1
         if expires:  # an UNBOUNDED frame never expires: no need to remember the tuple
-            self.buffer.append((self.arrived, ts, row if keep_row else None, args))
+            self.buffer.append((self.added, ts, row if keep_row else None, args))
         for view, a in zip(self.views, args, strict=True):
             if view is not None:
-                view.entries.append((self.arrived, a))
+                view.entries.append((self.added, a))
         return emitted
 
     def _values(self, emitted: list[list[Any]]) -> list[list[Any]]:
@@ -150,17 +159,18 @@ class _Aggregating:
         return row, emitted
 
     def get_state(self) -> Any:
-        """Plain data: buffer, aggregate states, inwindows, arrival count."""
+        """Plain data: buffer, aggregate states, inwindows, counters."""
         return (
             list(self.buffer),
             [a.get_state() for a in self.aggs],
             [None if v is None else list(v.entries) for v in self.views],
-            self.arrived,
+            self.added,
+            self.fresh,
         )
 
     def set_state(self, state: Any) -> None:
         """Restore what ``get_state`` returned."""
-        buffer, aggs, views, self.arrived = state
+        buffer, aggs, views, self.added, self.fresh = state
         self.buffer = deque(buffer)
         for agg, s in zip(self.aggs, aggs, strict=True):
             agg.set_state(s)
@@ -168,24 +178,28 @@ class _Aggregating:
 
 
 class OverOperator(_Aggregating):
-    """A data-driven window (``agg OVER (...)``) for one partition: besides the frame, the
-    pending yield of the current time slot (``pending`` outputs, emitted by the timer at
-    ``pending_close``, the slot's last instant)."""
+    """A data-driven window (``agg OVER (...)``) for one partition.
+
+    Besides the frame: ``waiting``, the tuples of a lagged window that have arrived but
+    not yet entered the frame; ``arrived``, the tuple count (row slides); ``period``,
+    the current reset period; and the pending yield of the current time slot
+    (``pending`` outputs, emitted by the timer at ``pending_close``, the slot's last
+    instant). A lagged RANGE tuple at ``t`` enters at instant ``t + lag`` (before the
+    outputs at that instant) and leaves at ``t + lag + range`` (after them).
+    """
 
     def __init__(self, window: OverWindow) -> None:
-        if window.lag:
-            raise NotImplementedError("lagged OVER windows are not implemented yet")
-        if window.active_expiration and (
-            window.units is not FrameUnits.RANGE or window.preceding is None
-        ):
-            raise ValueError("ACTIVE EXPIRATION needs a bounded RANGE frame")
-        if window.active_expiration and (window.slide_rows or window.slide_ms):
-            raise ValueError("ACTIVE EXPIRATION replaces SLIDE; they cannot be combined")
-        if window.slide_rows and window.slide_ms:
-            raise ValueError("a window slides in rows or in time, not both")
+        _check(window)
         super().__init__(window.aggregates)
+        if window.lag and not all(self.incremental):
+            raise ValueError("a lagged window takes incremental aggregates only")
         self.window = window
         self.range = window.preceding if window.units is FrameUnits.RANGE else None
+        self.lag = window.lag
+        self.banded = window.since_ms is not None or window.until_ms is not None
+        self.waiting: deque[tuple[int, Row]] = deque()
+        self.arrived = 0
+        self.period: int | None = None
         self.pending: list[Result] = []
         self.pending_close: int | None = None
 
@@ -193,18 +207,26 @@ class OverOperator(_Aggregating):
         """Process one peer group (equal ts) in order; return the kept outputs."""
         w = self.window
         ts = group[0][0]
-        rows_frame = w.units is FrameUnits.ROWS
-        self.settle(ts)
+        if w.reset_every_ms is not None and ts // w.reset_every_ms != self.period:
+            self.period = ts // w.reset_every_ms
+            self._restart()
         per_tuple: list[tuple[Row, list[list[Any]]]] = []
-        for _, row in group:
-            if rows_frame and w.preceding is not None:
-                while len(self.buffer) > w.preceding:
-                    self._expire_oldest()
-            emitted = self._add(ts, row, w.active_expiration, w.preceding is not None)
-            per_tuple.append((row, self._values(emitted) if rows_frame else emitted))
-        if not rows_frame:
+        if w.units is FrameUnits.ROWS:
+            for _, row in group:
+                per_tuple.append((row, self._values(self._enter_row(ts, row))))
+        else:
+            self.settle(ts)
+            for _, row in group:
+                if self.lag:
+                    self.waiting.append((ts, row))
+                    per_tuple.append((row, [[] for _ in self.calls]))
+                else:
+                    per_tuple.append((row, self._enter(ts, row)))
+            while self.waiting and self.waiting[0][0] + self.lag <= ts:
+                self._enter(*self.waiting.popleft())
             # RANGE frames include peers: every peer reads the value after the last one.
             per_tuple = [(row, self._values(em)) for row, em in per_tuple]
+        self.arrived += len(group)
         if w.slide_rows:
             first = self.arrived - len(group) + 1
             return [
@@ -220,9 +242,30 @@ class OverOperator(_Aggregating):
             return []
         return [r for row, em in per_tuple for r in _combine(ts, row, self.calls, em)]
 
+    def _enter(self, ts: int, row: Row) -> list[list[Any]]:
+        """Add a tuple to the frame unless it falls outside the fixed bounds."""
+        w = self.window
+        if self.banded and not (
+            (w.since_ms is None or w.since_ms <= ts) and (w.until_ms is None or ts <= w.until_ms)
+        ):
+            return [[] for _ in self.calls]
+        return self._add(ts, row, w.active_expiration, w.preceding is not None)
+
+    def _enter_row(self, ts: int, row: Row) -> list[list[Any]]:
+        """ROWS frames: the tuple ``lag`` rows back enters, the overflow leaves."""
+        if self.lag:
+            self.waiting.append((ts, row))
+            if len(self.waiting) <= self.lag:
+                return [[] for _ in self.calls]
+            ts, row = self.waiting.popleft()
+        if self.window.preceding is not None:
+            while len(self.buffer) > self.window.preceding:
+                self._expire_oldest()
+        return self._enter(ts, row)
+
     def _expiry_instant(self) -> int | None:
         if self.range is not None and self.buffer:
-            return self.buffer[0][1] + self.range
+            return self.buffer[0][1] + self.lag + self.range
         return None
 
     def next_timer(self) -> int | None:
@@ -248,19 +291,37 @@ class OverOperator(_Aggregating):
         return out
 
     def settle(self, watermark: int) -> None:
-        """Passively expire every tuple whose expiration instant is below ``watermark``:
-        no future tuple's frame can hold it."""
-        if self.range is not None and not self.window.active_expiration:
-            while self.buffer and self.buffer[0][1] + self.range < watermark:
+        """Run the silent RANGE events below ``watermark`` in instant order: lagged tuples
+        entering the frame, then (passive expiry) tuples leaving it. No future tuple's
+        frame can tell the difference, and idle partitions let go of old tuples."""
+        if self.window.units is FrameUnits.ROWS or (self.range is None and not self.lag):
+            return  # ROWS frames move by arrivals only
+        leaves = self.range is not None and not self.window.active_expiration
+        while True:
+            enter = self.waiting[0][0] + self.lag if self.waiting else None
+            leave = self._expiry_instant() if leaves else None
+            if enter is not None and enter < watermark and (leave is None or enter <= leave):
+                self._enter(*self.waiting.popleft())
+            elif leave is not None and leave < watermark:
                 self._expire_oldest()
+            else:
+                return
 
     def get_state(self) -> Any:
-        """The frame's state plus the pending yield."""
-        return (super().get_state(), self.pending, self.pending_close)
+        """The frame's state plus the lag queue, counters and the pending yield."""
+        return (
+            super().get_state(),
+            list(self.waiting),
+            self.arrived,
+            self.period,
+            self.pending,
+            self.pending_close,
+        )
 
     def set_state(self, state: Any) -> None:
         """Restore what ``get_state`` returned."""
-        base, self.pending, self.pending_close = state
+        base, waiting, self.arrived, self.period, self.pending, self.pending_close = state
+        self.waiting = deque(waiting)
         super().set_state(base)
 
 
@@ -327,6 +388,25 @@ class ExtentOperator(_Aggregating):
         """Restore what ``get_state`` returned."""
         base, self.key, self.closed = state
         super().set_state(base)
+
+
+def _check(window: OverWindow) -> None:
+    """Reject window specs the semantics pins do not define."""
+    bounded_range = window.units is FrameUnits.RANGE and window.preceding is not None
+    if window.active_expiration and not bounded_range:
+        raise ValueError("ACTIVE EXPIRATION needs a bounded RANGE frame")
+    if window.active_expiration and (window.slide_rows or window.slide_ms or window.lag):
+        raise ValueError("ACTIVE EXPIRATION cannot be combined with SLIDE or LAG")
+    if window.slide_rows and window.slide_ms:
+        raise ValueError("a window slides in rows or in time, not both")
+    if (window.since_ms is not None or window.until_ms is not None) and (
+        window.units is not FrameUnits.RANGE or window.preceding is not None
+    ):
+        raise ValueError("SINCE/UNTIL bounds apply to RANGE landmark windows only")
+    if window.reset_every_ms is not None and window.reset_every_ms <= 0:
+        raise ValueError("RESET EVERY needs a positive period")
+    if window.lag < 0:
+        raise ValueError("LAG cannot be negative")
 
 
 def _combine(

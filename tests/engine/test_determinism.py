@@ -36,6 +36,17 @@ WINDOWS = [
         ("station",),
         active_expiration=True,
     ),
+    OverWindow((AggCall("sum", (col("speed"),), "v"),), FrameUnits.RANGE, 20, ("station",), lag=15),
+    OverWindow((AggCall("min", (col("speed"),), "v"),), FrameUnits.ROWS, 3, ("station",), lag=2),
+    OverWindow(
+        (AggCall("avg", (col("speed"),), "v"),),
+        FrameUnits.RANGE,
+        None,
+        ("station",),
+        reset_every_ms=50,
+        since_ms=20,
+        until_ms=150,
+    ),
     ExtentWindow((AggCall("min", (col("speed"),), "v"),), 30, 10, ("station",)),
     ExtentWindow((AggCall("avg", (col("speed"),), "v"),), 7, 20, ("station",)),
 ]

@@ -74,8 +74,15 @@ def engine_rows(window: OverWindow, rows: list[dict[str, Any]]) -> list[tuple]:
     return sorted(out, key=lambda t: t[:4])
 
 
-def oracle_rows(sql_frame: str, agg: str, rows: list[dict[str, Any]], qualify: str = "") -> list:
-    """The same window in DuckDB."""
+def oracle_rows(
+    sql_frame: str,
+    agg: str,
+    rows: list[dict[str, Any]],
+    qualify: str = "",
+    partition: str = "station",
+    filter_: str = "",
+) -> list:
+    """The same window in DuckDB (``filter_``: an aggregate FILTER (WHERE ...) condition)."""
     values = ",".join(
         f"({r['ts']}, '{r['source']}', {r['seq']}, {r['station']}, "
         f"{'NULL' if r['speed'] is None else r['speed']})"
@@ -90,7 +97,8 @@ def oracle_rows(sql_frame: str, agg: str, rows: list[dict[str, Any]], qualify: s
     fn = "count" if agg == "count(*)" else SQL_NAME[agg]
     query = f"""
         SELECT station, ts, source, seq,
-               {fn}({arg}) OVER (PARTITION BY station {sql_frame}) AS v
+               {fn}({arg}) {f"FILTER (WHERE {filter_})" if filter_ else ""}
+                   OVER (PARTITION BY {partition} {sql_frame}) AS v
         FROM t {qualify}
         ORDER BY station, ts, source, seq"""
     return [tuple(r) for r in DB.execute(query).fetchall()]
@@ -172,3 +180,50 @@ def test_time_slide_keeps_last_tuple_of_each_slot(
         " ORDER BY ts DESC, source DESC, seq DESC) = 1"
     )
     assert_same(engine_rows(spec, rows), oracle_rows(frame, agg, rows, qualify))
+
+
+@pytest.mark.parametrize("agg", ["count(*)", "sum", "min", "avg"])
+@SETTINGS
+@given(rows=streams(), size=st.integers(0, 20), lag=st.integers(1, 15), rows_frame=st.booleans())
+def test_lagged_frames(agg: str, rows: list, size: int, lag: int, rows_frame: bool) -> None:
+    # Paper 000's lag δ: RANGE t LAG d is [ts - d - t, ts - d], ROWS n LAG d is the rows
+    # d + n .. d before; SQL spells both as BETWEEN ... PRECEDING AND d PRECEDING.
+    if rows_frame:
+        n, d = size % 6, lag % 4
+        spec = window(agg, FrameUnits.ROWS, n, lag=d)
+        frame = f"ORDER BY ts, source, seq ROWS BETWEEN {n + d} PRECEDING AND {d} PRECEDING"
+    else:
+        spec = window(agg, FrameUnits.RANGE, size, lag=lag)
+        frame = f"ORDER BY ts RANGE BETWEEN {size + lag} PRECEDING AND {lag} PRECEDING"
+    assert_same(engine_rows(spec, rows), oracle_rows(frame, agg, rows))
+
+
+@pytest.mark.parametrize("agg", ["count(*)", "sum", "max"])
+@SETTINGS
+@given(rows=streams(), period=st.integers(1, 30))
+def test_landmark_reset_every(agg: str, rows: list, period: int) -> None:
+    # The window restarts at every multiple of the period: SQL partitions by the period.
+    spec = window(agg, FrameUnits.RANGE, None, reset_every_ms=period)
+    got = engine_rows(spec, rows)
+    frame = "ORDER BY ts RANGE UNBOUNDED PRECEDING"
+    want = oracle_rows(frame, agg, rows, partition=f"station, ts // {period}")
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize("agg", ["count(*)", "sum", "min"])
+@SETTINGS
+@given(
+    rows=streams(),
+    since=st.one_of(st.none(), st.integers(0, 60)),
+    until=st.one_of(st.none(), st.integers(0, 60)),
+)
+def test_fixed_bound_landmarks_and_band(
+    agg: str, rows: list, since: int | None, until: int | None
+) -> None:
+    # Only tuples with since <= ts <= until enter; every tuple still gets its row.
+    spec = window(agg, FrameUnits.RANGE, None, since_ms=since, until_ms=until)
+    lo = -1 if since is None else since
+    hi = 10**6 if until is None else until
+    frame = "ORDER BY ts RANGE UNBOUNDED PRECEDING"
+    want = oracle_rows(frame, agg, rows, filter_=f"ts >= {lo} AND ts <= {hi}")
+    assert_same(engine_rows(spec, rows), want)
