@@ -1,0 +1,64 @@
+"""Alert records: deterministic ids and messages (pure; shared by the live job and replay).
+
+An alert's id is a hash of what it is — rule, key, event time and the row the rule
+selected — never of when or where it was computed, so re-running the same input, or
+restarting the job mid-stream, gives the same ids (DESIGN §2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass(frozen=True)
+class AlertSpec:
+    """What `CREATE ALERT name SEVERITY s MESSAGE 'text'` declares besides its query."""
+
+    name: str
+    severity: str
+    message: str | None = None
+
+
+def canonical_json(row: Mapping[str, Any]) -> str:
+    """The row as JSON with sorted keys: the same row always gives the same text."""
+    return orjson.dumps(dict(row), option=orjson.OPT_SORT_KEYS).decode()
+
+
+def alert_id(rule: str, key: str, event_ms: int, row: Mapping[str, Any]) -> str:
+    """A stable id for one alert (hex, 24 characters)."""
+    text = f"{rule}\x1f{key}\x1f{event_ms}\x1f{canonical_json(row)}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return "NULL" if value is None else str(value)
+
+
+def render_message(spec: AlertSpec, row: Mapping[str, Any]) -> str:
+    """Fill `{column}` placeholders from the row (no format-string evaluation)."""
+    if not spec.message:
+        return f"{spec.name}: " + ", ".join(f"{k}={_show(v)}" for k, v in row.items())
+    return _PLACEHOLDER.sub(
+        lambda m: _show(row[m.group(1)]) if m.group(1) in row else m.group(0), spec.message
+    )
+
+
+def format_key(names: tuple[str, ...], values: tuple[Any, ...]) -> str:
+    """The partition key as text, e.g. `station=3` (empty for an unkeyed rule)."""
+    return ", ".join(f"{n}={_show(v)}" for n, v in zip(names, values, strict=True))
+
+
+def iso_utc(ms: int) -> str:
+    """Epoch ms as ISO-8601 UTC text with milliseconds (the replay output format)."""
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")

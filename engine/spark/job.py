@@ -1,0 +1,111 @@
+"""`lookout engine`: one Spark application running the landing query and every rule stage.
+
+It also writes `<lakehouse>/_health/engine.json` every few seconds (per query: input
+rate, batch duration, watermark, state rows), which the dashboard's health page reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from engine.alerts import AlertSpec
+from engine.core.plan import Plan
+from engine.spark.landing_job import LandingJob
+from engine.spark.rules_job import start_stage
+from engine.spark.session import build_session
+from lookout.config import Config
+
+log = logging.getLogger("lookout.engine")
+
+
+class EngineJob:
+    """All streaming queries of one rule set, started and stopped together."""
+
+    def __init__(
+        self,
+        config: Config,
+        plan: Plan,
+        alerts: dict[str, AlertSpec],
+        spark: SparkSession | None = None,
+    ) -> None:
+        self.config = config
+        self.plan = plan
+        self.alerts = alerts
+        self.spark = spark or build_session(config.engine)
+        self.landing = LandingJob(self.spark, config, list(plan.sources()))
+        self.queries: list[StreamingQuery] = []
+
+    def start(self) -> None:
+        """Start the landing query, then one query per stage (producers before consumers)."""
+        self.queries.append(self.landing.start(self.config.engine.trigger_seconds))
+        for stage in self.plan.stages():
+            self.queries.append(start_stage(self.spark, self.config, self.plan, self.alerts, stage))
+        log.info("engine running %d queries", len(self.queries))
+
+    def stop(self) -> None:
+        """Stop every query (each finishes or abandons its batch; checkpoints stay valid)."""
+        for query in self.queries:
+            query.stop()
+        self.queries.clear()
+
+    def failed(self) -> str | None:
+        """The error of the first query that died, if any."""
+        for query in self.queries:
+            error = query.exception()
+            if error is not None:
+                return f"{query.name}: {error}"
+        return None
+
+    def health(self) -> dict[str, Any]:
+        """A snapshot of every query's progress for the dashboard."""
+        queries = []
+        for query in self.queries:
+            progress = query.lastProgress or {}
+            state = progress.get("stateOperators") or [{}]
+            queries.append(
+                {
+                    "name": query.name,
+                    "active": query.isActive,
+                    "batch_id": progress.get("batchId"),
+                    "input_rows_per_s": progress.get("inputRowsPerSecond"),
+                    "processed_rows_per_s": progress.get("processedRowsPerSecond"),
+                    "batch_ms": (progress.get("durationMs") or {}).get("triggerExecution"),
+                    "watermark": (progress.get("eventTime") or {}).get("watermark"),
+                    "state_rows": state[0].get("numRowsTotal"),
+                    "rows_dropped_by_watermark": state[0].get("numRowsDroppedByWatermark"),
+                }
+            )
+        counts = self.landing.last_counts
+        return {
+            "updated_at_ms": int(time.time() * 1000),
+            "queries": queries,
+            "last_landing_batch": counts.__dict__,
+        }
+
+    def write_health(self) -> None:
+        path = Path(self.config.lakehouse) / "_health" / "engine.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps(self.health()))
+        tmp.replace(path)
+
+    def run_until(self, stop: threading.Event, health_every_s: float = 2.0) -> None:
+        """Run until `stop` is set or a query fails (then raise)."""
+        self.start()
+        try:
+            while not stop.wait(health_every_s):
+                self.write_health()
+                error = self.failed()
+                if error:
+                    raise RuntimeError(f"a streaming query failed: {error}")
+        finally:
+            self.stop()
+            self.write_health()

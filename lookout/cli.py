@@ -1,0 +1,100 @@
+"""The `lookout` console command (DESIGN §5): one entry point for every part."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from lookout.config import load_config
+
+
+def _engine(args: argparse.Namespace) -> int:
+    from lookout.services import run_engine
+
+    return run_engine(load_config(args.config), args.rules)
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    from lookout.services import run_ingest
+
+    return run_ingest(load_config(args.config), args.rules, args.id, args.share)
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    from lookout.services import run_dashboard
+
+    return run_dashboard(load_config(args.config))
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from lookout.demo import run_demo
+
+    return run_demo(load_config(args.config), args)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from lookout.replay import run_replay
+
+    return run_replay(args.rules, args.input, args.out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every sub-command registered."""
+    from rules.language.cli import register as register_rules
+    from simulators.cli import register as register_simulate
+
+    parser = argparse.ArgumentParser(
+        prog="lookout", description="Event monitoring for traffic sensors and RFID readers."
+    )
+    parser.add_argument("--config", default=None, help="configuration file (default lookout.toml)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser("demo", help="run broker, simulator, ingest, engine and dashboard")
+    demo.add_argument("--rate", type=float, default=200.0, help="simulated readings per second")
+    demo.add_argument("--stations", type=int, default=10)
+    demo.add_argument("--congestion", default="3,7", help="stations with a congestion episode")
+    demo.add_argument("--no-browser-hint", action="store_true", help=argparse.SUPPRESS)
+    demo.set_defaults(func=_demo)
+
+    engine = commands.add_parser("engine", help="run the Spark job over the rules")
+    engine.add_argument("--rules", nargs="*", default=None, help="rule files or folders")
+    engine.set_defaults(func=_engine)
+
+    ingest = commands.add_parser("ingest", help="subscribe to MQTT and land readings")
+    ingest.add_argument("--rules", nargs="*", default=None, help="rule files or folders")
+    ingest.add_argument("--id", default="0", help="this ingester's id (unique per process)")
+    ingest.add_argument("--share", default=None, help="MQTT shared-subscription group")
+    ingest.set_defaults(func=_ingest)
+
+    dashboard = commands.add_parser("dashboard", help="serve the Streamlit dashboard")
+    dashboard.set_defaults(func=_dashboard)
+
+    replay = commands.add_parser("replay", help="evaluate rules over recorded JSON-lines readings")
+    replay.add_argument("--rules", action="append", required=True, help="rule file or folder")
+    replay.add_argument("--input", action="append", required=True, metavar="STREAM=FILE")
+    replay.add_argument("--out", required=True, help="output folder")
+    replay.set_defaults(func=_replay)
+
+    register_rules(commands)
+    register_simulate(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line and run the chosen command; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Configuration: one TOML file plus environment overrides.
+
+The file is `lookout.toml` in the working directory (or the path in ``LOOKOUT_CONFIG``).
+Any key can be overridden as ``LOOKOUT_<SECTION>_<KEY>`` (upper case), which is how
+secrets such as the MQTT password reach the processes without being written down.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class MqttConfig:
+    """How to reach the broker."""
+
+    host: str = "127.0.0.1"
+    port: int = 1883
+    username: str = ""
+    password: str = field(default="", repr=False)
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = field(default="", repr=False)
+    qos: int = 1
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    """When a landing file is closed and what a payload may be."""
+
+    flush_ms: int = 200
+    flush_messages: int = 5000
+    max_payload_bytes: int = 1_048_576
+    max_clock_distance_days: int = 3650
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The Spark job's resources and pace."""
+
+    master: str = "local[2]"
+    shuffle_partitions: int = 4
+    trigger_seconds: float = 1.0
+
+
+@dataclass(frozen=True)
+class DashboardConfig:
+    """Where the Streamlit app listens and how often it refreshes."""
+
+    address: str = "127.0.0.1"
+    port: int = 8501
+    refresh_seconds: float = 2.0
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration of one Lookout installation."""
+
+    lakehouse: str = "./lakehouse"
+    rule_paths: tuple[str, ...] = ("rules",)
+    mqtt: MqttConfig = MqttConfig()
+    ingest: IngestConfig = IngestConfig()
+    engine: EngineConfig = EngineConfig()
+    dashboard: DashboardConfig = DashboardConfig()
+
+    @property
+    def landing(self) -> str:
+        """Folder where ingest lands readings for the Spark job (inside the lakehouse)."""
+        return f"{self.lakehouse.rstrip('/')}/_landing"
+
+    def table(self, name: str) -> str:
+        """Location of the Delta table `name` in the lakehouse."""
+        return f"{self.lakehouse.rstrip('/')}/{name}"
+
+
+def _coerce(value: str, like: Any) -> Any:
+    """Parse an environment string into the type of the default it overrides."""
+    if isinstance(like, bool):
+        return value.strip().lower() in {"1", "true", "yes", "on"}
+    if isinstance(like, int):
+        return int(value)
+    if isinstance(like, float):
+        return float(value)
+    if isinstance(like, tuple):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
+def _section(cls: type, raw: dict[str, Any], env_prefix: str) -> Any:
+    defaults = cls()
+    values: dict[str, Any] = {}
+    for name in cls.__dataclass_fields__:
+        value = raw.get(name, getattr(defaults, name))
+        env = os.environ.get(f"{env_prefix}_{name.upper()}")
+        values[name] = _coerce(env, getattr(defaults, name)) if env is not None else value
+    unknown = set(raw) - set(cls.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"unknown keys in [{env_prefix[8:].lower()}]: {sorted(unknown)}")
+    return cls(**values)
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> Config:
+    """Read the configuration file (missing file = defaults) and apply environment overrides."""
+    path = Path(path or os.environ.get("LOOKOUT_CONFIG", "lookout.toml"))
+    raw: dict[str, Any] = tomllib.loads(path.read_text()) if path.exists() else {}
+    lakehouse = os.environ.get(
+        "LOOKOUT_LAKEHOUSE_PATH", raw.get("lakehouse", {}).get("path", Config.lakehouse)
+    )
+    rules_raw = raw.get("rules", {}).get("paths", list(Config.rule_paths))
+    rules_env = os.environ.get("LOOKOUT_RULES_PATHS")
+    rule_paths = _coerce(rules_env, ()) if rules_env else tuple(rules_raw)
+    return Config(
+        lakehouse=lakehouse,
+        rule_paths=rule_paths,
+        mqtt=_section(MqttConfig, raw.get("mqtt", {}), "LOOKOUT_MQTT"),
+        ingest=_section(IngestConfig, raw.get("ingest", {}), "LOOKOUT_INGEST"),
+        engine=_section(EngineConfig, raw.get("engine", {}), "LOOKOUT_ENGINE"),
+        dashboard=_section(DashboardConfig, raw.get("dashboard", {}), "LOOKOUT_DASHBOARD"),
+    )

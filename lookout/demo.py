@@ -1,0 +1,172 @@
+"""`lookout demo`: every part on the embedded default, supervised, stopped by Ctrl-C.
+
+Start order matters for losing nothing: the broker first, then ingest (whose persistent
+session must exist before the first reading is published), then the engine, the
+simulator and the dashboard. If any part dies, the demo says which and shows the end of
+its log, then stops the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from lookout.broker import Broker, port_is_open
+from lookout.config import Config
+
+STATE = Path(".lookout")
+
+
+@dataclass
+class Part:
+    """One supervised child process and its log file."""
+
+    name: str
+    argv: list[str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def start(self, env: dict[str, str]) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.log, "ab")  # noqa: SIM115 - the child keeps it open
+        self.process = subprocess.Popen(
+            self.argv, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+    def tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def _lookout(*args: str) -> list[str]:
+    return [sys.executable, "-m", "lookout.cli", *args]
+
+
+def _wait_for(check, what: str, parts: list[Part], timeout: float) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not check():
+        for part in parts:
+            if part.process is not None and part.process.poll() is not None:
+                raise RuntimeError(f"{part.name} exited while waiting for {what}:\n{part.tail()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.5)
+
+
+def _health(config: Config, part: str) -> dict | None:  # type: ignore[type-arg]
+    try:
+        return orjson.loads((Path(config.lakehouse) / "_health" / f"{part}.json").read_bytes())
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return None
+
+
+def _say(text: str) -> None:
+    print(f"[lookout demo] {text}", flush=True)
+
+
+def run_demo(config: Config, args: argparse.Namespace) -> int:
+    """Run the whole pipeline until Ctrl-C; returns the exit code."""
+    logs = STATE / "logs"
+    env = {**os.environ, "LOOKOUT_LAKEHOUSE_PATH": config.lakehouse}
+    broker = None
+    if not port_is_open(config.mqtt.host, config.mqtt.port):
+        _say(f"starting mosquitto on {config.mqtt.host}:{config.mqtt.port}")
+        broker = Broker(config.mqtt.host, config.mqtt.port, (STATE / "broker").resolve()).start()
+    else:
+        _say(f"using the MQTT broker already listening on {config.mqtt.host}:{config.mqtt.port}")
+    mqtt = ["--host", config.mqtt.host, "--port", str(config.mqtt.port)]
+    parts = [
+        Part("ingest", _lookout("ingest"), logs / "ingest.log"),
+        Part("engine", _lookout("engine"), logs / "engine.log"),
+        Part(
+            "simulator",
+            _lookout(
+                "simulate",
+                "traffic",
+                *mqtt,
+                "--rate",
+                str(args.rate),
+                "--stations",
+                str(args.stations),
+                "--congestion",
+                args.congestion,
+                "--duration",
+                "0",
+            ),
+            logs / "simulator.log",
+        ),
+        Part("dashboard", _lookout("dashboard"), logs / "dashboard.log"),
+    ]
+    stopping = False
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    started: list[Part] = []
+    try:
+        ingest, engine, simulator, dashboard = parts
+        for part in (ingest, engine):
+            part.start(env)
+            started.append(part)
+        _say("waiting for ingest to subscribe (logs in .lookout/logs/)")
+        _wait_for(
+            lambda: (_health(config, "ingest-0") or {}).get("connected"), "ingest", started, 60
+        )
+        _say("waiting for the Spark engine to start its queries (first run downloads Delta)")
+        _wait_for(lambda: _health(config, "engine") is not None, "the engine", started, 900)
+        for part in (simulator, dashboard):
+            part.start(env)
+            started.append(part)
+        url = f"http://{config.dashboard.address}:{config.dashboard.port}"
+        _wait_for(
+            lambda: port_is_open(config.dashboard.address, config.dashboard.port),
+            "the dashboard",
+            started,
+            60,
+        )
+        _say(f"dashboard: {url}   (Ctrl-C stops everything)")
+        while not stopping:
+            for part in started:
+                if part.process is not None and part.process.poll() is not None:
+                    _say(f"{part.name} stopped unexpectedly; the end of its log:\n{part.tail()}")
+                    return 1
+            ingest_health = _health(config, "ingest-0") or {}
+            _say(
+                f"ingest: {ingest_health.get('readings', 0)} readings landed, "
+                f"{ingest_health.get('quarantined', 0)} quarantined, "
+                f"{ingest_health.get('readings_per_s', 0):.0f}/s"
+            )
+            for _ in range(20):
+                if stopping:
+                    break
+                time.sleep(0.5)
+        return 0
+    except RuntimeError as err:
+        _say(str(err))
+        return 1
+    finally:
+        _say("stopping")
+        for part in reversed(started):
+            part.stop()
+        if broker is not None:
+            broker.stop()

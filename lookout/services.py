@@ -1,0 +1,127 @@
+"""The long-running parts (`lookout engine`, `ingest`, `dashboard`) with clean shutdown.
+
+Each loads the rules, runs until SIGINT/SIGTERM, then stops in order: ingest flushes and
+acknowledges what it holds, the engine stops its queries between batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine.alerts import AlertSpec
+from lookout.config import Config
+from rules.language import ast
+from rules.language.loader import RuleCheckError, RuleSet, load_rules
+
+log = logging.getLogger("lookout")
+
+DASHBOARD_APP = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+
+
+def load_rule_set(config: Config, paths: Sequence[str] | None) -> RuleSet:
+    """The checked, compiled rules at `paths` (default: the configured rule folders)."""
+    return load_rules(list(paths) if paths else list(config.rule_paths))
+
+
+def alert_specs(rule_set: RuleSet) -> dict[str, AlertSpec]:
+    """Severity and message of every `CREATE ALERT` in the rule set."""
+    return {
+        s.name.name: AlertSpec(s.name.name, str(s.severity), s.message)
+        for s in rule_set.statements
+        if isinstance(s, ast.CreateAlert)
+    }
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    def handler(signum: int, _frame: object) -> None:
+        log.info("received %s; stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _rules_or_report(config: Config, paths: Sequence[str] | None) -> RuleSet | None:
+    try:
+        return load_rule_set(config, paths)
+    except RuleCheckError as err:
+        for error in err.errors:
+            print(error.format(), file=sys.stderr)
+        return None
+
+
+def run_engine(config: Config, rule_paths: Sequence[str] | None) -> int:
+    """Run the Spark job until a signal arrives."""
+    from engine.spark.job import EngineJob
+
+    rule_set = _rules_or_report(config, rule_paths)
+    if rule_set is None:
+        return 2
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    job = EngineJob(config, rule_set.plan, alert_specs(rule_set))
+    job.run_until(stop)
+    return 0
+
+
+def run_ingest(
+    config: Config, rule_paths: Sequence[str] | None, ingester_id: str, share_group: str | None
+) -> int:
+    """Run one ingester until a signal arrives, then flush and acknowledge."""
+    from ingest.subscriber import Ingester
+    from ingest.validate import Validator
+
+    rule_set = _rules_or_report(config, rule_paths)
+    if rule_set is None:
+        return 2
+    validator = Validator(
+        list(rule_set.plan.sources()),
+        max_payload_bytes=config.ingest.max_payload_bytes,
+        max_clock_distance_ms=config.ingest.max_clock_distance_days * 86_400_000,
+    )
+    ingester = Ingester(
+        validator,
+        landing_root=config.landing,
+        health_dir=Path(config.lakehouse) / "_health",
+        mqtt_config=config.mqtt,
+        ingest_config=config.ingest,
+        ingester_id=ingester_id,
+        share_group=share_group,
+    )
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    threading.Thread(target=lambda: (stop.wait(), ingester.stop()), daemon=True).start()
+    ingester.run()
+    return 0
+
+
+def dashboard_command(config: Config) -> list[str]:
+    """The streamlit command line serving the dashboard on the configured address."""
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(DASHBOARD_APP),
+        "--server.address",
+        config.dashboard.address,
+        "--server.port",
+        str(config.dashboard.port),
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+    ]
+
+
+def run_dashboard(config: Config) -> int:
+    """Serve the dashboard (in the foreground) until interrupted."""
+    env = {**os.environ, "LOOKOUT_LAKEHOUSE_PATH": config.lakehouse}
+    return subprocess.call(dashboard_command(config), env=env)

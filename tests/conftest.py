@@ -1,0 +1,44 @@
+"""Shared fixtures: one real mosquitto and one SparkSession per test session.
+
+Both are real (no mocks): the broker is the Debian mosquitto started from the shipped
+`deploy/mosquitto.conf` on a free loopback port; Spark runs in local mode with Delta.
+A SparkSession takes seconds to start, so every Spark test shares this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lookout.broker import Broker, free_port
+from lookout.config import Config, EngineConfig, MqttConfig
+
+
+@pytest.fixture(scope="session")
+def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    """A mosquitto with Lookout's configuration (persistence on, no queue limit)."""
+    broker = Broker("127.0.0.1", free_port(), tmp_path_factory.mktemp("mosquitto")).start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    """The one SparkSession of the test run (local[2], Delta, RocksDB state store)."""
+    from engine.spark.session import build_session
+
+    session = build_session(EngineConfig(master="local[2]", shuffle_partitions=2), "lookout-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def lookout_config(tmp_path: Path, mosquitto: Broker) -> Config:
+    """A configuration with a fresh lakehouse and the test broker."""
+    return Config(
+        lakehouse=str(tmp_path / "lakehouse"),
+        mqtt=MqttConfig(host=mosquitto.host, port=mosquitto.port),
+        engine=EngineConfig(master="local[2]", shuffle_partitions=2, trigger_seconds=0.5),
+    )

@@ -1,0 +1,102 @@
+"""Helpers for tests that run real parts: publish to mosquitto, run ingest and the engine."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+
+from engine.spark.job import EngineJob
+from ingest.subscriber import Ingester
+from ingest.validate import Validator
+from lookout.broker import Broker
+from lookout.config import Config
+from lookout.services import alert_specs
+from rules.language.loader import RuleSet
+
+
+def publish(broker: Broker, messages: Sequence[tuple[str, bytes]], qos: int = 1) -> None:
+    """Publish every (topic, payload) with QoS 1 and wait until the broker acked each."""
+    client = mqtt.Client(
+        callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+        client_id=f"test-publisher-{time.monotonic_ns()}",
+    )
+    client.connect(broker.host, broker.port)
+    client.loop_start()
+    try:
+        infos = [client.publish(topic, payload, qos=qos) for topic, payload in messages]
+        for info in infos:
+            info.wait_for_publish(timeout=30)
+            assert info.is_published(), "the broker did not acknowledge a publish"
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str,
+    every: float = 0.5,
+    engine: EngineJob | None = None,
+) -> Any:
+    """Poll until `predicate()` is truthy; fail the test with `what` after `timeout` s,
+    or at once with the error of a streaming query of `engine` that died."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if engine is not None and (error := engine.failed()):
+            raise AssertionError(f"a streaming query failed while waiting for {what}: {error}")
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+@contextmanager
+def running_ingest(config: Config, rule_set: RuleSet, ingester_id: str = "0") -> Iterator[Ingester]:
+    """An ingester in a background thread; on exit it flushes, acks and disconnects."""
+    ingester = Ingester(
+        Validator(list(rule_set.plan.sources())),
+        landing_root=config.landing,
+        health_dir=Path(config.lakehouse) / "_health",
+        mqtt_config=config.mqtt,
+        ingest_config=config.ingest,
+        ingester_id=ingester_id,
+    )
+    thread = threading.Thread(target=ingester.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: ingester.stats.connected, 20, "ingest to connect")
+        time.sleep(0.3)  # SUBACK: the subscription must exist before anything is published
+        yield ingester
+    finally:
+        ingester.stop()
+        thread.join(timeout=30)
+
+
+@contextmanager
+def running_engine(config: Config, rule_set: RuleSet, spark: Any) -> Iterator[EngineJob]:
+    """The engine's streaming queries on the shared SparkSession."""
+    job = EngineJob(config, rule_set.plan, alert_specs(rule_set), spark=spark)
+    job.start()
+    try:
+        yield job
+    finally:
+        job.stop()
+
+
+def table_rows(spark: Any, config: Config, name: str) -> list[dict[str, Any]]:
+    """Every row of a Delta table as dicts (empty when the table does not exist yet)."""
+    from delta.tables import DeltaTable
+
+    path = config.table(name)
+    if not DeltaTable.isDeltaTable(spark, path):
+        return []
+    return [row.asDict() for row in spark.read.format("delta").load(path).collect()]
