@@ -119,7 +119,8 @@ def _mqtt(p: argparse.ArgumentParser) -> None:
         "--max-inflight",
         type=int,
         default=1000,
-        help="unacknowledged messages allowed before waiting for PUBACKs",
+        help="unacknowledged messages allowed before waiting for PUBACKs "
+        "(paho slows down with thousands in flight)",
     )
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -54,6 +53,10 @@ class FileSink:
     def flush(self) -> None:
         """Nothing is buffered beyond the file object's own buffer."""
 
+    def wait(self, seconds: float) -> None:
+        """Sleep (a file needs no servicing)."""
+        time.sleep(seconds)
+
     def close(self) -> None:
         """Close the file."""
         self._fh.close()
@@ -62,6 +65,8 @@ class FileSink:
 class MqttSink:
     """Publishes to an MQTT broker with QoS ``qos``, at most ``max_inflight`` unacknowledged.
 
+    The network loop runs in the caller's thread (no paho thread): a busy generator would
+    otherwise starve the loop thread of the GIL and PUBACKs would trickle in (5k/s).
     ``close`` waits for every PUBACK (QoS 1) so that a finished run has lost nothing.
     """
 
@@ -72,7 +77,7 @@ class MqttSink:
         qos: int = 1,
         batch: int = 1,
         client_id: str | None = None,
-        max_inflight: int = 1000,
+        max_inflight: int = 100,
     ) -> None:
         self.qos = qos
         self.batch = max(1, batch)
@@ -80,38 +85,46 @@ class MqttSink:
         self.readings = 0
         self.messages = 0
         self._acked = 0
-        self._cond = threading.Condition()
+        self._connected = False
         self._buf: dict[str, list[dict]] = {}
         cid = client_id or f"lookout-sim-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid)
         self._client.max_inflight_messages_set(max_inflight)
         self._client.on_publish = self._on_publish
-        self._connected = threading.Event()
-        self._client.on_connect = lambda c, u, f, rc, p: self._connected.set()
+        self._client.on_connect = self._on_connect
         self._client.connect(host, port, keepalive=30)
-        self._client.loop_start()
-        if not self._connected.wait(10):
-            self._client.loop_stop()
-            raise ConnectionError(f"no CONNACK from {host}:{port}")
+        deadline = time.monotonic() + 10
+        while not self._connected:
+            if time.monotonic() > deadline:
+                self._client.disconnect()
+                raise ConnectionError(f"no CONNACK from {host}:{port}")
+            self._client.loop(timeout=0.1)
 
     @property
     def inflight(self) -> int:
         """Messages published but not yet acknowledged."""
         return self.messages - self._acked if self.qos else 0
 
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        if reason_code.is_failure:
+            raise ConnectionError(f"broker refused the connection: {reason_code}")
+        self._connected = True
+
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
-        with self._cond:
-            self._acked += 1
-            self._cond.notify()
+        self._acked += 1
 
     def _publish(self, topic: str, data: bytes) -> None:
-        if self.qos:
-            with self._cond:
-                # Bound the in-flight window: paho would otherwise queue without limit.
-                while self.messages - self._acked >= self.max_inflight:
-                    self._cond.wait(1.0)
+        # Bound the in-flight window: paho would otherwise queue without limit.
+        while self.qos and self.messages - self._acked >= self.max_inflight:
+            self._client.loop(timeout=0.05)
         self.messages += 1
         self._client.publish(topic, data, qos=self.qos)
+
+    def wait(self, seconds: float) -> None:
+        """Idle for ``seconds`` while serving the network (PUBACKs, keep-alive)."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            self._client.loop(timeout=min(left, 0.1))
 
     def _flush_topic(self, topic: str) -> None:
         buf = self._buf.pop(topic, None)
@@ -140,11 +153,9 @@ class MqttSink:
         """Flush, wait for all acknowledgements, disconnect."""
         self.flush()
         deadline = time.monotonic() + timeout
-        with self._cond:
-            while self.qos and self._acked < self.messages and time.monotonic() < deadline:
-                self._cond.wait(0.5)
+        while self.qos and self._acked < self.messages and time.monotonic() < deadline:
+            self._client.loop(timeout=0.1)
         self._client.disconnect()
-        self._client.loop_stop()
 
 
 class Progress:
@@ -202,7 +213,7 @@ def emit(
                 wait = wall0 + (arrival - start_ms) / 1000 / speedup - time.monotonic()
                 if wait > 0.001:
                     sink.flush()
-                    time.sleep(wait)
+                    sink.wait(wait)
             sink.send(kind, topic, payload)
             if progress is not None:
                 progress.tick(sink, event_ms)
