@@ -2,13 +2,16 @@
 
     .venv/bin/python benchmarks/engine_windows.py [--quick]
 
-Prints three tables (CPU time of this process, so a busy machine skews them less):
+Prints four tables (CPU time of this process, so a busy machine skews them less):
 
 1. ESL Fig. 4: per-tuple cost of ``avg`` over ``ROWS n PRECEDING`` for n = 10 ... 100,000,
    delta-maintained (built-in avg: accumulate + retract) against recomputed over the
    window buffer on every tuple (ESL example 11, an ESL-shaped UDA).
-2. ESL Fig. 7: throughput of ``sum OVER (ROWS 40000 PRECEDING SLIDE s)`` against s.
-3. The issue-3 target: sliding ``avg OVER (PARTITION BY station RANGE 15 MINUTES
+2. ESL Fig. 6: state kept by ``sum OVER (ROWS 39999 PRECEDING SLIDE s)`` (a 40,000-row
+   window): pane partials (slide > 1, panes of gcd(40000, s) rows) or buffered tuples
+   (slide 1), and the snapshot size.
+3. ESL Fig. 7: throughput of ``sum OVER (ROWS 40000 PRECEDING SLIDE s)`` against s.
+4. The issue-3 target: sliding ``avg OVER (PARTITION BY station RANGE 15 MINUTES
    PRECEDING SLIDE 1 MINUTE)`` (the congestion rule) through ``KeyedEvaluator``.
 
 Numbers are recorded in docs/engine.md.
@@ -34,6 +37,7 @@ from engine.core.plan import (
     SinkKind,
     Stage,
 )
+from engine.core.windows import PaneOperator
 
 BATCH = 1_000  # tuples inserted between two advances, like one micro-batch per key
 
@@ -110,6 +114,25 @@ def fig4(quick: bool) -> None:
         print(f"{n:>8} {delta:>15.2f} {naive:>12.2f}")
 
 
+def fig6(quick: bool) -> None:
+    """State size of a 40,000-row sliding sum against its slide."""
+    print("\nESL Fig. 6: sum OVER (ROWS 39999 PRECEDING SLIDE s), state after 80,000 rows")
+    print(f"{'slide':>8} {'operator':>14} {'entries':>8} {'snapshot bytes':>15}")
+    for slide in [1, 10, 100, 1_000, 10_000, 40_000]:
+        window = OverWindow(
+            (AggCall("sum", (column("speed"),), "v"),),
+            FrameUnits.ROWS,
+            39_999,
+            slide_rows=slide,
+        )
+        ev = KeyedEvaluator(stage_for(window))
+        feed(ev, 0, 80_000)
+        op = ev.operator
+        entries = op.partials() if isinstance(op, PaneOperator) else len(op.buffer)
+        kind = type(op).__name__
+        print(f"{slide:>8} {kind:>14} {entries:>8} {len(ev.snapshot()):>15,}")
+
+
 def fig7(quick: bool) -> None:
     """Throughput of a 40,000-row sliding sum against its slide."""
     print("\nESL Fig. 7: sum OVER (ROWS 40000 PRECEDING SLIDE s), tuples/s (CPU)")
@@ -153,6 +176,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     quick = parser.parse_args().quick
     fig4(quick)
+    fig6(quick)
     fig7(quick)
     congestion(quick)
 

@@ -17,7 +17,9 @@ Two kinds, one root class :class:`WindowAggregate` (what the rule compiler check
   ``update``/``revert``. The window reads ``get_value()`` once the frame is complete
   (so RANGE peers share one value), and, with active expiration, after each retract.
   Retraction is always FIFO (the oldest accumulated tuple leaves first), which lets
-  min/max use a monotonic deque: O(1) amortised per tuple.
+  min/max use a monotonic deque: O(1) amortised per tuple. An incremental aggregate with
+  ``algebraic = True`` also has ``merge`` (ESL ``ALGEBRAIC``, Flink's ``merge``): the
+  window may then keep one partial per pane instead of the tuples (ESL §5.1).
 
 An aggregate's state must be plain picklable data reachable from ``vars(self)`` (or
 override ``get_state``/``set_state``): snapshots store it, never the class or callables.
@@ -33,7 +35,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 
 class InWindow(Protocol):
@@ -96,7 +98,10 @@ class IncrementalAggregate(WindowAggregate):
 
     Its ESL methods are derived, so it also works wherever an ESL aggregate does:
     ``iterate`` accumulates and emits the value, ``expire`` retracts and emits it.
+    Set ``algebraic = True`` and implement ``merge`` to allow the pane optimisation.
     """
+
+    algebraic: ClassVar[bool] = False
 
     def accumulate(self, *args: Any) -> None:
         """Add one tuple's arguments."""
@@ -108,6 +113,11 @@ class IncrementalAggregate(WindowAggregate):
 
     def get_value(self) -> Any:
         """The aggregate over the tuples accumulated and not retracted (None if empty)."""
+        raise NotImplementedError
+
+    def merge(self, other: IncrementalAggregate) -> None:
+        """Absorb ``other``, a partial over later tuples (algebraic aggregates only). A
+        merged aggregate is only read, never retracted."""
         raise NotImplementedError
 
     def iterate(self, args: tuple[Any, ...], inwindow: InWindow) -> Iterable[Any]:
@@ -138,6 +148,12 @@ class Count(IncrementalAggregate):
     def get_value(self) -> int:
         return self.n
 
+    algebraic = True
+
+    def merge(self, other: IncrementalAggregate) -> None:
+        assert isinstance(other, Count)
+        self.n += other.n
+
 
 class Sum(IncrementalAggregate):
     """``sum(x)``; NULL over no non-NULL value."""
@@ -159,6 +175,14 @@ class Sum(IncrementalAggregate):
 
     def get_value(self) -> Any:
         return self.total if self.n else None
+
+    algebraic = True
+
+    def merge(self, other: IncrementalAggregate) -> None:
+        assert isinstance(other, Sum)
+        if other.n:
+            self.total = self.total + other.total if self.n else other.total
+            self.n += other.n
 
 
 class Avg(Sum):
@@ -199,6 +223,19 @@ class Var(IncrementalAggregate):
         # Round-off can push m2 a hair below zero after retractions.
         return max(self.m2, 0.0) / (self.n - 1) if self.n > 1 else None
 
+    algebraic = True
+
+    def merge(self, other: IncrementalAggregate) -> None:
+        # Chan et al.'s pairwise combination of (n, mean, m2).
+        assert isinstance(other, Var)
+        n = self.n + other.n
+        if not other.n:
+            return
+        delta = other.mean - self.mean
+        self.mean += delta * other.n / n
+        self.m2 += other.m2 + delta * delta * self.n * other.n / n
+        self.n = n
+
 
 class Stddev(Var):
     """``stddev(x)``: sample standard deviation."""
@@ -237,6 +274,15 @@ class Max(IncrementalAggregate):
 
     def get_value(self) -> Any:
         return self.candidates[0][1] if self.candidates else None
+
+    algebraic = True
+
+    def merge(self, other: IncrementalAggregate) -> None:
+        # The other partial's extreme is all that can matter to a read-only result.
+        assert isinstance(other, Max)
+        value = other.get_value()
+        if value is not None:
+            self.accumulate(value)
 
 
 class Min(Max):

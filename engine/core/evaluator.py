@@ -33,7 +33,14 @@ from engine.core.plan import (
     Stage,
     StatelessOp,
 )
-from engine.core.windows import ExtentOperator, OverOperator, Row, StatelessOperator
+from engine.core.windows import (
+    ExtentOperator,
+    OverOperator,
+    PaneOperator,
+    Row,
+    StatelessOperator,
+    pane_eligible,
+)
 
 _SNAPSHOT_VERSION = 1
 
@@ -66,8 +73,11 @@ class KeyedEvaluator:
     def __init__(self, stage: Stage) -> None:
         self.stage = stage
         window = stage.query.window
-        if isinstance(window, OverWindow):
-            self.operator: OverOperator | ExtentOperator | StatelessOperator = OverOperator(window)
+        self.operator: OverOperator | PaneOperator | ExtentOperator | StatelessOperator
+        if isinstance(window, OverWindow) and pane_eligible(window):
+            self.operator = PaneOperator(window)
+        elif isinstance(window, OverWindow):
+            self.operator = OverOperator(window)
         elif isinstance(window, ExtentWindow):
             self.operator = ExtentOperator(window)
         else:

@@ -22,6 +22,7 @@ tuple can need (passive expiry), so idle partitions do not hold their last windo
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -388,6 +389,115 @@ class ExtentOperator(_Aggregating):
         """Restore what ``get_state`` returned."""
         base, self.key, self.closed = state
         super().set_state(base)
+
+
+class PaneOperator:
+    """``ROWS n PRECEDING SLIDE s`` over algebraic aggregates, by panes (ESL §5.1, ex. 15).
+
+    The stream is cut into panes of ``g = gcd(n + 1, s)`` rows; each pane keeps one
+    partial aggregate per call instead of its tuples. Every yield tuple ends a pane, and
+    its window is exactly the last ``(n + 1) / g`` panes, merged into fresh aggregates.
+    Memory: at most ``(n + 1) / g + 1`` partials per call (``window / slide + 1`` when
+    the slide divides the window). Outputs equal :class:`OverOperator`'s up to float
+    round-off (partials are merged rather than retracted).
+    """
+
+    def __init__(self, window: OverWindow) -> None:
+        assert pane_eligible(window)
+        assert window.preceding is not None and window.slide_rows is not None
+        self.calls = window.aggregates
+        self.slide = window.slide_rows
+        self.pane_rows = math.gcd(window.preceding + 1, self.slide)
+        self.per_window = (window.preceding + 1) // self.pane_rows
+        self.panes: deque[list[IncrementalAggregate]] = deque()
+        self.current = self._fresh()
+        self.arrived = 0
+
+    def _fresh(self) -> list[IncrementalAggregate]:
+        return [_incremental(c) for c in self.calls]
+
+    def arrive(self, group: list[Arrival]) -> list[Result]:
+        """Accumulate into the open pane; at each yield tuple, merge the window's panes."""
+        out: list[Result] = []
+        for ts, row in group:
+            for agg, call in zip(self.current, self.calls, strict=True):
+                agg.accumulate(*[e(row) for e in call.args])
+            self.arrived += 1
+            if self.arrived % self.pane_rows:
+                continue
+            self.panes.append(self.current)
+            self.current = self._fresh()
+            if len(self.panes) > self.per_window:
+                self.panes.popleft()
+            if self.arrived % self.slide == 0:
+                merged = self._fresh()
+                for pane in self.panes:
+                    for total, partial in zip(merged, pane, strict=True):
+                        total.merge(partial)
+                out.extend(_combine(ts, row, self.calls, [[a.get_value()] for a in merged]))
+        return out
+
+    def partials(self) -> int:
+        """How many partial aggregates (per call) the operator holds."""
+        return len(self.panes) + 1
+
+    def next_timer(self) -> int | None:
+        """Row panes need no timers."""
+        return None
+
+    next_wakeup = next_timer
+
+    def fire(self, instant: int) -> list[Result]:
+        """Nothing to fire."""
+        return []
+
+    def settle(self, watermark: int) -> None:
+        """Panes move by arrivals only."""
+
+    def get_state(self) -> Any:
+        """The partials' states and the arrival count."""
+        return (
+            [[a.get_state() for a in pane] for pane in self.panes],
+            [a.get_state() for a in self.current],
+            self.arrived,
+        )
+
+    def set_state(self, state: Any) -> None:
+        """Restore what ``get_state`` returned."""
+        panes, current, self.arrived = state
+        self.panes = deque(self._restored(p) for p in panes)
+        self.current = self._restored(current)
+
+    def _restored(self, states: list[Any]) -> list[IncrementalAggregate]:
+        aggs = self._fresh()
+        for agg, st in zip(aggs, states, strict=True):
+            agg.set_state(st)
+        return aggs
+
+
+def _incremental(call: AggCall) -> IncrementalAggregate:
+    agg = make_aggregate(call.name, call.factory)
+    assert isinstance(agg, IncrementalAggregate)
+    return agg
+
+
+def pane_eligible(window: OverWindow) -> bool:
+    """Whether :class:`PaneOperator` can run ``window``: a plain ROWS frame sliding by
+    more than one row, over algebraic aggregates only."""
+    if not (
+        window.units is FrameUnits.ROWS
+        and window.preceding is not None
+        and window.slide_rows is not None
+        and window.slide_rows > 1
+        and not window.lag
+        and window.reset_every_ms is None
+    ):
+        return False
+    return all(getattr(_aggregate_class(c), "algebraic", False) for c in window.aggregates)
+
+
+def _aggregate_class(call: AggCall) -> type:
+    return type(make_aggregate(call.name, call.factory))
 
 
 def _check(window: OverWindow) -> None:

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from engine.core.evaluator import KeyedEvaluator
 from engine.core.plan import END_OF_TIME, AggCall, FrameUnits, OverWindow
+from engine.core.windows import PaneOperator, pane_eligible
 from tests.engine.helpers import col, over_plan
 
 SQL_NAME = {
@@ -227,3 +228,30 @@ def test_fixed_bound_landmarks_and_band(
     frame = "ORDER BY ts RANGE UNBOUNDED PRECEDING"
     want = oracle_rows(frame, agg, rows, filter_=f"ts >= {lo} AND ts <= {hi}")
     assert_same(engine_rows(spec, rows), want)
+
+
+@pytest.mark.parametrize("agg", ["count(*)", *PEER_SAFE])
+@SETTINGS
+@given(rows=streams(), n=st.integers(0, 9), slide=st.integers(2, 6))
+def test_row_slides_by_panes(agg: str, rows: list, n: int, slide: int) -> None:
+    # ROWS n SLIDE s over algebraic aggregates runs on panes of gcd(n + 1, s) rows.
+    spec = window(agg, FrameUnits.ROWS, n, slide_rows=slide)
+    assert pane_eligible(spec)
+    frame = f"ORDER BY ts, source, seq ROWS BETWEEN {n} PRECEDING AND CURRENT ROW"
+    qualify = (
+        f"QUALIFY row_number() OVER (PARTITION BY station ORDER BY ts, source, seq) % {slide} = 0"
+    )
+    assert_same(engine_rows(spec, rows), oracle_rows(frame, agg, rows, qualify))
+
+
+def test_panes_hold_at_most_window_over_slide_plus_one_partials() -> None:
+    # ESL Fig. 6: sum over ROWS 39 PRECEDING (40 rows) with slide 8 keeps <= 40/8 + 1.
+    (stage,) = over_plan(window("sum", FrameUnits.ROWS, 39, slide_rows=8)).stages()
+    ev = KeyedEvaluator(stage)
+    operator = ev.operator
+    assert isinstance(operator, PaneOperator)
+    for i in range(200):
+        ev.insert({"ts": i, "source": "a", "seq": i, "station": 0, "speed": 1.0})
+        ev.advance(i + 1)
+        assert operator.partials() <= 40 // 8 + 1
+    assert operator.partials() == 40 // 8 + 1
