@@ -6,7 +6,8 @@ Each vehicle passing a detector yields a reading ``station, lane, speed`` (m/s),
 Poisson process of ``rate`` readings per second of event time, spread evenly over the
 stations. Normal traffic runs at highway speeds (lane means 25-32 m/s, a rush-hour dip
 of at most 12 % at 08:00 and 17:30 UTC with ``profile="daily"``), never above
-``SPEED_LIMIT``; lorries (13-20 m) keep to lanes 4-5 and are commoner at night.
+``SPEED_LIMIT`` nor below ``FREE_FLOW_MIN``; lorries (13-20 m) keep to lanes 4-5 and
+are commoner at night.
 
 Planted episodes (offsets from the run's start, see :func:`simulators.common.parse_episodes`):
 
@@ -33,6 +34,9 @@ from simulators.common import EpisodeSpec, Reading, SeqCounter
 from simulators.truth import Truth
 
 SPEED_LIMIT = 36.1  # m/s (130 km/h); normal traffic stays below it
+# Free-flowing readings never dip under this, so that no window of normal traffic, not
+# even the first reading of a run, averages below the PIPES 15 m/s congestion threshold.
+FREE_FLOW_MIN = 16.5
 LANE_MEANS = (32.0, 30.5, 29.0, 27.0, 25.0)
 LANE_WEIGHTS = (0.22, 0.24, 0.22, 0.18, 0.14)
 SEGMENT_M = 1609  # one mile, as the Linear Road segment
@@ -144,7 +148,7 @@ def _loop_readings(
         else:
             if cfg.profile == "daily":
                 mean *= _speed_factor(ti)
-            speed = min(max(rng.gauss(mean, 2.5), mean * 0.5), SPEED_LIMIT - 0.6)
+            speed = min(max(rng.gauss(mean, 2.5), FREE_FLOW_MIN), SPEED_LIMIT - 0.6)
         source = f"station-{station}"
         seq = seqs.next(source)
         if any(s.key == station and s.covers(off) for s in cfg.speeding) and rng.random() < 0.1:
