@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.alerts import AlertSpec
+from ingest.validate import Validator
 from lookout.config import Config
 from rules.language import ast
 from rules.language.loader import RuleCheckError, RuleSet, load_rules
@@ -37,6 +38,15 @@ def alert_specs(rule_set: RuleSet) -> dict[str, AlertSpec]:
         for s in rule_set.statements
         if isinstance(s, ast.CreateAlert)
     }
+
+
+def build_validator(config: Config, rule_set: RuleSet) -> Validator:
+    """The payload validator for the rule set's source streams, with configured limits."""
+    return Validator(
+        list(rule_set.plan.sources()),
+        max_payload_bytes=config.ingest.max_payload_bytes,
+        max_clock_distance_ms=config.ingest.max_clock_distance_days * 86_400_000,
+    )
 
 
 def _stop_on_signals(stop: threading.Event) -> None:
@@ -76,18 +86,12 @@ def run_ingest(
 ) -> int:
     """Run one ingester until a signal arrives, then flush and acknowledge."""
     from ingest.subscriber import Ingester
-    from ingest.validate import Validator
 
     rule_set = _rules_or_report(config, rule_paths)
     if rule_set is None:
         return 2
-    validator = Validator(
-        list(rule_set.plan.sources()),
-        max_payload_bytes=config.ingest.max_payload_bytes,
-        max_clock_distance_ms=config.ingest.max_clock_distance_days * 86_400_000,
-    )
     ingester = Ingester(
-        validator,
+        build_validator(config, rule_set),
         landing_root=config.landing,
         health_dir=Path(config.lakehouse) / "_health",
         mqtt_config=config.mqtt,

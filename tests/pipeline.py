@@ -13,10 +13,9 @@ import paho.mqtt.client as mqtt
 
 from engine.spark.job import EngineJob
 from ingest.subscriber import Ingester
-from ingest.validate import Validator
 from lookout.broker import Broker
 from lookout.config import Config
-from lookout.services import alert_specs
+from lookout.services import alert_specs, build_validator
 from rules.language.loader import RuleSet
 
 
@@ -63,7 +62,7 @@ def wait_for(
 def running_ingest(config: Config, rule_set: RuleSet, ingester_id: str = "0") -> Iterator[Ingester]:
     """An ingester in a background thread; on exit it flushes, acks and disconnects."""
     ingester = Ingester(
-        Validator(list(rule_set.plan.sources())),
+        build_validator(config, rule_set),
         landing_root=config.landing,
         health_dir=Path(config.lakehouse) / "_health",
         mqtt_config=config.mqtt,
