@@ -394,12 +394,15 @@ class ExtentOperator(_Aggregating):
 class PaneOperator:
     """``ROWS n PRECEDING SLIDE s`` over algebraic aggregates, by panes (ESL §5.1, ex. 15).
 
-    The stream is cut into panes of ``g = gcd(n + 1, s)`` rows; each pane keeps one
-    partial aggregate per call instead of its tuples. Every yield tuple ends a pane, and
-    its window is exactly the last ``(n + 1) / g`` panes, merged into fresh aggregates.
-    Memory: at most ``(n + 1) / g + 1`` partials per call (``window / slide + 1`` when
-    the slide divides the window). Outputs equal :class:`OverOperator`'s up to float
-    round-off (partials are merged rather than retracted).
+    The stream is cut into panes of ``g = gcd(n + 1, s)`` rows, each summarised by one
+    partial aggregate per call instead of its tuples; every yield tuple ends a pane, and
+    its window is exactly the last ``k = (n + 1) / g`` panes. The panes slide through a
+    two-stack queue (only ``merge`` needed, no inverse): ``back`` holds the newest panes
+    and their running merge, ``front`` the suffix merges of the oldest ones, rebuilt from
+    ``back`` when it runs dry, so a yield costs O(1) merges amortised. State: at most
+    ``k + 2`` partials per call (``window / slide + 2`` when the slide divides the
+    window) against ``n + 1`` buffered tuples without panes. Outputs equal
+    :class:`OverOperator`'s up to float round-off (partials merge, not retract).
     """
 
     def __init__(self, window: OverWindow) -> None:
@@ -409,15 +412,25 @@ class PaneOperator:
         self.slide = window.slide_rows
         self.pane_rows = math.gcd(window.preceding + 1, self.slide)
         self.per_window = (window.preceding + 1) // self.pane_rows
-        self.panes: deque[list[IncrementalAggregate]] = deque()
+        self.front: list[list[IncrementalAggregate]] = []  # suffix merges, oldest on top
+        self.back: list[list[IncrementalAggregate]] = []  # newest panes, oldest first
+        self.back_total = self._fresh()
         self.current = self._fresh()
         self.arrived = 0
 
     def _fresh(self) -> list[IncrementalAggregate]:
         return [_incremental(c) for c in self.calls]
 
+    def _merged(self, *parts: list[IncrementalAggregate]) -> list[IncrementalAggregate]:
+        """A fresh partial merging ``parts``, oldest first."""
+        total = self._fresh()
+        for part in parts:
+            for agg, partial in zip(total, part, strict=True):
+                agg.merge(partial)
+        return total
+
     def arrive(self, group: list[Arrival]) -> list[Result]:
-        """Accumulate into the open pane; at each yield tuple, merge the window's panes."""
+        """Accumulate into the open pane; at each yield tuple, read the window's panes."""
         out: list[Result] = []
         for ts, row in group:
             for agg, call in zip(self.current, self.calls, strict=True):
@@ -425,21 +438,33 @@ class PaneOperator:
             self.arrived += 1
             if self.arrived % self.pane_rows:
                 continue
-            self.panes.append(self.current)
+            self.back.append(self.current)
+            self.back_total = self._merged(self.back_total, self.current)
             self.current = self._fresh()
-            if len(self.panes) > self.per_window:
-                self.panes.popleft()
+            if len(self.front) + len(self.back) > self.per_window:
+                self._evict()
             if self.arrived % self.slide == 0:
-                merged = self._fresh()
-                for pane in self.panes:
-                    for total, partial in zip(merged, pane, strict=True):
-                        total.merge(partial)
-                out.extend(_combine(ts, row, self.calls, [[a.get_value()] for a in merged]))
+                window = (
+                    self._merged(self.front[-1], self.back_total)
+                    if self.front
+                    else (self.back_total)
+                )
+                out.extend(_combine(ts, row, self.calls, [[a.get_value()] for a in window]))
         return out
+
+    def _evict(self) -> None:
+        """Drop the oldest pane, first turning ``back`` into suffix merges if needed."""
+        if not self.front:
+            suffix: list[IncrementalAggregate] | None = None
+            for pane in reversed(self.back):
+                suffix = self._merged(pane, suffix) if suffix is not None else pane
+                self.front.append(suffix)
+            self.back, self.back_total = [], self._fresh()
+        self.front.pop()
 
     def partials(self) -> int:
         """How many partial aggregates (per call) the operator holds."""
-        return len(self.panes) + 1
+        return len(self.front) + len(self.back) + 2
 
     def next_timer(self) -> int | None:
         """Row panes need no timers."""
@@ -456,16 +481,24 @@ class PaneOperator:
 
     def get_state(self) -> Any:
         """The partials' states and the arrival count."""
+
+        def states(part: list[IncrementalAggregate]) -> list[Any]:
+            return [a.get_state() for a in part]
+
         return (
-            [[a.get_state() for a in pane] for pane in self.panes],
-            [a.get_state() for a in self.current],
+            [states(p) for p in self.front],
+            [states(p) for p in self.back],
+            states(self.back_total),
+            states(self.current),
             self.arrived,
         )
 
     def set_state(self, state: Any) -> None:
         """Restore what ``get_state`` returned."""
-        panes, current, self.arrived = state
-        self.panes = deque(self._restored(p) for p in panes)
+        front, back, back_total, current, self.arrived = state
+        self.front = [self._restored(p) for p in front]
+        self.back = [self._restored(p) for p in back]
+        self.back_total = self._restored(back_total)
         self.current = self._restored(current)
 
     def _restored(self, states: list[Any]) -> list[IncrementalAggregate]:
