@@ -58,6 +58,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="LIST",
         help=f"speeding vehicles (10%% of the station's): {ep}; duration default 300",
     )
+    traffic.add_argument(
+        "--tracked",
+        type=int,
+        default=20,
+        help="with --accident: other vehicles sending position reports (default 20)",
+    )
     traffic.set_defaults(func=run_traffic)
 
     rfid = subs.add_parser("rfid", help="warehouse doors (ESL examples 17 and 18)")
@@ -255,6 +261,7 @@ def run_traffic(args: argparse.Namespace) -> int:
             silent=parse_episodes(args.silent, 300),
             accident=parse_episodes(args.accident, 600),
             speeding=parse_episodes(args.speeding, 300),
+            tracked=args.tracked,
         )
     except ValueError as e:
         print(f"simulate traffic: {e}", file=sys.stderr)

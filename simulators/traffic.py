@@ -17,7 +17,9 @@ Planted episodes (offsets from the run's start, see :func:`simulators.common.par
 - accident: two vehicles stop at the same position in the station's segment; they send
   Linear Road style position reports every 30 s (``vid, speed, xway, lane, dir, seg,
   pos``; source ``xway-0``, topic ``lookout/positions/0/readings``) from two minutes
-  before until two minutes after; traffic at the station slows to N(8, 3) m/s;
+  before until two minutes after; traffic at the station slows to N(8, 3) m/s; with
+  accidents, ``tracked`` other vehicles also report every 30 s as they drive through
+  (slowing to 8 m/s past the accident, never stopping);
 - speeding: 10 % of the station's vehicles drive at 40-50 m/s; each such reading is in
   the ground truth as a ``speeding`` record.
 """
@@ -56,6 +58,7 @@ class TrafficConfig:
     silent: list[EpisodeSpec] = field(default_factory=list)
     accident: list[EpisodeSpec] = field(default_factory=list)
     speeding: list[EpisodeSpec] = field(default_factory=list)
+    tracked: int = 20  # vehicles sending position reports besides the crashed ones
 
 
 def traffic_sources(cfg: TrafficConfig) -> dict[str, str]:
@@ -96,17 +99,58 @@ def _position_reports(
         if t >= start_ms:
             for k in range(2):
                 vid = 1_000_000 + 2 * index + k
-                fields = {
-                    "vid": vid,
-                    "speed": speed,
-                    "xway": 0,
-                    "lane": lane,
-                    "dir": 0,
-                    "seg": int(p // SEGMENT_M),
-                    "pos": int(p),
-                }
-                yield Reading(t, POSITIONS_SOURCE, POSITIONS_TOPIC, fields)
+                yield _report(t, vid, speed, lane, p)
         t += REPORT_EVERY_MS
+
+
+def _report(t: int, vid: int, speed: float, lane: int, pos: float) -> Reading:
+    """A Linear Road style position report (expressway 0, direction 0)."""
+    fields = {
+        "vid": vid,
+        "speed": round(speed, 2),
+        "xway": 0,
+        "lane": lane,
+        "dir": 0,
+        "seg": int(pos // SEGMENT_M),
+        "pos": int(pos),
+    }
+    return Reading(t, POSITIONS_SOURCE, POSITIONS_TOPIC, fields)
+
+
+def _tracked_reports(
+    cfg: TrafficConfig, start_ms: int, end_ms: int | None, rng: random.Random
+) -> Iterator[Reading]:
+    """Reports of ``cfg.tracked`` vehicles driving the highway end to end, every 30 s.
+
+    They slow to 8 m/s in a segment with an accident but never stop, so the only
+    vehicles at the same position in consecutive reports are the crashed ones.
+    """
+    length = (cfg.stations + 1) * SEGMENT_M
+    vids = iter(range(1, 1_000_000))
+    # (next report, vid, position, cruising speed, lane); entries staggered over 30 s.
+    cars = [
+        (
+            start_ms + rng.randrange(REPORT_EVERY_MS),
+            next(vids),
+            0.0,
+            rng.gauss(28.0, 2.0),
+            rng.randint(1, 5),
+        )
+        for _ in range(cfg.tracked)
+    ]
+    heapq.heapify(cars)
+    while cars:
+        t, vid, pos, cruise, lane = heapq.heappop(cars)
+        if end_ms is not None and t >= end_ms:
+            return
+        seg = int(pos // SEGMENT_M)
+        slow = any(a.key == seg and a.covers(t - start_ms) for a in cfg.accident)
+        speed = 8.0 if slow else cruise
+        yield _report(t, vid, speed, lane, pos)
+        pos += speed * REPORT_EVERY_MS / 1000
+        if pos >= length:  # off the highway: a new vehicle enters in its place
+            vid, pos, cruise, lane = next(vids), 0.0, rng.gauss(28.0, 2.0), rng.randint(1, 5)
+        heapq.heappush(cars, (t + REPORT_EVERY_MS, vid, pos, cruise, lane))
 
 
 def _loop_readings(
@@ -210,7 +254,8 @@ def generate_traffic(
         yield from loops
         return
     reports = [_position_reports(s, i, start_ms, end_ms) for i, s in enumerate(cfg.accident)]
-    for r in heapq.merge(loops, *reports, key=lambda r: r.t):
+    tracked = _tracked_reports(cfg, start_ms, end_ms, rng)
+    for r in heapq.merge(loops, tracked, *reports, key=lambda r: r.t):
         if r.source == POSITIONS_SOURCE:
             r.seq = seqs.next(r.source)
         yield r

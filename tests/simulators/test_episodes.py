@@ -80,13 +80,26 @@ def test_traffic_episodes(tmp_path: Path) -> None:
         for r in loops
         if (r["source"], r["seq"]) in over
     )
-    # Accident: both vehicles report every 30 s and stand still at the same position.
+    # Accident: both vehicles report every 30 s and stand still at the same position;
+    # the 20 tracked vehicles keep moving (slower past the accident).
     reports = [r for r in readings if "vid" in r]
-    assert {r["vid"] for r in reports} == {1_000_000, 1_000_001}
+    crashed = {1_000_000, 1_000_001}
+    assert crashed < {r["vid"] for r in reports}
     stopped = [r for r in reports if r["speed"] == 0]
+    assert {r["vid"] for r in stopped} == crashed
     assert {(r["seg"], r["pos"]) for r in stopped} == {(5, 5 * 1609 + 500)}
     assert len(stopped) == 2 * 10  # 300 s / 30 s, both vehicles
     assert all(400_000 <= r["ts"] - START < 700_000 for r in stopped)
+    last: dict[int, int] = {}
+    for r in reports:
+        if r["vid"] not in crashed:
+            assert last.get(r["vid"]) != r["pos"]
+            last[r["vid"]] = r["pos"]
+    slowed = {r["vid"] for r in reports if r["vid"] not in crashed and r["speed"] == 8.0}
+    assert slowed and all(
+        r["seg"] == 5 for r in reports if r["vid"] in slowed and r["speed"] == 8.0
+    )
+    assert len(reports) > 20 * 1200 / 30
 
 
 def test_rfid_episodes(tmp_path: Path) -> None:
