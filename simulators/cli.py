@@ -111,6 +111,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="lookout/traffic/unknown/readings",
         help="topic for unparseable lines before the first reading",
     )
+    replay.add_argument(
+        "--heartbeat-lag",
+        type=float,
+        metavar="SECONDS",
+        help="send heartbeats each second of event time promising (newest ts - LAG); "
+        "LAG must cover the file's disorder and clock skew (default: no heartbeats)",
+    )
     replay.add_argument("--quiet", action="store_true", help="no progress on stderr")
     replay.set_defaults(func=run_replay)
 
@@ -303,6 +310,7 @@ def run_replay(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"simulate replay: {e}", file=sys.stderr)
         return 2
+    lag = round(args.heartbeat_lag * 1000) if args.heartbeat_lag is not None else None
     with fh:
         try:
             sink = MqttSink(
@@ -312,7 +320,7 @@ def run_replay(args: argparse.Namespace) -> int:
             print(f"simulate replay: cannot reach {args.host}:{args.port}: {e}", file=sys.stderr)
             return 1
         emit(
-            replay_messages(fh, args.topic),
+            replay_messages(fh, args.topic, lag),
             sink,
             args.speedup,
             start,

@@ -236,15 +236,31 @@ def _topic_of(reading: dict) -> str | None:
     return None
 
 
-def replay_messages(lines: Iterable[bytes], default_topic: str) -> Iterator[Message]:
+def replay_messages(
+    lines: Iterable[bytes],
+    default_topic: str,
+    heartbeat_lag_ms: int | None = None,
+    heartbeat_ms: int = 1000,
+) -> Iterator[Message]:
     """Messages to republish a recorded JSON-lines file, timed by its readings' ``ts``.
 
     A reading's arrival is the running maximum of ``ts`` (so a disordered file keeps its
     order and its pace); lines that are not readings go, as they are, to the topic of the
-    reading before them (``default_topic`` at the start).
+    reading before them (``default_topic`` at the start). With ``heartbeat_lag_ms``,
+    every ``heartbeat_ms`` of that clock each source seen so far gets a heartbeat
+    promising ``clock - lag`` (the lag must cover the file's disorder and skew), and a
+    final one promising the file's end.
     """
     topic = default_topic
     clock: int | None = None
+    next_hb: int | None = None
+    kinds: dict[str, str] = {}
+
+    def heartbeats(h: int, promise: int) -> Iterator[Message]:
+        for src in sorted(kinds):
+            hb_topic = f"lookout/{kinds[src]}/{src}/heartbeat"
+            yield h, "heartbeat", hb_topic, {"source": src, "ts": promise}
+
     for raw in lines:
         line = raw.rstrip(b"\r\n")
         if not line:
@@ -260,7 +276,16 @@ def replay_messages(lines: Iterable[bytes], default_topic: str) -> Iterator[Mess
             continue
         topic = new_topic
         clock = t if clock is None else max(clock, t)
+        if heartbeat_lag_ms is not None:
+            if next_hb is None:
+                next_hb = (clock // heartbeat_ms + 1) * heartbeat_ms
+            while clock >= next_hb:
+                yield from heartbeats(next_hb, next_hb - heartbeat_lag_ms)
+                next_hb += heartbeat_ms
+            kinds.setdefault(str(obj.get("source")), topic.split("/")[1])
         yield clock, "reading", topic, obj
+    if heartbeat_lag_ms is not None and clock is not None:
+        yield from heartbeats(clock, clock)
 
 
 def first_ts(path: str) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from simulators.disorder import DisorderModel, Faults, arrange
+from simulators.publish import replay_messages
 from simulators.traffic import TrafficConfig, generate_traffic, traffic_sources
 from simulators.truth import Truth
 from tests.simulators.helpers import lateness, load, simulate, truth_of
@@ -172,3 +173,28 @@ def test_heartbeats_keep_their_promise(model: str) -> None:
     assert hb >= 4 * 60
     # The last heartbeat of each source is the end of the run.
     assert all(p >= start + 59_000 - 500 for p in promise.values())
+
+
+def test_replay_heartbeats_keep_their_promise(tmp_path: Path) -> None:
+    out, _ = simulate(
+        tmp_path,
+        *RUN,
+        "--disorder",
+        "bounded:1",
+        "--duration",
+        "30",
+        "--malformed-fraction",
+        "0.01",
+    )
+    with out.open("rb") as fh:
+        msgs = list(replay_messages(fh, "lookout/traffic/x/readings", heartbeat_lag_ms=1000))
+    kinds = Counter(m[1] for m in msgs)
+    assert kinds["reading"] + kinds["malformed"] == len(out.read_bytes().splitlines())
+    assert kinds["heartbeat"] >= 10 * 29
+    promise: dict[str, int] = {}
+    for _, kind, topic, payload in msgs:
+        if kind == "heartbeat":
+            assert topic == f"lookout/traffic/{payload['source']}/heartbeat"
+            promise[payload["source"]] = payload["ts"]
+        elif kind == "reading" and "source" in payload:
+            assert payload["ts"] >= promise.get(payload["source"], 0)
