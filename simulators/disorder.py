@@ -180,17 +180,19 @@ def arrange(
             body = _malform(payload, how)
             kind = "malformed"
             truth.record({"type": "malformed", "source": r.source, "seq": r.seq, "reason": how})
-        elif u < p_late and (last_late is None or r.t < last_late):
-            arrival = r.t + late_extra + rng.randint(1000, 10000)
-            truth.record(
-                {
-                    "type": "late",
-                    "source": r.source,
-                    "seq": r.seq,
-                    "ts": payload["ts"],
-                    "delay_ms": arrival - r.t,
-                }
-            )
+        elif u < p_late:
+            # Too near the end, nothing would overtake it: such a reading goes on time.
+            if last_late is None or r.t < last_late:
+                arrival = r.t + late_extra + rng.randint(1000, 10000)
+                truth.record(
+                    {
+                        "type": "late",
+                        "source": r.source,
+                        "seq": r.seq,
+                        "ts": payload["ts"],
+                        "delay_ms": arrival - r.t,
+                    }
+                )
         elif u < p_dup:
             again = arrival + rng.randint(0, 1000)
             counter += 1
