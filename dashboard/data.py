@@ -2,25 +2,47 @@
 
 Queries run in DataFusion (delta-rs's `QueryBuilder`) so a page aggregates a million
 readings without loading them into pandas first. Results are cached per table version:
-a refresh that finds no new commit costs one small metadata read.
+a refresh that finds no new commit costs one small metadata read per table.
+
+The dashboard writes one table itself, `alert_acks` (alert_id, acked_at, note), so an
+acknowledgement survives restarts.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pandas as pd
+import pyarrow as pa
 import streamlit as st
-from deltalake import DeltaTable, QueryBuilder
+from deltalake import DeltaTable, QueryBuilder, write_deltalake
 from deltalake.exceptions import TableNotFoundError
+
+ACKS = "alert_acks"
+ACKS_SCHEMA = pa.schema(
+    [("alert_id", pa.string()), ("acked_at", pa.timestamp("us", tz="UTC")),
+     ("note", pa.string())]
+)
+
+
+class DataError(Exception):
+    """A table could not be read or written; the message is fit for the screen."""
 
 
 def lakehouse() -> Path:
     """The lakehouse folder (set by `lookout dashboard` / `lookout demo`)."""
     return Path(os.environ.get("LOOKOUT_LAKEHOUSE_PATH", "./lakehouse"))
+
+
+def rules_dir() -> Path:
+    """The folder of rule files the Rules page reads and saves into."""
+    default = Path(__file__).resolve().parent.parent / "rules"
+    return Path(os.environ.get("LOOKOUT_RULES_DIR", default))
 
 
 def table_version(name: str) -> int | None:
@@ -29,22 +51,58 @@ def table_version(name: str) -> int | None:
         return DeltaTable(str(lakehouse() / name)).version()
     except TableNotFoundError:
         return None
+    except Exception as exc:  # a half-written or unreadable log: say which table
+        raise DataError(f"cannot read the Delta table '{name}': {exc}") from exc
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
-def _query(path: str, name: str, version: int, sql: str) -> pd.DataFrame:
-    # `version` is part of the cache key: a new commit means a fresh query.
-    table = DeltaTable(path, version=version)
-    result = QueryBuilder().register(name, table).execute(sql)
-    return result.read_pandas()
+@st.cache_data(show_spinner=False, max_entries=256)
+def _query(tables: tuple[tuple[str, str, int], ...], sql: str) -> pd.DataFrame:
+    # The versions in `tables` are part of the cache key: a new commit means a new query.
+    builder = QueryBuilder()
+    for name, path, version in tables:
+        builder = builder.register(name, DeltaTable(path, version=version))
+    reader = pa.RecordBatchReader.from_stream(builder.execute(sql))
+    return reader.read_all().to_pandas()
 
 
-def query(name: str, sql: str) -> pd.DataFrame | None:
-    """Run `sql` (which names the table as `name`); None when the table is missing."""
-    version = table_version(name)
-    if version is None:
-        return None
-    return _query(str(lakehouse() / name), name, version, sql)
+def query(sql: str, *tables: str) -> pd.DataFrame | None:
+    """Run `sql` over the named tables; None when one of them does not exist yet."""
+    versions = []
+    for name in tables:
+        version = table_version(name)
+        if version is None:
+            return None
+        versions.append((name, str(lakehouse() / name), version))
+    try:
+        return _query(tuple(versions), sql)
+    except Exception as exc:
+        raise DataError(f"query over {', '.join(tables)} failed: {exc}") from exc
+
+
+def sql_text(value: str) -> str:
+    """`value` as a quoted SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def sql_time(when: datetime) -> str:
+    """A UTC instant as a SQL timestamp literal DataFusion compares with Delta times."""
+    return sql_text(when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+
+def acknowledge(alert_ids: list[str], note: str) -> None:
+    """Record that the alerts were acknowledged now, with the operator's note."""
+    if not alert_ids:
+        return
+    now = datetime.now(UTC)
+    rows = pa.table(
+        {"alert_id": alert_ids, "acked_at": [now] * len(alert_ids),
+         "note": [note] * len(alert_ids)},
+        schema=ACKS_SCHEMA,
+    )
+    try:
+        write_deltalake(str(lakehouse() / ACKS), rows, mode="append")
+    except Exception as exc:
+        raise DataError(f"could not record the acknowledgement: {exc}") from exc
 
 
 def health(part: str) -> dict[str, Any] | None:
@@ -54,3 +112,50 @@ def health(part: str) -> dict[str, Any] | None:
         return orjson.loads(path.read_bytes())
     except (FileNotFoundError, orjson.JSONDecodeError):
         return None
+
+
+def ingest_parts() -> list[str]:
+    """Names of the ingesters that wrote a health file (`ingest-0`, ...)."""
+    folder = lakehouse() / "_health"
+    return sorted(p.stem for p in folder.glob("ingest-*.json"))
+
+
+def age_seconds(record: dict[str, Any] | None) -> float | None:
+    """Seconds since a health record was written (None without a record)."""
+    if not record or "updated_at_ms" not in record:
+        return None
+    return max(0.0, time.time() - record["updated_at_ms"] / 1000)
+
+
+def delta_tables() -> pd.DataFrame:
+    """Every Delta table of the lakehouse with its version and last commit time."""
+    rows = []
+    root = lakehouse()
+    for log in sorted(root.glob("*/_delta_log")):
+        name = log.parent.name
+        try:
+            table = DeltaTable(str(log.parent))
+            last = table.history(1)[0].get("timestamp")
+        except Exception:  # a table being created right now: skip it this refresh
+            continue
+        committed = pd.to_datetime(last, unit="ms", utc=True) if last else pd.NaT
+        rows.append({"table": name, "version": table.version(), "last commit": committed})
+    return pd.DataFrame(rows, columns=["table", "version", "last commit"])
+
+
+def alert_source() -> tuple[str, tuple[str, ...]]:
+    """A SQL subquery of the alerts with `acked_at` and `note` (NULL while open), and
+    the tables it reads."""
+    if table_version(ACKS) is None:
+        return (
+            "(SELECT *, CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS VARCHAR) AS note "
+            "FROM alerts)",
+            ("alerts",),
+        )
+    return (
+        "(SELECT a.*, k.acked_at, k.note FROM alerts a LEFT JOIN "
+        "(SELECT alert_id, max(acked_at) AS acked_at, "
+        "first_value(note ORDER BY acked_at DESC) AS note FROM alert_acks GROUP BY alert_id) k "
+        "USING (alert_id))",
+        ("alerts", ACKS),
+    )

@@ -1,31 +1,205 @@
-"""Alerts: the live list, newest first, refreshing on its own."""
+"""Alerts: the live list (newest first) with filters, acknowledgement and counts over time."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
+import altair as alt
 import streamlit as st
 
-from dashboard.data import query
+from dashboard.data import (
+    DataError,
+    acknowledge,
+    alert_source,
+    query,
+    sql_text,
+    sql_time,
+    table_version,
+)
 from dashboard.settings import REFRESH_SECONDS
+from dashboard.ui import empty, panel
 
-st.title("Alerts")
+RANGES: dict[str, timedelta | None] = {
+    "all time": None,
+    "last 15 minutes": timedelta(minutes=15),
+    "last hour": timedelta(hours=1),
+    "last 6 hours": timedelta(hours=6),
+    "last 24 hours": timedelta(days=1),
+}
+# Chart bucket sizes (seconds), the smallest giving at most ~120 bars is used.
+BUCKETS = (60, 300, 900, 3600, 6 * 3600, 86400, 7 * 86400)
+LIST_LIMIT = 500
+ACK_CHOICES = 200
 
 
-@st.fragment(run_every=REFRESH_SECONDS)
-def live_alerts() -> None:
-    alerts = query(
-        "alerts",
-        "SELECT event_time, severity, rule, key, message, detected_at, alert_id "
-        "FROM alerts ORDER BY event_time DESC, alert_id LIMIT 500",
-    )
-    if alerts is None or alerts.empty:
-        st.info(
-            "No alerts yet. Start everything with `./run demo`, or run "
-            "`lookout simulate traffic --congestion 3,7` against a running "
-            "`lookout ingest` and `lookout engine`."
-        )
+def where_clause(rules: list[str], severities: list[str], since: datetime | None,
+                 key: str, status: str) -> str:
+    """The SQL filter for the chosen rules, severities, start time, key text and status."""
+    terms = ["TRUE"]
+    if rules:
+        terms.append(f"rule IN ({', '.join(map(sql_text, rules))})")
+    if severities:
+        terms.append(f"severity IN ({', '.join(map(sql_text, severities))})")
+    if since is not None:
+        terms.append(f"event_time >= {sql_time(since)}")
+    if key.strip():
+        terms.append(f"strpos(key, {sql_text(key.strip())}) > 0")
+    if status == "open":
+        terms.append("acked_at IS NULL")
+    elif status == "acknowledged":
+        terms.append("acked_at IS NOT NULL")
+    return " AND ".join(terms)
+
+
+def since(range_name: str) -> datetime | None:
+    """Start of the chosen time range (now floored to 10 s, so refreshes share a cache)."""
+    span = RANGES[range_name]
+    if span is None:
+        return None
+    now = datetime.now(UTC)
+    return now.replace(second=now.second - now.second % 10, microsecond=0) - span
+
+
+def _on_ack() -> None:
+    # Runs before the rerun, so the list drawn next already shows the acknowledgement.
+    ids = st.session_state.get("ack_ids") or []
+    if not ids:
+        st.session_state["ack_message"] = ("warning", "Choose at least one alert to acknowledge.")
         return
-    st.metric("alerts shown", len(alerts))
-    st.dataframe(alerts, hide_index=True, width="stretch")
+    try:
+        acknowledge(ids, st.session_state.get("ack_note", ""))
+    except DataError as exc:
+        st.session_state["ack_message"] = ("error", str(exc))
+        return
+    st.session_state["ack_message"] = ("success", f"Acknowledged {len(ids)} alert(s).")
 
 
-live_alerts()
+@panel
+def live_alerts(where: str) -> None:
+    """Counts, the newest alerts and the chart, re-read every refresh."""
+    source, tables = alert_source()
+    totals = query(
+        f"SELECT count(*) AS alerts, count(acked_at) AS acked FROM {source} WHERE {where}",
+        *tables,
+    )
+    if totals is None:
+        return
+    shown, acked = int(totals.at[0, "alerts"]), int(totals.at[0, "acked"])
+    left, mid, right = st.columns(3)
+    left.metric("matching alerts", f"{shown:,}")
+    mid.metric("open", f"{shown - acked:,}")
+    right.metric("acknowledged", f"{acked:,}")
+    if shown == 0:
+        st.info("No alert matches these filters. Widen the time range or clear a filter.")
+        return
+    alerts = query(
+        "SELECT event_time, severity, rule, key, message, detected_at, acked_at, note, "
+        f"alert_id FROM {source} WHERE {where} "
+        f"ORDER BY event_time DESC, alert_id LIMIT {LIST_LIMIT}",
+        *tables,
+    )
+    assert alerts is not None
+    alerts.insert(0, "status", alerts["acked_at"].notna().map({True: "acknowledged",
+                                                               False: "open"}))
+    st.dataframe(
+        alerts,
+        hide_index=True,
+        width="stretch",
+        height=360,
+        column_config={
+            "event_time": st.column_config.DatetimeColumn("event time (UTC)"),
+            "detected_at": st.column_config.DatetimeColumn("detected (UTC)"),
+            "acked_at": st.column_config.DatetimeColumn("acknowledged (UTC)"),
+        },
+    )
+    if shown > LIST_LIMIT:
+        st.caption(f"Showing the newest {LIST_LIMIT} of {shown:,}; narrow the filters to see more.")
+    counts_chart(source, tables, where)
+
+
+def counts_chart(source: str, tables: tuple[str, ...], where: str) -> None:
+    """Alerts per time bucket and rule, as stacked bars."""
+    span = query(
+        f"SELECT min(event_time) AS first, max(event_time) AS last FROM {source} WHERE {where}",
+        *tables,
+    )
+    assert span is not None
+    seconds = max((span.at[0, "last"] - span.at[0, "first"]).total_seconds(), 1)
+    bucket = next((b for b in BUCKETS if seconds / b <= 120), BUCKETS[-1])
+    counts = query(
+        f"SELECT date_bin(INTERVAL '{bucket} seconds', event_time, "
+        "TIMESTAMP '1970-01-01T00:00:00Z') AS bucket, rule, count(*) AS alerts "
+        f"FROM {source} WHERE {where} GROUP BY 1, 2 ORDER BY 1",
+        *tables,
+    )
+    assert counts is not None
+    st.subheader("Alerts over time")
+    chart = (
+        alt.Chart(counts)
+        .mark_bar()
+        .encode(
+            x=alt.X("bucket:T", title=f"event time (UTC), {bucket // 60}-minute bins"),
+            y=alt.Y("alerts:Q", title="alerts", stack=True),
+            color=alt.Color("rule:N", title="rule"),
+            tooltip=["bucket:T", "rule:N", "alerts:Q"],
+        )
+    )
+    st.altair_chart(chart, width="stretch")
+
+
+@panel
+def ack_form(where: str) -> None:
+    """Acknowledge open alerts (of the current filters) with a note."""
+    source, tables = alert_source()
+    candidates = query(
+        f"SELECT alert_id, event_time, rule, key, message FROM {source} "
+        f"WHERE {where} AND acked_at IS NULL ORDER BY event_time DESC, alert_id "
+        f"LIMIT {ACK_CHOICES}",
+        *tables,
+    )
+    if candidates is None or candidates.empty:
+        st.caption("No open alert to acknowledge under these filters.")
+        return
+    labels = {
+        row.alert_id: f"{row.event_time:%Y-%m-%d %H:%M:%S} · {row.rule} · {row.key} · "
+        f"{row.message}"
+        for row in candidates.itertuples()
+    }
+    with st.form("ack", clear_on_submit=True):
+        st.multiselect("Open alerts", list(labels), format_func=labels.__getitem__,
+                       key="ack_ids", placeholder="Choose alerts to acknowledge")
+        st.text_input("Note", key="ack_note", placeholder="e.g. crew dispatched")
+        st.form_submit_button("Acknowledge", on_click=_on_ack)
+
+
+def main() -> None:
+    """The page: filters (a change reruns the page), live list, acknowledgement form."""
+    st.title("Alerts")
+    if table_version("alerts") is None:
+        empty("No alerts yet: the engine has not written the `alerts` table.")
+        return
+    options = query("SELECT DISTINCT rule, severity FROM alerts ORDER BY rule", "alerts")
+    assert options is not None
+    c1, c2, c3, c4, c5 = st.columns([2, 2, 2, 2, 2])
+    rules = c1.multiselect("Rule", sorted(options["rule"].dropna().unique()),
+                           placeholder="all rules")
+    severities = c2.multiselect("Severity", sorted(options["severity"].dropna().unique()),
+                                placeholder="all severities")
+    range_name = c3.selectbox("Time range", list(RANGES))
+    key = c4.text_input("Key contains", placeholder="e.g. station=3")
+    status = c5.selectbox("Status", ["all", "open", "acknowledged"])
+    message = st.session_state.pop("ack_message", None)
+    if message:
+        getattr(st, message[0])(message[1])
+
+    @st.fragment(run_every=REFRESH_SECONDS)
+    def live() -> None:
+        # The time range moves with the clock, so it is recomputed at every refresh.
+        live_alerts(where_clause(rules, severities, since(range_name), key, status))
+
+    live()
+    with st.expander("Acknowledge alerts", expanded=True):
+        ack_form(where_clause(rules, severities, since(range_name), key, "open"))
+
+
+panel(main)()

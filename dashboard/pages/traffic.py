@@ -1,47 +1,196 @@
-"""Traffic: average speed per station and minute, from the accepted readings."""
+"""Traffic: the highway strip (congested / silent / normal), speed and volume per station,
+and one station in detail.
+
+"Now" on this page is the stream's clock, the newest reading's event time, so the page
+says the same about live data and about a replay of yesterday.
+"""
 
 from __future__ import annotations
 
+import html
+import re
+from datetime import datetime, timedelta
+
 import altair as alt
+import pandas as pd
 import streamlit as st
 
-from dashboard.data import query
-from dashboard.settings import REFRESH_SECONDS
+from dashboard.data import alert_source, query, sql_time, table_version
+from dashboard.settings import CONGESTED_MINUTES, REFRESH_SECONDS, SILENT_MINUTES
+from dashboard.ui import empty, panel
 
-st.title("Traffic")
+READINGS = "readings_traffic"
+CONGESTION_RULE = "congestion"
+CHART_MINUTES = 60
+COLOURS = {"congested": "#d62728", "silent": "#7f7f7f", "normal": "#2ca02c"}
+_STATION_KEY = re.compile(r"(?:^|,\s*)station=(\d+)(?:,|$)")
 
 
-@st.fragment(run_every=REFRESH_SECONDS)
-def station_speeds() -> None:
-    speeds = query(
-        "readings_traffic",
-        "SELECT date_trunc('minute', ts) AS minute, station, avg(speed) AS avg_speed, "
-        "count(*) AS vehicles FROM readings_traffic "
-        "WHERE ts >= (SELECT max(ts) FROM readings_traffic) - INTERVAL '60 minutes' "
-        "GROUP BY 1, 2 ORDER BY 1, 2",
+def stream_clock() -> datetime | None:
+    """The newest reading's event time (None without readings)."""
+    clock = query(f"SELECT max(ts) AS now FROM {READINGS}", READINGS)
+    if clock is None or pd.isna(clock.at[0, "now"]):
+        return None
+    return clock.at[0, "now"].to_pydatetime()
+
+
+def congested_stations(now: datetime) -> set[int]:
+    """Stations with an open congestion alert in the last CONGESTED_MINUTES."""
+    if table_version("alerts") is None:
+        return set()
+    source, tables = alert_source()
+    keys = query(
+        f"SELECT DISTINCT key FROM {source} WHERE rule = '{CONGESTION_RULE}' "
+        f"AND acked_at IS NULL "
+        f"AND event_time >= {sql_time(now - timedelta(minutes=CONGESTED_MINUTES))}",
+        *tables,
     )
-    if speeds is None or speeds.empty:
-        st.info("No traffic readings yet. Start the simulator: `lookout simulate traffic`.")
-        return
-    speeds["station"] = speeds["station"].astype(str)
-    chart = (
-        alt.Chart(speeds)
-        .mark_line(point=True)
-        .encode(
-            x=alt.X("minute:T", title="minute (UTC)"),
-            y=alt.Y("avg_speed:Q", title="average speed (m/s)"),
-            color=alt.Color("station:N", title="station"),
-            tooltip=[
-                "minute:T",
-                "station:N",
-                alt.Tooltip("avg_speed:Q", format=".1f"),
-                "vehicles:Q",
-            ],
+    found = set()
+    for key in [] if keys is None else keys["key"].dropna():
+        match = _STATION_KEY.search(key)
+        if match:
+            found.add(int(match.group(1)))
+    return found
+
+
+def station_states(now: datetime) -> pd.DataFrame:
+    """Per station: last reading, average speed and vehicles over 15 minutes, state."""
+    recent = sql_time(now - timedelta(minutes=15))
+    stations = query(
+        f"SELECT station, max(ts) AS last_reading, "
+        f"avg(CASE WHEN ts >= {recent} THEN speed END) AS avg_speed, "
+        f"count(CASE WHEN ts >= {recent} THEN 1 END) AS vehicles "
+        f"FROM {READINGS} GROUP BY station ORDER BY station",
+        READINGS,
+    )
+    assert stations is not None
+    congested = congested_stations(now)
+    silent_since = pd.Timestamp(now) - pd.Timedelta(minutes=SILENT_MINUTES)
+
+    def state(row: pd.Series) -> str:
+        if row["last_reading"] < silent_since:
+            return "silent"
+        return "congested" if row["station"] in congested else "normal"
+
+    stations["state"] = stations.apply(state, axis=1) if len(stations) else []
+    return stations
+
+
+def strip_html(stations: pd.DataFrame, now: datetime) -> str:
+    """The highway as a row of coloured station boxes, in station order."""
+    boxes = []
+    for row in stations.itertuples():
+        ago = (pd.Timestamp(now) - row.last_reading).total_seconds() / 60
+        speed = "n/a" if pd.isna(row.avg_speed) else f"{row.avg_speed:.1f} m/s"
+        boxes.append(
+            f'<div style="flex:1;min-width:6.5em;padding:0.5em;border-radius:0.4em;'
+            f'background:{COLOURS[row.state]};color:white;text-align:center">'
+            f"<b>station {row.station}</b><br>{html.escape(row.state)}<br>"
+            f'<span style="font-size:0.8em">{speed} · last {ago:.0f} min ago</span></div>'
         )
+    legend = " ".join(
+        f'<span style="color:{c}">■</span> {s}' for s, c in COLOURS.items()
     )
+    return (
+        '<div style="display:flex;gap:0.4em;flex-wrap:wrap">' + "".join(boxes) + "</div>"
+        f'<div style="font-size:0.8em;margin-top:0.3em">{legend} — congested: an open '
+        f"congestion alert in the last {CONGESTED_MINUTES:g} min; silent: no reading for "
+        f"{SILENT_MINUTES:g} min</div>"
+    )
+
+
+def per_minute(now: datetime, station: int | None = None) -> pd.DataFrame:
+    """Average speed and vehicles per minute (per station, or per lane of one station)."""
+    group = "station" if station is None else "lane"
+    only = "" if station is None else f"AND station = {int(station)}"
+    frame = query(
+        f"SELECT date_trunc('minute', ts) AS minute, {group}, avg(speed) AS avg_speed, "
+        f"count(*) AS vehicles FROM {READINGS} "
+        f"WHERE ts >= {sql_time(now - timedelta(minutes=CHART_MINUTES))} {only} "
+        f"GROUP BY 1, 2 ORDER BY 1, 2",
+        READINGS,
+    )
+    assert frame is not None
+    frame[group] = frame[group].astype(str)
+    return frame
+
+
+def charts(frame: pd.DataFrame, group: str) -> None:
+    """Speed (with the congestion threshold) and volume per minute, side by side."""
+    base = alt.Chart(frame).encode(
+        x=alt.X("minute:T", title="minute (UTC)"),
+        color=alt.Color(f"{group}:N", title=group),
+        tooltip=["minute:T", f"{group}:N", alt.Tooltip("avg_speed:Q", format=".1f"),
+                 "vehicles:Q"],
+    )
+    speed = base.mark_line().encode(y=alt.Y("avg_speed:Q", title="average speed (m/s)"))
     threshold = alt.Chart().mark_rule(strokeDash=[4, 4], color="red").encode(y=alt.datum(15))
-    st.altair_chart(chart + threshold, width="stretch")
+    volume = base.mark_line().encode(y=alt.Y("vehicles:Q", title="vehicles per minute"))
+    left, right = st.columns(2)
+    left.altair_chart(speed + threshold, width="stretch")
+    right.altair_chart(volume, width="stretch")
+
+
+@panel
+def overview() -> None:
+    """The strip and the per-station charts."""
+    now = stream_clock()
+    if now is None:
+        empty("No traffic readings yet.", "Start the simulator: `lookout simulate traffic`.")
+        return
+    stations = station_states(now)
+    st.caption(f"Stream clock (newest reading): {now:%Y-%m-%d %H:%M:%S} UTC")
+    st.markdown(strip_html(stations, now), unsafe_allow_html=True)
+    st.subheader(f"Per station, last {CHART_MINUTES} minutes")
+    charts(per_minute(now), "station")
     st.caption("Dashed line: the congestion threshold of 15 m/s (PIPES §2.2).")
 
 
-station_speeds()
+@panel
+def station_detail(station: int) -> None:
+    """One station: per-lane speed and volume, its latest readings and its alerts."""
+    now = stream_clock()
+    if now is None:
+        return
+    charts(per_minute(now, station), "lane")
+    left, right = st.columns(2)
+    latest = query(
+        f"SELECT ts, lane, speed, length, source, seq FROM {READINGS} "
+        f"WHERE station = {int(station)} ORDER BY ts DESC LIMIT 20",
+        READINGS,
+    )
+    left.markdown("**Latest readings**")
+    left.dataframe(latest, hide_index=True, width="stretch")
+    right.markdown("**Alerts at this station**")
+    if table_version("alerts") is None:
+        right.caption("No alerts table yet.")
+        return
+    source, tables = alert_source()
+    alerts = query(
+        f"SELECT event_time, rule, severity, message, acked_at FROM {source} "
+        f"WHERE key = 'station={int(station)}' OR strpos(key, 'station={int(station)},') = 1 "
+        "ORDER BY event_time DESC LIMIT 20",
+        *tables,
+    )
+    if alerts is None or alerts.empty:
+        right.caption("None.")
+    else:
+        right.dataframe(alerts, hide_index=True, width="stretch")
+
+
+def main() -> None:
+    """The page: live overview, then the drill-down into the chosen station."""
+    st.title("Traffic")
+    if table_version(READINGS) is None:
+        empty("No traffic readings yet: the `readings_traffic` table does not exist.")
+        return
+    st.fragment(run_every=REFRESH_SECONDS)(overview)()
+    stations = query(f"SELECT DISTINCT station FROM {READINGS} ORDER BY station", READINGS)
+    if stations is None or stations.empty:
+        return
+    st.subheader("Station detail")
+    station = st.selectbox("Station", stations["station"].tolist(), key="station")
+    st.fragment(run_every=REFRESH_SECONDS)(station_detail)(station)
+
+
+panel(main)()

@@ -1,0 +1,159 @@
+"""Health: engine and ingest up or down, per-stream rates, watermarks and lag, late and
+quarantined readings, and the version of every Delta table."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from dashboard.data import (
+    age_seconds,
+    delta_tables,
+    health,
+    ingest_parts,
+    lakehouse,
+    query,
+    table_version,
+)
+from dashboard.settings import DOWN_AFTER_SECONDS, REFRESH_SECONDS
+from dashboard.ui import empty, panel
+
+QUARANTINE_ROWS = 50
+
+
+def status(record: dict[str, Any] | None) -> tuple[str, str]:
+    """("up" | "down" | "never started", how long ago it last reported)."""
+    age = age_seconds(record)
+    if age is None:
+        return "never started", "no health file"
+    return ("up" if age <= DOWN_AFTER_SECONDS else "down"), f"last report {age:.0f} s ago"
+
+
+@panel
+def parts() -> None:
+    """One metric per running part, from the age of its health file."""
+    names = ["engine", *ingest_parts()]
+    if len(names) == 1:
+        names.append("ingest-0")  # show ingest as missing rather than leave it out
+    for column, name in zip(st.columns(len(names)), names, strict=True):
+        record = health(name)
+        state, detail = status(record)
+        column.metric(name, state, detail, delta_color="off")
+        if name.startswith("ingest") and record and state == "up":
+            column.caption(f"{record.get('readings_per_s', 0):,.0f} readings/s · "
+                           f"{record.get('quarantined', 0):,} quarantined · "
+                           f"broker {'connected' if record.get('connected') else 'DISCONNECTED'}")
+    if all(health(n) is None for n in names):
+        empty("No part has reported yet.")
+
+
+@panel
+def engine_queries() -> None:
+    """The engine's streaming queries: input rate, batch time, watermark and lag."""
+    record = health("engine")
+    if not record or not record.get("queries"):
+        st.caption("The engine has not reported any query yet (`lookout engine`).")
+        return
+    frame = pd.DataFrame(record["queries"])
+    watermark = pd.to_datetime(frame.get("watermark"), utc=True, errors="coerce")
+    frame["watermark"] = watermark
+    # Lag: how far event time (the watermark) trails the wall clock now.
+    frame["lag_s"] = (pd.Timestamp(time.time(), unit="s", tz="UTC") - watermark).dt.total_seconds()
+    columns = ["name", "active", "input_rows_per_s", "processed_rows_per_s", "batch_ms",
+               "watermark", "lag_s", "state_rows", "rows_dropped_by_watermark"]
+    st.dataframe(frame[[c for c in columns if c in frame]], hide_index=True, width="stretch",
+                 column_config={"lag_s": st.column_config.NumberColumn("lag (s)", format="%.1f")})
+
+
+def _stream_row(table: str, late: dict[str, int]) -> dict[str, Any] | None:
+    stream = table.removeprefix("readings_")
+    stats = query(
+        f"SELECT count(*) AS readings, max(ts) AS newest_event, "
+        f"count(CASE WHEN received_at >= (SELECT max(received_at) FROM {table}) "
+        f"- INTERVAL '60 seconds' THEN 1 END) AS last_minute FROM {table}",
+        table,
+    )
+    if stats is None:
+        return None
+    newest = stats.at[0, "newest_event"]
+    lag = (pd.Timestamp(time.time(), unit="s", tz="UTC") - newest).total_seconds() \
+        if pd.notna(newest) else None
+    return {"stream": stream, "readings": int(stats.at[0, "readings"]),
+            "readings/s (last minute landed)": stats.at[0, "last_minute"] / 60,
+            "newest event": newest, "event lag (s)": lag, "late": late.get(stream, 0)}
+
+
+@panel
+def streams() -> None:
+    """Per source stream: readings, rate, newest event time and lag, late readings."""
+    tables = sorted(p.parent.name for p in lakehouse().glob("readings_*/_delta_log"))
+    if not tables:
+        empty("No readings table yet.")
+        return
+    late: dict[str, int] = {}
+    if table_version("late_readings") is not None:
+        counts = query("SELECT stream, count(*) AS n FROM late_readings GROUP BY stream",
+                       "late_readings")
+        late = {} if counts is None else dict(zip(counts["stream"], counts["n"], strict=True))
+    rows = [row for t in tables if (row := _stream_row(t, late)) is not None]
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
+                 column_config={"readings/s (last minute landed)":
+                                st.column_config.NumberColumn(format="%.1f"),
+                                "event lag (s)": st.column_config.NumberColumn(format="%.1f")})
+
+
+@panel
+def quarantine() -> None:
+    """How many payloads were quarantined, by reason, and the latest ones."""
+    if table_version("quarantine") is None:
+        st.caption("No quarantine table yet: nothing has been rejected.")
+        return
+    total = query("SELECT count(*) AS n FROM quarantine", "quarantine")
+    assert total is not None
+    count = int(total.at[0, "n"])
+    st.metric("quarantined payloads", f"{count:,}")
+    if count == 0:
+        return
+    recent = query(
+        "SELECT received_at, topic, reason, "
+        "coalesce(payload, concat('(binary, base64) ', payload_b64)) AS payload "
+        f"FROM quarantine ORDER BY received_at DESC LIMIT {QUARANTINE_ROWS}",
+        "quarantine",
+    )
+    st.dataframe(recent, hide_index=True, width="stretch")
+
+
+@panel
+def tables() -> None:
+    """Every Delta table with its current version."""
+    frame = delta_tables()
+    if frame.empty:
+        st.caption(f"No Delta table under `{lakehouse()}` yet.")
+        return
+    st.dataframe(frame, hide_index=True, width="stretch")
+
+
+@st.fragment(run_every=REFRESH_SECONDS)
+def live() -> None:
+    """All health panels, refreshed together."""
+    parts()
+    st.subheader("Engine queries")
+    engine_queries()
+    st.subheader("Streams")
+    streams()
+    left, right = st.columns([3, 2])
+    with left:
+        st.subheader("Quarantine")
+        quarantine()
+    with right:
+        st.subheader("Delta tables")
+        tables()
+
+
+st.title("Health")
+st.caption(f"Lakehouse: `{lakehouse()}`; a part is down when its health file is older than "
+           f"{DOWN_AFTER_SECONDS:g} s.")
+live()

@@ -1,0 +1,167 @@
+"""RFID: doors with recent reads, theft alarms and packing groups over time, and the path
+of one tag through the doors. "Recent" is measured on the stream's clock (newest read)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from dashboard.data import alert_source, query, sql_text, sql_time, table_version
+from dashboard.settings import REFRESH_SECONDS
+from dashboard.ui import empty, panel
+
+READINGS = "readings_tag_readings"
+GROUPS = "packing_groups"
+THEFT_RULE = "larceny"
+RECENT_MINUTES = 5
+BIN = "INTERVAL '5 minutes'"
+EPOCH = "TIMESTAMP '1970-01-01T00:00:00Z'"
+
+
+def stream_clock() -> datetime | None:
+    """The newest tag read's event time (None without reads)."""
+    clock = query(f"SELECT max(ts) AS now FROM {READINGS}", READINGS)
+    if clock is None or pd.isna(clock.at[0, "now"]):
+        return None
+    return clock.at[0, "now"].to_pydatetime()
+
+
+@panel
+def doors() -> None:
+    """Every door: reads and tags in the last minutes, and its last read."""
+    now = stream_clock()
+    if now is None:
+        empty("No tag reads yet.", "Start the simulator: `lookout simulate rfid`.")
+        return
+    recent = sql_time(now - timedelta(minutes=RECENT_MINUTES))
+    table = query(
+        f"SELECT CAST(door AS VARCHAR) AS door, "
+        f"count(CASE WHEN ts >= {recent} THEN 1 END) AS recent_reads, "
+        f"count(DISTINCT CASE WHEN ts >= {recent} THEN tagid END) AS recent_tags, "
+        f"max(ts) AS last_read, count(*) AS all_reads "
+        f"FROM {READINGS} GROUP BY 1 ORDER BY 1",
+        READINGS,
+    )
+    assert table is not None
+    st.caption(f"Stream clock (newest read): {now:%Y-%m-%d %H:%M:%S} UTC; recent = the last "
+               f"{RECENT_MINUTES} minutes.")
+    active = table[table["recent_reads"] > 0]
+    st.metric("doors with recent reads", f"{len(active)} of {len(table)}")
+    st.dataframe(table, hide_index=True, width="stretch")
+
+
+@panel
+def theft_alarms() -> None:
+    """Theft alarms per 5 minutes, and the latest ones."""
+    if table_version("alerts") is None:
+        empty("No alerts table yet.")
+        return
+    source, tables = alert_source()
+    alarms = query(
+        f"SELECT event_time, key, message, acked_at FROM {source} "
+        f"WHERE rule = {sql_text(THEFT_RULE)} ORDER BY event_time DESC LIMIT 200",
+        *tables,
+    )
+    assert alarms is not None
+    if alarms.empty:
+        st.success("No theft alarm.")
+        return
+    alarms["bin"] = alarms["event_time"].dt.floor("5min")
+    counts = alarms.groupby("bin", as_index=False).size()
+    st.altair_chart(
+        alt.Chart(counts).mark_bar(color="#d62728").encode(
+            x=alt.X("bin:T", title="event time (UTC), 5-minute bins"),
+            y=alt.Y("size:Q", title="theft alarms"),
+        ),
+        width="stretch",
+    )
+    st.dataframe(alarms.drop(columns="bin"), hide_index=True, width="stretch")
+
+
+@panel
+def packing_groups() -> None:
+    """Packing groups started per door and 5 minutes, and the newest groups' items."""
+    if table_version(GROUPS) is None:
+        empty("No packing groups yet: the `packing_groups` stream has not been written.",
+              "It is created by the `packing_groups` rule in `rules/rfid.sql`.")
+        return
+    per_bin = query(
+        f"SELECT date_bin({BIN}, ts, {EPOCH}) AS bin, CAST(door AS VARCHAR) AS door, "
+        f"count(DISTINCT group_no) AS groups, count(*) AS items "
+        f"FROM {GROUPS} GROUP BY 1, 2 ORDER BY 1, 2",
+        GROUPS,
+    )
+    assert per_bin is not None
+    if per_bin.empty:
+        st.info("No packing group yet.")
+        return
+    st.altair_chart(
+        alt.Chart(per_bin).mark_bar().encode(
+            x=alt.X("bin:T", title="event time (UTC), 5-minute bins"),
+            y=alt.Y("groups:Q", title="packing groups", stack=True),
+            color=alt.Color("door:N", title="door"),
+            tooltip=["bin:T", "door:N", "groups:Q", "items:Q"],
+        ),
+        width="stretch",
+    )
+    newest = query(
+        f"SELECT CAST(door AS VARCHAR) AS door, group_no, min(ts) AS first_item, "
+        f"count(*) AS items, string_agg(tagid, ', ') AS tags FROM {GROUPS} "
+        f"GROUP BY 1, 2 ORDER BY first_item DESC LIMIT 20",
+        GROUPS,
+    )
+    st.dataframe(newest, hide_index=True, width="stretch")
+
+
+@panel
+def item_path(tagid: str) -> None:
+    """Every read of one tag, in event-time order: its path through the doors."""
+    path = query(
+        f"SELECT ts, CAST(door AS VARCHAR) AS door, tagtype FROM {READINGS} "
+        f"WHERE tagid = {sql_text(tagid)} ORDER BY ts",
+        READINGS,
+    )
+    if path is None or path.empty:
+        st.info(f"No read of tag `{tagid}`. Tag ids look like the ones in the theft alarms "
+                "and packing groups above.")
+        return
+    route = " → ".join(path["door"].loc[path["door"] != path["door"].shift()])
+    st.markdown(f"**{tagid}** ({path['tagtype'].iloc[0]}): door {route}")
+    st.altair_chart(
+        alt.Chart(path).mark_line(point=True).encode(
+            x=alt.X("ts:T", title="event time (UTC)"),
+            y=alt.Y("door:O", title="door"),
+            tooltip=["ts:T", "door:O"],
+        ),
+        width="stretch",
+    )
+    st.dataframe(path, hide_index=True, width="stretch")
+
+
+def main() -> None:
+    """The page: live door, alarm and group panels, then the item-path lookup."""
+    st.title("RFID")
+    if table_version(READINGS) is None:
+        empty("No RFID reads yet: the `readings_tag_readings` table does not exist.",
+              "Start the simulator: `lookout simulate rfid` (with `lookout ingest` and "
+              "`lookout engine` running), or everything with `lookout demo`.")
+        return
+    st.subheader("Doors")
+    st.fragment(run_every=REFRESH_SECONDS)(doors)()
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Theft alarms")
+        st.fragment(run_every=REFRESH_SECONDS)(theft_alarms)()
+    with right:
+        st.subheader("Packing groups")
+        st.fragment(run_every=REFRESH_SECONDS)(packing_groups)()
+    st.subheader("Item path")
+    tagid = st.text_input("Tag id", placeholder="e.g. item-0042", key="tagid")
+    if tagid.strip():
+        item_path(tagid.strip())
+
+
+panel(main)()
