@@ -42,7 +42,7 @@ from engine.core.windows import (
     pane_eligible,
 )
 
-_SNAPSHOT_VERSION = 1
+_SNAPSHOT_VERSION = 2
 
 
 @dataclass(frozen=True)

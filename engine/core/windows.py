@@ -100,6 +100,8 @@ class _Aggregating:
         self.calls = calls
         self.aggs: list[WindowAggregate] = [make_aggregate(c.name, c.factory) for c in calls]
         self.incremental = [isinstance(a, IncrementalAggregate) for a in self.aggs]
+        self.all_incremental = all(self.incremental)
+        self.no_emissions: list[list[Any]] = [[] for _ in calls]  # shared, never mutated
         self.views: list[BufferView | None] = [
             None if inc else BufferView() for inc in self.incremental
         ]
@@ -118,6 +120,13 @@ class _Aggregating:
         """Feed one tuple to every aggregate, then to the buffers; return the ESL-shaped
         aggregates' emissions per call (empty lists for the incremental ones)."""
         args = tuple([tuple([e(row) for e in c.args]) for c in self.calls])
+        self.added += 1
+        if expires:  # an UNBOUNDED frame never expires: no need to remember the tuple
+            self.buffer.append((self.added, ts, row if keep_row else None, args))
+        if self.all_incremental:  # the common case, kept lean
+            for agg, a in zip(self.aggs, args, strict=True):
+                agg.accumulate(*a)  # type: ignore[attr-defined]
+            return self.no_emissions
         emitted: list[list[Any]] = []
         for agg, inc, view, a in zip(self.aggs, self.incremental, self.views, args, strict=True):
             if inc:
@@ -127,17 +136,14 @@ class _Aggregating:
                 assert view is not None
                 step = agg.initialize if self.fresh else agg.iterate
                 emitted.append([*step(a, view), *agg.terminate(view)])
-        self.fresh = False
-        self.added += 1
-        if expires:  # an UNBOUNDED frame never expires: no need to remember the tuple
-            self.buffer.append((self.added, ts, row if keep_row else None, args))
-        for view, a in zip(self.views, args, strict=True):
-            if view is not None:
                 view.entries.append((self.added, a))
+        self.fresh = False
         return emitted
 
     def _values(self, emitted: list[list[Any]]) -> list[list[Any]]:
         """Fill in the incremental aggregates' current values."""
+        if self.all_incremental:
+            return [[agg.get_value()] for agg in self.aggs]  # type: ignore[attr-defined]
         return [
             [agg.get_value()] if inc else em  # type: ignore[attr-defined]
             for agg, inc, em in zip(self.aggs, self.incremental, emitted, strict=True)
@@ -147,6 +153,10 @@ class _Aggregating:
         """Remove the oldest tuple, running ``retract``/``expire``; return its row and
         the values emitted per call (incremental: the value after the retraction)."""
         uid, _, row, args = self.buffer.popleft()
+        if self.all_incremental and row is None:  # passive expiry: nobody reads values
+            for agg, a in zip(self.aggs, args, strict=True):
+                agg.retract(*a)  # type: ignore[attr-defined]
+            return row, self.no_emissions
         emitted: list[list[Any]] = []
         for agg, inc, view, a in zip(self.aggs, self.incremental, self.views, args, strict=True):
             if inc:
@@ -184,7 +194,8 @@ class OverOperator(_Aggregating):
     Besides the frame: ``waiting``, the tuples of a lagged window that have arrived but
     not yet entered the frame; ``arrived``, the tuple count (row slides); ``period``,
     the current reset period; and the pending yield of the current time slot
-    (``pending`` outputs, emitted by the timer at ``pending_close``, the slot's last
+    (``pending``: its ts, row and aggregate values, read when it arrived and turned into
+    outputs by the timer at ``pending_close``, the slot's last
     instant). A lagged RANGE tuple at ``t`` enters at instant ``t + lag`` (before the
     outputs at that instant) and leaves at ``t + lag + range`` (after them).
     """
@@ -201,7 +212,7 @@ class OverOperator(_Aggregating):
         self.waiting: deque[tuple[int, Row]] = deque()
         self.arrived = 0
         self.period: int | None = None
-        self.pending: list[Result] = []
+        self.pending: tuple[int, Row, list[list[Any]]] | None = None
         self.pending_close: int | None = None
 
     def arrive(self, group: list[Arrival]) -> list[Result]:
@@ -238,7 +249,7 @@ class OverOperator(_Aggregating):
             ]
         if w.slide_ms:
             row, em = per_tuple[-1]
-            self.pending = _combine(ts, row, self.calls, em)
+            self.pending = (ts, row, em)  # outputs built only for the slot's last tuple
             self.pending_close = (ts // w.slide_ms + 1) * w.slide_ms - 1
             return []
         return [r for row, em in per_tuple for r in _combine(ts, row, self.calls, em)]
@@ -282,7 +293,9 @@ class OverOperator(_Aggregating):
         """Close the time slot ending at ``instant`` or run the active expirations due at
         it; each expiring tuple's outputs are stamped ``instant``."""
         if not self.window.active_expiration:
-            out, self.pending, self.pending_close = self.pending, [], None
+            assert self.pending is not None
+            out = _combine(*self.pending[:2], self.calls, self.pending[2])
+            self.pending, self.pending_close = None, None
             return out
         out: list[Result] = []
         while (due := self._expiry_instant()) is not None and due <= instant:
