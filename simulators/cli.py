@@ -199,8 +199,15 @@ def _simulate(
     if args.out and args.duration <= 0:
         print("simulate: --out needs a --duration > 0", file=sys.stderr)
         return 2
-    if args.rate <= 0:
-        print("simulate: --rate must be > 0", file=sys.stderr)
+    fractions = (args.late_fraction, args.duplicate_fraction, args.malformed_fraction)
+    checks = (
+        (args.rate <= 0, "--rate must be > 0"),
+        (args.heartbeat_interval <= 0, "--heartbeat-interval must be > 0"),
+        (min(fractions) < 0 or sum(fractions) > 1, "fault fractions must be >= 0, sum <= 1"),
+    )
+    problem = next((msg for bad, msg in checks if bad), None)
+    if problem:
+        print(f"simulate: {problem}", file=sys.stderr)
         return 2
     try:
         model = DisorderModel.parse(args.disorder)
@@ -218,7 +225,11 @@ def _simulate(
         round(args.slack * 1000),
         round(args.skew * 1000),
     )
-    truth = Truth(args.truth)
+    try:
+        truth = Truth(args.truth)
+    except OSError as e:
+        print(f"simulate: cannot write the truth file: {e}", file=sys.stderr)
+        return 1
     truth.record(
         {"type": "run", "kind": kind, "start": start, "end": end, "settings": _settings(args)}
     )
@@ -245,7 +256,8 @@ def _simulate(
                 )
             )
         except OSError as e:
-            print(f"simulate: cannot reach {args.host}:{args.port}: {e}", file=sys.stderr)
+            where = args.out or f"{args.host}:{args.port}"
+            print(f"simulate: cannot open {where}: {e}", file=sys.stderr)
             return 1
         progress = Progress(f"simulate {kind}", truth, args.quiet)
         emit(messages, sink, 0 if args.out else args.speedup, start, progress)

@@ -52,6 +52,19 @@ def test_demo_flags_parse() -> None:
         ("traffic", "--duration", "5", "--out", "x.jsonl", "--congestion", "11"),
         ("rfid", "--duration", "5", "--out", "x.jsonl", "--doors", "1"),
         ("traffic", "--duration", "5", "--out", "x.jsonl", "--rate", "0"),
+        ("traffic", "--duration", "5", "--out", "x.jsonl", "--heartbeat-interval", "0"),
+        ("traffic", "--duration", "5", "--out", "x.jsonl", "--late-fraction", "-0.1"),
+        (
+            "traffic",
+            "--duration",
+            "5",
+            "--out",
+            "x.jsonl",
+            "--late-fraction",
+            "0.6",
+            "--duplicate-fraction",
+            "0.6",
+        ),
     ],
 )
 def test_bad_arguments_exit_2(
