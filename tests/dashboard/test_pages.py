@@ -1,0 +1,223 @@
+"""Each page of the dashboard under Streamlit's AppTest, on a small sample lakehouse.
+
+The sample (dashboard.sample) ends at the current time with: congestion alerts each
+minute at stations 3 and 7, a silent station 5 (no reading for ten minutes), one
+stopped vehicle, one theft (item-0042 at door 4), packing groups at four doors, three
+late readings and three quarantined payloads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+from streamlit.testing.v1 import AppTest
+
+from dashboard.sample import write_health
+
+Open = Callable[[str], AppTest]
+
+
+def texts(app: AppTest) -> str:
+    """Every markdown, caption, info, error and code text on the page, joined."""
+    parts = [e.value for kind in ("markdown", "caption", "info", "error", "warning", "success",
+                                  "code")
+             for e in getattr(app, kind)]
+    return "\n".join(str(p) for p in parts)
+
+
+def metrics(app: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in app.metric}
+
+
+# ---- empty states --------------------------------------------------------------------
+
+
+def test_every_page_says_what_to_do_on_an_empty_lakehouse(empty_lakehouse: Path,
+                                                           open_page: Open) -> None:
+    for page in ("alerts", "traffic", "rfid", "health"):
+        app = open_page(page)
+        assert not app.error, (page, [e.value for e in app.error])
+        assert "lookout simulate" in texts(app) or "lookout demo" in texts(app), page
+
+
+def test_a_broken_table_shows_a_plain_error_not_a_trace(empty_lakehouse: Path,
+                                                        open_page: Open) -> None:
+    log = empty_lakehouse / "alerts" / "_delta_log"
+    log.mkdir(parents=True)
+    (log / "00000000000000000000.json").write_text("this is not a Delta log\n")
+    app = open_page("alerts")
+    assert app.error
+    assert "Traceback" not in texts(app)
+
+
+# ---- alerts --------------------------------------------------------------------------
+
+
+def test_alerts_newest_first_with_counts(lakehouse: Path, open_page: Open) -> None:
+    app = open_page("alerts")
+    assert metrics(app) == {"matching alerts": "40", "open": "40", "acknowledged": "0"}
+    table = app.dataframe[0].value
+    assert list(table["event_time"]) == sorted(table["event_time"], reverse=True)
+    assert {"status", "severity", "rule", "key", "event_time", "detected_at",
+            "message"} <= set(table.columns)
+    assert "Alerts over time" in [h.value for h in app.subheader]
+
+
+def test_alert_filters(lakehouse: Path, open_page: Open) -> None:
+    app = open_page("alerts")
+    app.multiselect[0].select("larceny").run()
+    assert metrics(app)["matching alerts"] == "1"
+    assert app.dataframe[0].value["message"].iloc[0].startswith("item item-0042")
+    app.multiselect[0].unselect("larceny").run()
+    app.multiselect[1].select("critical").run()
+    assert set(app.dataframe[0].value["severity"]) == {"critical"}
+    app.multiselect[1].unselect("critical").run()
+    app.text_input[0].input("station=7").run()
+    assert set(app.dataframe[0].value["key"]) == {"station=7"}
+    app.text_input[0].input("").run()
+    app.selectbox[0].select("last 15 minutes").run()
+    recent = app.dataframe[0].value["event_time"]
+    assert 0 < len(recent) < 40
+    assert (time.time() - recent.min().timestamp()) <= 15 * 60 + 30
+
+
+def test_acknowledging_an_alert_survives_a_restart(lakehouse: Path, open_page: Open) -> None:
+    app = open_page("alerts")
+    choices = app.multiselect(key="ack_ids")
+    first = choices.options[0]
+    choices.select(first)
+    app.text_input(key="ack_note").input("crew on the way")
+    app.button[0].click().run()
+    assert "Acknowledged 1 alert(s)." in texts(app)
+    assert metrics(app)["acknowledged"] == "1"
+    assert (lakehouse / "alert_acks" / "_delta_log").is_dir()
+
+    restarted = open_page("alerts")  # a new session reads the acks from Delta
+    restarted.selectbox[1].select("acknowledged").run()
+    table = restarted.dataframe[0].value
+    assert len(table) == 1
+    assert table["status"].iloc[0] == "acknowledged"
+    assert table["note"].iloc[0] == "crew on the way"
+    assert first not in restarted.multiselect(key="ack_ids").options
+
+
+# ---- traffic -------------------------------------------------------------------------
+
+
+def test_traffic_strip_and_station_detail(lakehouse: Path, open_page: Open) -> None:
+    app = open_page("traffic")
+    strip = next(m.value for m in app.markdown if "station 1" in m.value)
+    assert "<b>station 3</b><br>congested" in strip
+    assert "<b>station 7</b><br>congested" in strip
+    assert "<b>station 5</b><br>silent" in strip
+    assert "<b>station 1</b><br>normal" in strip
+    assert len(app.get("vega_lite_chart")) >= 2  # speed and volume per station
+    app.selectbox(key="station").select(3).run()
+    detail = app.dataframe
+    assert (detail[0].value["source"] == "station-3").all()
+    assert set(detail[1].value["rule"]) == {"congestion"}
+
+
+def test_an_acknowledged_congestion_no_longer_colours_the_station(lakehouse: Path,
+                                                                   open_page: Open) -> None:
+    alerts = open_page("alerts")
+    alerts.text_input[0].input("station=3").run()
+    ack = alerts.multiselect(key="ack_ids")
+    for option in ack.options:
+        ack.select(option)
+    alerts.button[0].click().run()
+    strip = next(m.value for m in open_page("traffic").markdown if "station 1" in m.value)
+    assert "<b>station 3</b><br>normal" in strip
+    assert "<b>station 7</b><br>congested" in strip
+
+
+# ---- RFID ----------------------------------------------------------------------------
+
+
+def test_rfid_doors_alarms_groups_and_item_path(lakehouse: Path, open_page: Open) -> None:
+    app = open_page("rfid")
+    doors, alarms, groups = (d.value for d in app.dataframe[:3])
+    assert list(doors["door"]) == ["1", "2", "3", "4"]
+    assert "item-0042" in alarms["message"].iloc[0]
+    assert groups["items"].min() >= 3
+    app.text_input(key="tagid").input("item-0110").run()
+    assert "door 1 → 2 → 3 → 4" in texts(app)
+    app.text_input(key="tagid").input("nothing-like-this").run()
+    assert "No read of tag" in texts(app)
+
+
+# ---- rules ---------------------------------------------------------------------------
+
+
+def test_rules_list_text_explanation_and_alert_count(lakehouse: Path, open_page: Open) -> None:
+    app = open_page("rules")
+    summary = app.dataframe[0].value.set_index("rule")
+    assert summary.loc["congestion", "alerts"] == 37  # 40 minus the three other alerts
+    assert summary.loc["larceny", "alerts"] == 1
+    assert "congestion" in [e.label.split("**")[1] for e in app.expander if "**" in e.label]
+    code = texts(app)
+    assert "CREATE ALERT congestion SEVERITY warning" in code
+    assert "range" in code.lower() and "15 minutes" in code  # the explanation's window
+
+
+def test_saving_an_invalid_then_a_valid_rule(lakehouse: Path, rules_folder: Path,
+                                             open_page: Open) -> None:
+    app = open_page("rules")
+    app.text_input(key="rule_name::(new file)").input("slow")
+    app.text_area(key="rule_text::(new file)").input(
+        "CREATE ALERT slow SEVERITY warning\n  AS SELECT station, ts, speed FROM trafic;\n"
+    )
+    app.button(key="rule_save").click().run()
+    assert not (rules_folder / "slow.sql").exists()
+    annotated = texts(app)
+    assert "nothing was saved" in annotated
+    assert "^ 2:" in annotated and "trafic" in annotated
+
+    app.text_area(key="rule_text::(new file)").input(
+        "CREATE ALERT slow SEVERITY warning\n"
+        "  AS SELECT station, ts, speed FROM traffic WHERE speed < 5;\n"
+    )
+    app.button(key="rule_save").click().run()
+    assert "Saved" in texts(app)
+    assert "speed < 5" in (rules_folder / "slow.sql").read_text()
+
+
+def test_a_bad_file_name_is_refused(lakehouse: Path, rules_folder: Path,
+                                    open_page: Open) -> None:
+    app = open_page("rules")
+    app.text_input(key="rule_name::(new file)").input("../escape")
+    app.text_area(key="rule_text::(new file)").input("-- nothing\n")
+    app.button(key="rule_save").click().run()
+    assert "letters, digits and underscores" in texts(app)
+    assert not (rules_folder.parent / "escape.sql").exists()
+
+
+# ---- health --------------------------------------------------------------------------
+
+
+def test_health_up_streams_quarantine_and_tables(lakehouse: Path, open_page: Open) -> None:
+    write_health(lakehouse, int(time.time() * 1000))
+    app = open_page("health")
+    assert metrics(app)["engine"] == "up"
+    assert metrics(app)["ingest-0"] == "up"
+    assert metrics(app)["quarantined payloads"] == "3"
+    queries, streams, quarantine, tables = (d.value for d in app.dataframe)
+    assert "stage-congestion" in set(queries["name"])
+    assert queries["lag_s"].max() < 60
+    assert dict(zip(streams["stream"], streams["late"], strict=True)) == {
+        "traffic": 2, "tag_readings": 1}
+    assert "missing field 'ts'" in set(quarantine["reason"])
+    assert {"alerts", "readings_traffic", "quarantine"} <= set(tables["table"])
+
+
+def test_health_down_when_the_files_are_stale(lakehouse: Path, open_page: Open) -> None:
+    stale = int(time.time() * 1000) - 120_000
+    write_health(lakehouse, stale)
+    record = orjson.loads((lakehouse / "_health" / "ingest-0.json").read_bytes())
+    assert record["updated_at_ms"] == stale
+    app = open_page("health")
+    assert metrics(app)["engine"] == "down"
+    assert metrics(app)["ingest-0"] == "down"
