@@ -5,6 +5,15 @@ stable client id) and manual acknowledgement: a QoS 1 message is PUBACKed only a
 the landing file holding its readings (or its quarantine record) has been fsynced and
 renamed into place. If the process dies before that, the broker redelivers it
 (DESIGN §7); the engine removes the duplicates that this can create.
+
+Threads: paho's network thread only appends received messages to a list; the thread
+that called `run()` validates, lands and acknowledges them every `flush_ms` or every
+`flush_messages` messages, whichever comes first.
+
+Reconnection: paho reconnects by itself with exponential backoff (1 s doubling to 30 s).
+Message ids are only meaningful within one connection, so a message received before a
+reconnect is landed but not acknowledged afterwards: the persistent session makes the
+broker send it again (flagged as a duplicate), and that copy is acknowledged.
 """
 
 from __future__ import annotations
@@ -14,45 +23,59 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import paho.mqtt.client as mqtt
 
+from ingest.heartbeats import SilenceHeartbeats
 from ingest.landing import LandingWriter
 from ingest.validate import Validator
 from lookout.config import IngestConfig, MqttConfig
 
 log = logging.getLogger("lookout.ingest")
 
+#: Pause before landing again after the landing storage failed (disk full, unmounted).
+LANDING_RETRY_S = 1.0
+
 
 @dataclass
 class IngestStats:
-    """Counters the dashboard's health page shows (written as JSON every second)."""
+    """Counters the dashboard's health page shows (written as JSON about every second).
+
+    Totals since start, except `landing_lag_ms_max` (since the previous health write).
+    `redelivered` counts messages the broker flagged as sent before: each may be landed
+    twice, and the engine's dedupe by (source, seq) removes the copy.
+    """
 
     ingester: str
     messages: int = 0
     readings: int = 0
     heartbeats: int = 0
+    heartbeats_emitted: int = 0
     quarantined: int = 0
+    redelivered: int = 0
     files: int = 0
+    connects: int = 0
     connected: bool = False
+    subscribed: bool = False
+    pending: int = 0
+    last_error: str = ""
     last_landing_lag_ms: float = 0.0
+    landing_lag_ms_max: float = 0.0
     started_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
 
-    def as_json(self, now_ms: int, rates: dict[str, float]) -> bytes:
-        return orjson.dumps({**self.__dict__, **rates, "updated_at_ms": now_ms})
 
-
-@dataclass(frozen=True)
-class _Message:
+class _Message(NamedTuple):
     mid: int
     qos: int
     topic: str
     payload: bytes
     received_ms: int
+    dup: bool
+    connection: int  # which connection it came on: its mid means nothing on another
 
 
 def make_client(mqtt_config: MqttConfig, client_id: str, clean_session: bool) -> mqtt.Client:
@@ -66,9 +89,9 @@ def make_client(mqtt_config: MqttConfig, client_id: str, clean_session: bool) ->
     )
     if mqtt_config.username:
         client.username_pw_set(mqtt_config.username, mqtt_config.password or None)
-    if mqtt_config.tls_ca:
+    if mqtt_config.tls_ca or mqtt_config.tls_cert:
         client.tls_set(
-            ca_certs=mqtt_config.tls_ca,
+            ca_certs=mqtt_config.tls_ca or None,  # None: the system's trusted CAs
             certfile=mqtt_config.tls_cert or None,
             keyfile=mqtt_config.tls_key or None,
             cert_reqs=ssl.CERT_REQUIRED,
@@ -81,7 +104,8 @@ class Ingester:
     """Subscribes to every stream's topics and lands what arrives.
 
     `share_group` puts this ingester in an MQTT shared subscription so several
-    processes split the load; each needs its own `ingester_id`.
+    processes split the load; each needs its own `ingester_id`. `heartbeat_after_s`
+    turns on heartbeats for silent streams (see `ingest.heartbeats`).
     """
 
     def __init__(
@@ -93,6 +117,7 @@ class Ingester:
         ingest_config: IngestConfig,
         ingester_id: str = "0",
         share_group: str | None = None,
+        heartbeat_after_s: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.validator = validator
@@ -102,24 +127,33 @@ class Ingester:
         self.config = ingest_config
         self.share_group = share_group
         self.clock = clock
+        self.silence = (
+            SilenceHeartbeats(round(heartbeat_after_s * 1000)) if heartbeat_after_s else None
+        )
         self.stats = IngestStats(ingester=ingester_id)
         self._pending: list[_Message] = []
         self._wake = threading.Condition()
         self._stopping = threading.Event()
+        self._connection = 0
         self._client = make_client(
             mqtt_config, f"lookout-ingest-{ingester_id}", clean_session=False
         )
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
-        self._last_health = 0.0
-        self._last_counts = (0, 0, 0.0)
+        self._client.on_subscribe = self._on_subscribe
+        self._timestamps = {s.name: s.timestamp for s in validator.streams}
+        self._last_health = clock()
+        self._last_counts = (0, 0)
 
     # -- paho callbacks (network thread) -------------------------------------------
     def _on_connect(self, client: mqtt.Client, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
         if reason.is_failure:
-            log.error("broker refused the connection: %s", reason)
+            self.stats.last_error = f"broker refused the connection: {reason}"
+            log.error("%s", self.stats.last_error)
             return
+        self._connection += 1
+        self.stats.connects += 1
         self.stats.connected = True
         topics = self.validator.subscriptions()
         if self.share_group:
@@ -132,13 +166,29 @@ class Ingester:
             topics,
         )
 
+    def _on_subscribe(self, _c: mqtt.Client, _u: Any, _mid: int, reasons: Any, _p: Any) -> None:
+        refused = [r for r in reasons if r.is_failure]
+        if refused:
+            self.stats.last_error = f"subscription refused: {refused}"
+            log.error("%s", self.stats.last_error)
+        self.stats.subscribed = not refused
+
     def _on_disconnect(self, _c: mqtt.Client, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
-        self.stats.connected = False
+        self.stats.connected = self.stats.subscribed = False
         if not self._stopping.is_set():
+            self.stats.last_error = f"disconnected: {reason}"
             log.warning("disconnected from the broker (%s); reconnecting", reason)
 
     def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
-        message = _Message(msg.mid, msg.qos, msg.topic, msg.payload, int(self.clock() * 1000))
+        message = _Message(
+            msg.mid,
+            msg.qos,
+            msg.topic,
+            msg.payload,
+            int(self.clock() * 1000),
+            msg.dup,
+            self._connection,
+        )
         with self._wake:
             self._pending.append(message)
             if len(self._pending) >= self.config.flush_messages:
@@ -147,6 +197,8 @@ class Ingester:
     # -- main loop -------------------------------------------------------------------
     def start(self) -> None:
         """Connect (retrying until the broker answers) and start the network thread."""
+        for orphan in self.writer.remove_orphans():
+            log.info("removed %s, left by an earlier run that was killed", orphan.name)
         self._client.connect_async(self.mqtt_config.host, self.mqtt_config.port, keepalive=30)
         self._client.loop_start()
 
@@ -158,15 +210,18 @@ class Ingester:
                 self.step(self.config.flush_ms / 1000)
         finally:
             self.step(0)
-            self._client.disconnect()
+            self._client.disconnect()  # queued after the last PUBACKs, so sent after them
             self._client.loop_stop()
+            self.stats.connected = self.stats.subscribed = False
             self.write_health(force=True)
 
     def stop(self) -> None:
-        """Ask `run()` to flush, acknowledge and return (safe from a signal handler)."""
+        """Ask `run()` to flush, acknowledge and return.
+
+        Safe to call from a signal handler: it takes no lock (`run()` notices within
+        `flush_ms`).
+        """
         self._stopping.set()
-        with self._wake:
-            self._wake.notify()
 
     def step(self, wait_s: float) -> int:
         """Wait up to `wait_s` for messages, then land and acknowledge them all."""
@@ -174,34 +229,64 @@ class Ingester:
             if len(self._pending) < self.config.flush_messages and wait_s > 0:
                 self._wake.wait(wait_s)
             batch, self._pending = self._pending, []
-        if batch:
-            self._land(batch)
+        self._land(batch)
         self.write_health()
         return len(batch)
 
     def _land(self, batch: list[_Message]) -> None:
         now_ms = int(self.clock() * 1000)
+        silence = self.silence
         for message in batch:
             result = self.validator.validate(message.topic, message.payload, now_ms)
+            stream = result.stream
             for reading in result.readings:
-                self.writer.add_reading(result.stream, reading, message.topic, message.received_ms)
+                self.writer.add_reading(stream, reading, message.topic, message.received_ms)
             for heartbeat in result.heartbeats:
-                self.writer.add_heartbeat(result.stream, heartbeat, message.received_ms)
+                self.writer.add_heartbeat(stream, heartbeat, message.received_ms)
             for rejection in result.rejections:
                 self.writer.add_rejection(
                     rejection.topic, rejection.reason, rejection.payload, message.received_ms
                 )
+            if silence is not None and stream is not None:
+                for accepted in (result.readings, result.heartbeats):
+                    if accepted:
+                        ts = max(r[self._timestamps[stream]] for r in accepted)
+                        silence.observe(stream, ts, message.received_ms)
             self.stats.readings += len(result.readings)
             self.stats.heartbeats += len(result.heartbeats)
             self.stats.quarantined += len(result.rejections)
-        self.stats.files += len(self.writer.flush())
+            self.stats.redelivered += message.dup
+        if silence is not None:
+            for stream, ts in silence.due(now_ms):
+                beat = {"source": f"ingest-{self.stats.ingester}", self._timestamps[stream]: ts}
+                self.writer.add_heartbeat(stream, beat, now_ms)
+                self.stats.heartbeats_emitted += 1
+        self._flush_until_landed()
         # Durable now: only from here on may the broker forget these messages.
-        for message in batch:
-            if message.qos > 0:
-                self._client.ack(message.mid, message.qos)
+        self._acknowledge(batch)
         self.stats.messages += len(batch)
-        landed_ms = self.clock() * 1000
-        self.stats.last_landing_lag_ms = landed_ms - batch[0].received_ms
+        if batch:
+            lag = self.clock() * 1000 - batch[0].received_ms
+            self.stats.last_landing_lag_ms = lag
+            self.stats.landing_lag_ms_max = max(self.stats.landing_lag_ms_max, lag)
+
+    def _flush_until_landed(self) -> None:
+        """Land the writer's buffers, retrying while the storage fails (nothing is acked)."""
+        while True:
+            try:
+                self.stats.files += len(self.writer.flush())
+                return
+            except OSError as err:
+                self.stats.last_error = f"landing failed: {err}"
+                log.error("%s; retrying in %.0f s", self.stats.last_error, LANDING_RETRY_S)
+                self.write_health(force=True)
+                time.sleep(LANDING_RETRY_S)
+
+    def _acknowledge(self, batch: list[_Message]) -> None:
+        connection = self._connection
+        for message in batch:
+            if message.qos > 0 and message.connection == connection:
+                self._client.ack(message.mid, message.qos)
 
     def write_health(self, force: bool = False) -> None:
         """Write counters and rates for the dashboard, about once a second."""
@@ -209,14 +294,17 @@ class Ingester:
         elapsed = now - self._last_health
         if not force and elapsed < 1.0:
             return
-        messages, readings, _ = self._last_counts
+        messages, readings = self._last_counts
         rates = {
             "messages_per_s": (self.stats.messages - messages) / elapsed if elapsed else 0.0,
             "readings_per_s": (self.stats.readings - readings) / elapsed if elapsed else 0.0,
         }
-        self._last_counts = (self.stats.messages, self.stats.readings, now)
+        self._last_counts = (self.stats.messages, self.stats.readings)
         self._last_health = now
+        self.stats.pending = len(self._pending)
+        record = {**asdict(self.stats), **rates, "updated_at_ms": int(now * 1000)}
+        self.stats.landing_lag_ms_max = 0.0
         self.health_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.health_file.with_suffix(".tmp")
-        tmp.write_bytes(self.stats.as_json(int(now * 1000), rates))
+        tmp = self.health_file.with_name(f".{self.health_file.name}.tmp")
+        tmp.write_bytes(orjson.dumps(record))
         tmp.replace(self.health_file)

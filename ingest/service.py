@@ -1,0 +1,80 @@
+"""`python -m ingest`: one ingester as a long-running process, stopped by SIGTERM/SIGINT.
+
+`build_ingester` is the one place that turns the configuration and the rules into an
+`Ingester`; `lookout ingest` and the tests use it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ingest.subscriber import Ingester
+from ingest.validate import Validator
+from lookout.config import Config, load_config
+from rules.language.loader import RuleCheckError, RuleSet, load_rules
+
+
+def build_ingester(
+    config: Config,
+    rule_set: RuleSet,
+    ingester_id: str = "0",
+    share_group: str | None = None,
+    heartbeat_after_s: float | None = None,
+) -> Ingester:
+    """An ingester for every `CREATE STREAM … SOURCE` of `rule_set`, as configured."""
+    validator = Validator(
+        list(rule_set.plan.sources()),
+        max_payload_bytes=config.ingest.max_payload_bytes,
+        max_clock_distance_ms=config.ingest.max_clock_distance_days * 86_400_000,
+    )
+    return Ingester(
+        validator,
+        landing_root=config.landing,
+        health_dir=Path(config.lakehouse) / "_health",
+        mqtt_config=config.mqtt,
+        ingest_config=config.ingest,
+        ingester_id=ingester_id,
+        share_group=share_group,
+        heartbeat_after_s=heartbeat_after_s,
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of an ingest process (shared with `lookout ingest`)."""
+    parser.add_argument("--rules", nargs="*", default=None, help="rule files or folders")
+    parser.add_argument("--id", default="0", help="this ingester's id (unique per process)")
+    parser.add_argument("--share", default=None, help="MQTT shared-subscription group")
+    parser.add_argument(
+        "--heartbeat-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="land a heartbeat for a stream silent this long, assuming no reading arrives "
+        "more than SECONDS late (see docs/ingest.md)",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ingester until SIGTERM or SIGINT, then flush, acknowledge and exit 0."""
+    parser = argparse.ArgumentParser(prog="python -m ingest", description=__doc__)
+    parser.add_argument("--config", default=None, help="lookout.toml (default: ./lookout.toml)")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config = load_config(args.config)
+    try:
+        rule_set = load_rules(list(args.rules or config.rule_paths))
+    except RuleCheckError as err:
+        for error in err.errors:
+            print(error.format(), file=sys.stderr)
+        return 2
+    ingester = build_ingester(config, rule_set, args.id, args.share, args.heartbeat_after)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: ingester.stop())
+    ingester.run()
+    return 0

@@ -1,0 +1,185 @@
+"""Helpers for the ingest tests: publish fast, run `python -m ingest`, read what landed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import paho.mqtt.client as mqtt
+
+from lookout.broker import Broker
+
+ROOT = Path(__file__).resolve().parents[2]
+T0 = 1_764_000_000_000  # readings' event times start here (close enough to "now")
+
+
+def traffic(seq: int, source: str = "loop-1", station: int = 1) -> dict[str, Any]:
+    """One well-formed traffic reading (DESIGN §2) with a unique (source, seq)."""
+    return {
+        "station": station,
+        "lane": seq % 3,
+        "speed": 20.0 + seq % 7,
+        "length": 4.5,
+        "ts": T0 + seq * 10,
+        "source": source,
+        "seq": seq,
+    }
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
+    """Poll until `predicate()` is truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+class Publisher:
+    """A QoS 1 publisher with its own persistent session, so it survives broker restarts.
+
+    Messages published while the broker is away stay in paho's queue and go out after the
+    automatic reconnect; `wait()` returns once the broker acknowledged every one.
+    """
+
+    def __init__(self, broker: Broker, name: str = "test-publisher") -> None:
+        self.client = mqtt.Client(
+            callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+            client_id=f"{name}-{time.monotonic_ns()}",
+            clean_session=False,
+        )
+        self.client.max_inflight_messages_set(1000)
+        self.client.max_queued_messages_set(0)
+        self.client.reconnect_delay_set(0.2, 1)
+        self.client.connect(broker.host, broker.port)
+        self.client.loop_start()
+        self.infos: list[mqtt.MQTTMessageInfo] = []
+
+    def send(self, topic: str, payload: bytes | dict[str, Any] | list[Any]) -> None:
+        """Publish one message at QoS 1 (dicts and lists are JSON-encoded)."""
+        body = payload if isinstance(payload, bytes) else orjson.dumps(payload)
+        self.infos.append(self.client.publish(topic, body, qos=1))
+
+    def wait(self, timeout: float = 60) -> None:
+        """Block until the broker has acknowledged everything sent so far."""
+        deadline = time.monotonic() + timeout
+        for info in self.infos:
+            info.wait_for_publish(timeout=max(0.1, deadline - time.monotonic()))
+            assert info.is_published(), "the broker did not acknowledge a publish"
+
+    def close(self) -> None:
+        """Wait for the acknowledgements, then disconnect."""
+        self.wait()
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def publish_all(broker: Broker, messages: Iterable[tuple[str, Any]]) -> None:
+    """Publish every (topic, payload) at QoS 1 and wait for the broker's acknowledgements."""
+    publisher = Publisher(broker)
+    for topic, payload in messages:
+        publisher.send(topic, payload)
+    publisher.close()
+
+
+def publish_in_background(
+    broker: Broker, messages: Sequence[tuple[str, Any]], rate: float
+) -> tuple[threading.Thread, threading.Event]:
+    """Publish `messages` at about `rate` messages/s from a thread; the event is set when
+    the broker acknowledged all of them."""
+    done = threading.Event()
+
+    def run() -> None:
+        publisher = Publisher(broker)
+        start = time.monotonic()
+        for i, (topic, payload) in enumerate(messages):
+            ahead = start + i / rate - time.monotonic()
+            if ahead > 0.005:
+                time.sleep(ahead)
+            publisher.send(topic, payload)
+        publisher.close()
+        done.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, done
+
+
+def landed_lines(landing: Path, stream: str) -> list[dict[str, Any]]:
+    """Every line landed for `stream` (or `_quarantine`), in arrival order (file, line)."""
+    lines = []
+    for path in sorted((landing / f"stream={stream}").glob("part-*.jsonl")):
+        lines.extend(orjson.loads(line) for line in path.read_bytes().splitlines())
+    return lines
+
+
+def landed_keys(landing: Path, stream: str = "traffic") -> Counter[tuple[str, int]]:
+    """How many times each (source, seq) reading of `stream` landed."""
+    return Counter(
+        (line["source"], line["seq"])
+        for line in landed_lines(landing, stream)
+        if line.get("_kind") != "heartbeat"
+    )
+
+
+class IngestProcess:
+    """`python -m ingest` as a child process, configured by environment variables."""
+
+    def __init__(
+        self, broker: Broker, lakehouse: Path, ingester_id: str = "0", *extra: str
+    ) -> None:
+        self.lakehouse = lakehouse
+        self.ingester_id = ingester_id
+        self.log = lakehouse.parent / f"ingest-{ingester_id}.log"
+        env = {
+            **os.environ,
+            "LOOKOUT_CONFIG": str(lakehouse.parent / "absent.toml"),
+            "LOOKOUT_LAKEHOUSE_PATH": str(lakehouse),
+            "LOOKOUT_MQTT_HOST": broker.host,
+            "LOOKOUT_MQTT_PORT": str(broker.port),
+        }
+        cmd = [sys.executable, "-m", "ingest", "--rules", "rules", "--id", ingester_id, *extra]
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log)
+
+    @property
+    def health(self) -> dict[str, Any]:
+        """The ingester's latest health record (empty before the first one)."""
+        path = self.lakehouse / "_health" / f"ingest-{self.ingester_id}.json"
+        try:
+            return orjson.loads(path.read_bytes())
+        except (FileNotFoundError, orjson.JSONDecodeError):
+            return {}
+
+    def wait_subscribed(self, timeout: float = 20) -> IngestProcess:
+        """Wait until the broker acknowledged the subscriptions (health says so)."""
+
+        def subscribed() -> bool:
+            if self.process.poll() is not None:
+                raise AssertionError(f"ingest exited early:\n{self.log.read_text()}")
+            return bool(self.health.get("subscribed"))
+
+        wait_for(subscribed, timeout, "ingest to subscribe")
+        return self
+
+    def kill(self) -> None:
+        """kill -9: no flush, no acknowledgement."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def terminate(self, timeout: float = 20) -> int:
+        """SIGTERM and wait for the exit code."""
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
