@@ -238,7 +238,9 @@ def generate_rfid(
         wh.reserve(*ep)
         if ep[0] > start_ms + horizon:
             break
-    next_c = float(start_ms) + rng.expovariate(1.0) * mean_gap_ms
+    # The warehouse is already busy at the start: trips begun up to one full trip
+    # earlier are under way (their readings before the start are not sent).
+    next_c = float(start_ms - cfg.doors * 100_000) + rng.expovariate(1.0) * mean_gap_ms
     while True:
         while upcoming and upcoming[-1][0] <= next_c + horizon:
             ep = next(schedule, None)
@@ -257,7 +259,8 @@ def generate_rfid(
             frontier = min(frontier, end_ms)
         while wh.heap and wh.heap[0][0] < frontier:
             r = heapq.heappop(wh.heap)[2]
-            r.seq = seqs.next(r.source)
-            yield r
+            if r.t >= start_ms:
+                r.seq = seqs.next(r.source)
+                yield r
         if end_ms is not None and frontier >= end_ms:
             return
