@@ -5,6 +5,7 @@ One JSON object per line, each with a ``type``:
 - ``run``: the simulator's arguments (first line);
 - ``episode``: a planted episode (``kind`` says which; times as epoch ms);
 - ``skew``: a source's constant clock skew in ms;
+- ``speeding``: one reading of a planted speeding vehicle (``source``, ``seq``, ``speed``);
 - ``late`` / ``duplicate`` / ``malformed``: one reading, named by ``source`` and ``seq``.
 
 Scoring a run: alerts are matched against ``episode`` lines; loss is counted against
