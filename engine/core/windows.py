@@ -311,6 +311,12 @@ class OverOperator(_Aggregating):
         if self.window.units is FrameUnits.ROWS or (self.range is None and not self.lag):
             return  # ROWS frames move by arrivals only
         leaves = self.range is not None and not self.window.active_expiration
+        if not self.lag:  # the common case: only leaves, straight off the buffer's front
+            if leaves:
+                horizon = watermark - self.range  # type: ignore[operator]
+                while self.buffer and self.buffer[0][1] < horizon:
+                    self._expire_oldest()
+            return
         while True:
             enter = self.waiting[0][0] + self.lag if self.waiting else None
             leave = self._expiry_instant() if leaves else None

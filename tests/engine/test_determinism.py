@@ -85,7 +85,7 @@ def disordered(draw: Any) -> tuple[list[dict], list[dict]]:
     return rows, [rows[i] for i in arrival]
 
 
-SETTINGS = settings(max_examples=150, deadline=None)
+SETTINGS = settings(max_examples=200, deadline=None)
 
 
 @SETTINGS

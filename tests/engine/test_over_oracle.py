@@ -121,7 +121,7 @@ def window(agg: str, units: FrameUnits, preceding: int | None, **kw: Any) -> Ove
     return OverWindow((AggCall(name, args, "v"),), units, preceding, ("station",), **kw)
 
 
-SETTINGS = settings(max_examples=60, deadline=None)
+SETTINGS = settings(max_examples=30, deadline=None)
 
 
 @pytest.mark.parametrize("agg", ["count(*)", *PEER_SAFE])
