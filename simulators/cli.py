@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -18,6 +21,24 @@ from simulators.truth import Truth
 #: Event-time start of a run written to a file when ``--start`` is not given: a file
 #: must not depend on the wall clock (same seed and arguments => same bytes).
 FILE_START = "2026-01-01T00:00:00+00:00"
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _sigterm_stops_cleanly() -> Iterator[None]:
+    """While sending, SIGTERM (how ``lookout demo`` stops its parts) acts like Ctrl-C:
+    the publisher flushes and collects its PUBACKs before exiting."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -260,7 +281,8 @@ def _simulate(
             print(f"simulate: cannot open {where}: {e}", file=sys.stderr)
             return 1
         progress = Progress(f"simulate {kind}", truth, args.quiet)
-        emit(messages, sink, 0 if args.out else args.speedup, start, progress)
+        with _sigterm_stops_cleanly():
+            emit(messages, sink, 0 if args.out else args.speedup, start, progress)
     except ValueError as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
@@ -331,13 +353,14 @@ def run_replay(args: argparse.Namespace) -> int:
         except OSError as e:
             print(f"simulate replay: cannot reach {args.host}:{args.port}: {e}", file=sys.stderr)
             return 1
-        emit(
-            replay_messages(fh, args.topic, lag),
-            sink,
-            args.speedup,
-            start,
-            Progress("simulate replay", None, args.quiet),
-        )
+        with _sigterm_stops_cleanly():
+            emit(
+                replay_messages(fh, args.topic, lag),
+                sink,
+                args.speedup,
+                start,
+                Progress("simulate replay", None, args.quiet),
+            )
     return 0
 
 

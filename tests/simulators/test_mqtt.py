@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -149,3 +153,38 @@ def test_replay_republishes_the_file(
     assert len(subscriber.readings) + len(subscriber.malformed) == len(lines)
     # Ten seconds of event time at five times the original speed: about two seconds.
     assert 1.5 < elapsed < 6
+
+
+def test_sigterm_stops_cleanly_with_nothing_lost(
+    mosquitto: tuple[str, int], subscriber: Subscriber
+) -> None:
+    host, port = mosquitto
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "simulators.cli",
+            "traffic",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--rate",
+            "500",
+            "--duration",
+            "0",
+            "--congestion",
+            "3,7",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(2.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    sent = int(re.findall(r"(\d+) readings in \d+ msgs, average", err)[-1])
+    assert sent > 300
+    subscriber.wait_for(sent)
+    assert len(subscriber.readings) == sent
+    assert {r["station"] for _, r in subscriber.readings} == set(range(1, 11))
