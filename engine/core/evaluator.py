@@ -26,6 +26,7 @@ from typing import Any
 
 from engine.core.plan import (
     END_OF_TIME,
+    R2S,
     ExtentWindow,
     Filter,
     OverWindow,
@@ -37,12 +38,24 @@ from engine.core.windows import (
     ExtentOperator,
     OverOperator,
     PaneOperator,
+    Result,
     Row,
     StatelessOperator,
     pane_eligible,
 )
 
-_SNAPSHOT_VERSION = 2
+_SNAPSHOT_VERSION = 3
+
+
+def _relation_to_stream(query: Query) -> R2S | None:
+    """The R2S operator the evaluator must apply itself (None: rows pass as they are)."""
+    if query.r2s is None or query.r2s is R2S.RSTREAM:
+        return None
+    if isinstance(query.window, ExtentWindow):
+        return query.r2s
+    if query.window is None and query.r2s is R2S.ISTREAM:
+        return None  # ISTREAM(S [NOW]) is S
+    raise ValueError(f"{query.r2s} needs an extent (FROM s [RANGE ...]) window")
 
 
 @dataclass(frozen=True)
@@ -82,6 +95,8 @@ class KeyedEvaluator:
             self.operator = ExtentOperator(window)
         else:
             self.operator = StatelessOperator()
+        self.r2s = _relation_to_stream(stage.query)
+        self.relation: list[Row] = []  # R(e) of the last extent, for ISTREAM / DSTREAM
         self.watermark = -END_OF_TIME
         # (ts, source, seq, tiebreak, row), sorted lazily by advance: arrivals are mostly in
         # order, which Timsort handles in linear time. tiebreak keeps dicts out of compares.
@@ -123,6 +138,9 @@ class KeyedEvaluator:
                 i = j
             elif timer is not None:
                 results = op.fire(timer)
+                if self.r2s is not None:
+                    self._relation_changes(timer + 1, results, out)
+                    continue
             else:
                 break
             for ts, row in results:
@@ -133,10 +151,27 @@ class KeyedEvaluator:
         return out
 
     def _emit(self, query: Query, ts: int, row: Row, out: list[Output]) -> None:
-        """Run ``query``'s post ops, write its sink, then feed stateless consumers."""
+        """Run ``query``'s post ops and deliver the result."""
         final = apply_ops(query.post, row)
-        if final is None:
-            return
+        if final is not None:
+            self._deliver(query, ts, final, out)
+
+    def _relation_changes(self, ts: int, results: list[Result], out: list[Output]) -> None:
+        """ISTREAM / DSTREAM: deliver the bag difference between the extent's rows and the
+        previous extent's."""
+        query = self.stage.query
+        rows = [r for r in (apply_ops(query.post, row) for _, row in results) if r is not None]
+        new, old = (rows, self.relation) if self.r2s is R2S.ISTREAM else (self.relation, rows)
+        remaining = list(old)
+        for row in new:
+            if row in remaining:
+                remaining.remove(row)
+            else:
+                self._deliver(query, ts, row, out)
+        self.relation = rows
+
+    def _deliver(self, query: Query, ts: int, final: Row, out: list[Output]) -> None:
+        """Write a row to ``query``'s sink, then feed the stateless queries reading it."""
         out.append(Output(query.sink.name, ts, final))
         for consumer in self._consumers.get(query.sink.name, ()):
             kept = apply_ops(consumer.pre, final)
@@ -156,16 +191,23 @@ class KeyedEvaluator:
     def snapshot(self) -> bytes:
         """The whole state as bytes (plain data only: no callables, no plan)."""
         pending = [(ts, src, seq, row) for ts, src, seq, _, row in sorted(self.pending)]
-        state = (_SNAPSHOT_VERSION, self.watermark, pending, self.operator.get_state())
+        state = (
+            _SNAPSHOT_VERSION,
+            self.watermark,
+            pending,
+            self.operator.get_state(),
+            self.relation,
+        )
         return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
     @classmethod
     def restore(cls, stage: Stage, data: bytes) -> KeyedEvaluator:
         """Rebuild an evaluator from the stage (recompiled from the rules) and a snapshot."""
-        version, watermark, pending, op_state = pickle.loads(data)
+        version, watermark, pending, op_state, relation = pickle.loads(data)
         if version != _SNAPSHOT_VERSION:
             raise ValueError(f"unsupported snapshot version {version}")
         ev = cls(stage)
+        ev.relation = relation
         ev.watermark = watermark
         ev.pending = [(ts, src, seq, next(ev._tiebreak), row) for ts, src, seq, row in pending]
         ev.operator.set_state(op_state)

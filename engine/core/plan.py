@@ -184,6 +184,22 @@ class ExtentWindow:
     group_by: tuple[str, ...] = ()
 
 
+class R2S(StrEnum):
+    """CQL relation-to-stream operators (CQL §5.1) over an extent window's relation: the
+    relation R(e) is the query's rows (after ``post``) for the extent ending at e.
+
+    * ``RSTREAM``: all of R(e) at every extent end e (the default: what an extent query
+      emits without an operator). CQL's Rstream streams R at every instant; R only
+      changes at extent ends, so one copy per extent is kept.
+    * ``ISTREAM``: the rows of R(e) not in R(e - slide) (bag difference), at e.
+    * ``DSTREAM``: the rows of R(e - slide) not in R(e), at e.
+    """
+
+    ISTREAM = "ISTREAM"
+    DSTREAM = "DSTREAM"
+    RSTREAM = "RSTREAM"
+
+
 class SinkKind(StrEnum):
     """Where a query's rows go: a derived stream (its own table) or the alerts table."""
 
@@ -201,13 +217,18 @@ class Sink:
 
 @dataclass(frozen=True)
 class Query:
-    """One compiled statement: input -> pre -> [window] -> post -> sink."""
+    """One compiled statement: input -> pre -> [window] -> post -> [r2s] -> sink.
+
+    ``r2s`` applies to :class:`ExtentWindow` queries (see :class:`R2S`); a query without a
+    window may carry ``ISTREAM`` or ``RSTREAM`` (of ``S [NOW]``: the stream itself).
+    """
 
     sink: Sink
     input: str
     pre: tuple[StatelessOp, ...] = ()
     window: OverWindow | ExtentWindow | None = None
     post: tuple[StatelessOp, ...] = ()
+    r2s: R2S | None = None
 
     @property
     def key(self) -> tuple[str, ...]:

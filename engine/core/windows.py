@@ -351,7 +351,9 @@ class ExtentOperator(_Aggregating):
     Extent ``[e - r, e)`` is a RANGE frame read at its last instant ``e - 1``: tuples are
     accumulated on arrival, and the timer at ``e - 1`` (after every tuple at that
     instant) retracts those below ``e - r`` and emits one row if the extent is not
-    empty. ESL-shaped aggregates give their result through ``terminate``.
+    empty. ESL-shaped aggregates give their result through ``terminate``. After a
+    non-empty extent (``showing``), the next extent end fires even if empty, so that a
+    relation-to-stream DSTREAM sees the group's row go.
     """
 
     def __init__(self, window: ExtentWindow) -> None:
@@ -360,7 +362,8 @@ class ExtentOperator(_Aggregating):
         super().__init__(window.aggregates)
         self.window = window
         self.key: dict[str, Any] | None = None
-        self.closed = -END_OF_TIME  # end of the last extent emitted
+        self.closed = -END_OF_TIME  # end of the last extent closed
+        self.showing = False  # whether that extent had rows
 
     def arrive(self, group: list[Arrival]) -> list[Result]:
         """Accumulate the group; extents are emitted by timers."""
@@ -372,10 +375,13 @@ class ExtentOperator(_Aggregating):
         return []
 
     def next_timer(self) -> int | None:
-        """The last instant of the next extent that may hold the oldest buffered tuple."""
+        """The last instant of the next extent that may hold the oldest buffered tuple, or
+        of the one right after a non-empty extent."""
+        slide = self.window.slide_ms
+        if self.showing:
+            return self.closed + slide - 1
         if not self.buffer:
             return None
-        slide = self.window.slide_ms
         end = (max(self.buffer[0][1], self.closed) // slide + 1) * slide
         return end - 1
 
@@ -388,6 +394,7 @@ class ExtentOperator(_Aggregating):
         while self.buffer and self.buffer[0][1] < start:
             self._expire_oldest()
         self.closed = end
+        self.showing = bool(self.buffer)
         if not self.buffer:
             return []
         values = [
@@ -402,11 +409,11 @@ class ExtentOperator(_Aggregating):
 
     def get_state(self) -> Any:
         """The frame's state plus the group key and the last extent closed."""
-        return (super().get_state(), self.key, self.closed)
+        return (super().get_state(), self.key, self.closed, self.showing)
 
     def set_state(self, state: Any) -> None:
         """Restore what ``get_state`` returned."""
-        base, self.key, self.closed = state
+        base, self.key, self.closed, self.showing = state
         super().set_state(base)
 
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.core.plan import (
+    R2S,
     AggCall,
     Column,
     ColumnType,
@@ -102,13 +103,24 @@ def over_plan(
     return Plan({stream.name: stream}, (q,))
 
 
-def extent_plan(window: ExtentWindow, stream: StreamSchema = TRAFFIC) -> Plan:
-    """One extent query selecting the group columns, window bounds and aliases."""
-    names = (*window.group_by, "window_start", "window_end", *(c.alias for c in window.aggregates))
+def extent_plan(
+    window: ExtentWindow,
+    stream: StreamSchema = TRAFFIC,
+    r2s: R2S | None = None,
+    bounds: bool = True,
+) -> Plan:
+    """One extent query selecting the group columns, the window bounds (if ``bounds``)
+    and the aliases, with an optional relation-to-stream operator."""
+    names = (
+        *window.group_by,
+        *(("window_start", "window_end") if bounds else ()),
+        *(c.alias for c in window.aggregates),
+    )
     q = Query(
         Sink("out", SinkKind.STREAM),
         stream.name,
         window=window,
         post=(Project(tuple((n, col(n)) for n in names)),),
+        r2s=r2s,
     )
     return Plan({stream.name: stream}, (q,))

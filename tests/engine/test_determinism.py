@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.evaluator import KeyedEvaluator, Output
-from engine.core.plan import END_OF_TIME, AggCall, ExtentWindow, FrameUnits, OverWindow, Plan
+from engine.core.plan import (
+    END_OF_TIME,
+    R2S,
+    AggCall,
+    ExtentWindow,
+    FrameUnits,
+    OverWindow,
+    Plan,
+)
 from engine.core.replay import run
 from tests.engine.helpers import TRAFFIC, col, extent_plan, over_plan
 
@@ -49,12 +57,19 @@ WINDOWS = [
     ),
     ExtentWindow((AggCall("min", (col("speed"),), "v"),), 30, 10, ("station",)),
     ExtentWindow((AggCall("avg", (col("speed"),), "v"),), 7, 20, ("station",)),
+    (ExtentWindow((AggCall("max", (col("speed"),), "v"),), 20, 10, ("station",)), R2S.DSTREAM),
 ]
 
 
-def plan_for(window: OverWindow | ExtentWindow) -> Plan:
-    """The test query over a traffic stream with the test slack."""
-    plan = over_plan(window) if isinstance(window, OverWindow) else extent_plan(window)
+def plan_for(window: OverWindow | ExtentWindow | tuple[ExtentWindow, R2S]) -> Plan:
+    """The test query over a traffic stream with the test slack (an extent window may
+    come with a relation-to-stream operator)."""
+    if isinstance(window, OverWindow):
+        plan = over_plan(window)
+    elif isinstance(window, tuple):
+        plan = extent_plan(window[0], r2s=window[1], bounds=False)
+    else:
+        plan = extent_plan(window)
     return replace(plan, streams={"traffic": replace(TRAFFIC, slack_ms=SLACK)})
 
 
@@ -91,7 +106,7 @@ SETTINGS = settings(max_examples=200, deadline=None)
 @SETTINGS
 @given(data=disordered(), window=st.sampled_from(WINDOWS), batch=st.integers(1, 7))
 def test_disorder_within_slack_gives_identical_outputs(
-    data: tuple, window: OverWindow | ExtentWindow, batch: int
+    data: tuple, window: Any, batch: int
 ) -> None:
     in_order, shuffled = data
     plan = plan_for(window)
@@ -134,7 +149,7 @@ def drive(
     restore_at=st.sets(st.integers(0, 49), max_size=5),
 )
 def test_batching_and_restore_do_not_change_outputs(
-    data: tuple, window: OverWindow | ExtentWindow, schedule: list[int], restore_at: set[int]
+    data: tuple, window: Any, schedule: list[int], restore_at: set[int]
 ) -> None:
     _, shuffled = data
     (stage,) = plan_for(window).stages()

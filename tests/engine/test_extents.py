@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.evaluator import KeyedEvaluator
-from engine.core.plan import END_OF_TIME, AggCall, ExtentWindow, Plan
+from engine.core.plan import END_OF_TIME, R2S, AggCall, ExtentWindow, Plan
 from tests.engine.helpers import col, extent_plan
 
 AGGS = (
@@ -100,3 +100,46 @@ def test_an_extent_is_emitted_when_the_watermark_passes_its_end() -> None:
         360_000,
     ]
     assert ev.next_wakeup() is None
+
+
+def relation_oracle(rows: list[dict], r: int, s: int, r2s: R2S) -> list[tuple]:
+    """ISTREAM / DSTREAM of R(e) = {(station, max speed)} of extent [e - r, e), by the
+    CQL definitions: bag differences between consecutive extents' relations."""
+    out = []
+    if not rows:
+        return out
+    lo, hi = min(x["ts"] for x in rows), max(x["ts"] for x in rows)
+    for station in sorted({x["station"] for x in rows}):
+        previous: list[tuple] = []
+        for e in range((lo // s + 1) * s, hi + r + 2 * s + 1, s):
+            inside = [x["speed"] for x in rows if x["station"] == station and e - r <= x["ts"] < e]
+            current = [(station, max(inside))] if inside else []
+            new, old = (current, previous) if r2s is R2S.ISTREAM else (previous, current)
+            out += [(e, *row) for row in new if row not in old]
+            previous = current
+    return sorted(out)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    raw=st.lists(st.tuples(st.integers(0, 100), st.integers(0, 1), st.integers(0, 2)), max_size=30),
+    r=st.integers(1, 30),
+    s=st.integers(1, 30),
+    r2s=st.sampled_from([R2S.ISTREAM, R2S.DSTREAM]),
+)
+def test_istream_and_dstream_follow_cql(raw: list, r: int, s: int, r2s: R2S) -> None:
+    rows = [
+        {"ts": ts, "station": k, "speed": float(v), "source": "s", "seq": i}
+        for i, (ts, k, v) in enumerate(sorted(raw))
+    ]
+    window = ExtentWindow((AggCall("max", (col("speed"),), "m"),), r, s, ("station",))
+    (stage,) = extent_plan(window, r2s=r2s, bounds=False).stages()
+    evaluators: dict[Any, KeyedEvaluator] = {}
+    for row in rows:
+        evaluators.setdefault(row["station"], KeyedEvaluator(stage)).insert(row)
+    got = sorted(
+        (o.ts, o.row["station"], o.row["m"])
+        for ev in evaluators.values()
+        for o in ev.advance(END_OF_TIME)
+    )
+    assert got == relation_oracle(rows, r, s, r2s)
