@@ -19,7 +19,7 @@ from pyspark.sql.streaming import StreamingQuery
 from engine.alerts import AlertSpec
 from engine.core.plan import Plan
 from engine.spark.landing_job import LandingJob
-from engine.spark.rules_job import start_stage
+from engine.spark.rules_job import stages_by_input, start_rules_query
 from engine.spark.session import build_session
 from lookout.config import Config
 
@@ -44,10 +44,12 @@ class EngineJob:
         self.queries: list[StreamingQuery] = []
 
     def start(self) -> None:
-        """Start the landing query, then one query per stage (producers before consumers)."""
+        """Start the landing query, then one rules query per stream that stages read."""
         self.queries.append(self.landing.start(self.config.engine.trigger_seconds))
-        for stage in self.plan.stages():
-            self.queries.append(start_stage(self.spark, self.config, self.plan, self.alerts, stage))
+        for stream, stages in stages_by_input(self.plan).items():
+            self.queries.append(
+                start_rules_query(self.spark, self.config, self.plan, self.alerts, stream, stages)
+            )
         log.info("engine running %d queries", len(self.queries))
 
     def stop(self) -> None:

@@ -1,19 +1,20 @@
 """Rule stages on Structured Streaming: a thin adapter around the pure engine core.
 
-Each plan `Stage` becomes one streaming query:
+All stages that read one stream share one streaming query (one read of the stream):
 
-    readStream(Delta table of the stage's input)
+    readStream(Delta table of the stream)
       .withWatermark(ts, slack + 1 ms)           # Spark drops ts <= watermark; our pin
                                                  # keeps ts == max - slack on time
-      .groupBy(partition key)
-      .transformWithStateInPandas(StageProcessor) # one KeyedEvaluator per key, its
+      explode: one row per (stage, row), tagged with the stage's name and key
+      .groupBy(stage, key)
+      .transformWithStateInPandas(StageProcessor) # one KeyedEvaluator per group, its
                                                   # snapshot in the RocksDB state store
       .foreachBatch(OutputWriter)                 # exactly-once Delta appends
 
 The processor calls `advance(spark_watermark + 1)`: every row still to come has
 ts > spark_watermark, so instants up to the watermark are final. It keeps one event-time
-timer per key at the evaluator's `next_wakeup`, which is how expirations and time slides
-fire in a batch with no input for that key.
+timer per group at the evaluator's `next_wakeup`, which is how expirations and time
+slides fire in a batch with no input for that key.
 """
 
 from __future__ import annotations
@@ -41,46 +42,57 @@ from engine.spark import tables
 from lookout.config import Config
 
 OUTPUT_SCHEMA = "sink STRING, ts LONG, key STRING, row STRING"
-# Spark hands pandas positional names (`_3`) for columns whose name starts with `_`.
+# Spark hands pandas positional names (`_3`) for columns whose name starts with `_`,
+# so the adapter's own columns are prefixed `lookout_` instead.
 _TS_MS = "lookout_event_ms"
+_STAGE = "lookout_stage"
+_KEY = "lookout_key"
 _STATE = T.StructType([T.StructField("snapshot", T.BinaryType())])
 
 
 class StageProcessor(StatefulProcessor):
-    """Runs one stage's `KeyedEvaluator` per partition key inside Spark."""
+    """Runs the `KeyedEvaluator` of (stage, partition key) inside Spark.
 
-    def __init__(self, stage: Stage) -> None:
-        self.stage = stage
+    One processor serves every stage that reads the same table: Spark groups rows by
+    (stage name, key as JSON), so each group is exactly one evaluator. Keying by name
+    keeps a stage's state across restarts when other rules are added.
+    """
+
+    def __init__(self, stages: Mapping[str, Stage]) -> None:
+        self.stages = dict(stages)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.state = handle.getValueState("evaluator", _STATE)
 
-    def _load(self) -> KeyedEvaluator:
+    def _load(self, stage: Stage) -> KeyedEvaluator:
         if self.state.exists():
-            return KeyedEvaluator.restore(self.stage, self.state.get()[0])
-        return KeyedEvaluator(self.stage)
+            return KeyedEvaluator.restore(stage, self.state.get()[0])
+        return KeyedEvaluator(stage)
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
-        evaluator = self._load()
-        ts = self.stage.timestamp
+        stage = self.stages[key[0]]
+        evaluator = self._load(stage)
         for frame in rows:
-            columns = {name: frame[name].tolist() for name in frame.columns}
-            columns[ts] = columns.pop(_TS_MS)
+            columns = {
+                name: frame[name].tolist() for name in frame.columns if name not in (_STAGE, _KEY)
+            }
+            columns[stage.timestamp] = columns.pop(_TS_MS)
             names = list(columns)
             for values in zip(*columns.values(), strict=True):
                 evaluator.insert(dict(zip(names, values, strict=True)))
-        yield from self._advance(key, evaluator, timerValues)
+        yield from self._advance(key, stage, evaluator, timerValues)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
-        yield from self._advance(key, self._load(), timerValues)
+        stage = self.stages[key[0]]
+        yield from self._advance(key, stage, self._load(stage), timerValues)
 
     def _advance(
-        self, key: Any, evaluator: KeyedEvaluator, timer_values: TimerValues
+        self, key: Any, stage: Stage, evaluator: KeyedEvaluator, timer_values: TimerValues
     ) -> Iterator[pd.DataFrame]:
         outputs = evaluator.advance(timer_values.getCurrentWatermarkInMs() + 1)
         self.state.update((evaluator.snapshot(),))
@@ -91,7 +103,8 @@ class StageProcessor(StatefulProcessor):
             # Fires once the Spark watermark reaches wakeup - 1, i.e. advance(wakeup).
             self.handle.registerTimer(wakeup - 1)
         if outputs:
-            yield _frame(outputs, format_key(self.stage.key, tuple(key)))
+            values = orjson.loads(key[1]) if stage.key else {}
+            yield _frame(outputs, format_key(stage.key, tuple(values[k] for k in stage.key)))
 
     def close(self) -> None:
         pass
@@ -122,23 +135,29 @@ def _row_struct(schema: StreamSchema) -> T.StructType:
 
 
 class OutputWriter:
-    """foreachBatch sink: each derived stream to its table, alerts to `alerts`."""
+    """foreachBatch sink of one rules query: derived streams to their tables, alerts to
+    `alerts`, each append exactly once per batch."""
 
     def __init__(
-        self, config: Config, plan: Plan, alerts: Mapping[str, AlertSpec], stage: Stage
+        self,
+        config: Config,
+        plan: Plan,
+        alerts: Mapping[str, AlertSpec],
+        name: str,
+        stages: tuple[Stage, ...],
     ) -> None:
         self.config = config
         self.plan = plan
         self.alerts = alerts
-        self.stage = stage
-
-    def sinks(self) -> list[tuple[str, SinkKind]]:
-        return [(q.sink.name, q.sink.kind) for q in (self.stage.query, *self.stage.downstream)]
+        self.name = name
+        self.sinks = [
+            (q.sink.name, q.sink.kind) for stage in stages for q in (stage.query, *stage.downstream)
+        ]
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         batch = batch.persist()
         try:
-            for name, kind in self.sinks():
+            for name, kind in self.sinks:
                 rows = batch.where(F.col("sink") == name)
                 if kind == SinkKind.ALERT:
                     self._write_alerts(rows, name, batch_id)
@@ -148,7 +167,7 @@ class OutputWriter:
             batch.unpersist()
 
     def _writer_id(self, table: str) -> str:
-        return f"lookout-stage-{self.stage.name}-{table}"
+        return f"lookout-{self.name}-{table}"
 
     def _write_stream(self, rows: DataFrame, schema: StreamSchema, batch_id: int) -> None:
         parsed = rows.select(F.from_json("row", _row_struct(schema)).alias("r")).select(
@@ -187,55 +206,86 @@ class OutputWriter:
                 )
             )
         df = rows.sparkSession.createDataFrame(records, tables.ALERTS)
-        tables.append_once(df, self.config.table("alerts"), self._writer_id("alerts"), batch_id)
+        tables.append_once(
+            df, self.config.table("alerts"), self._writer_id(f"alerts-{name}"), batch_id
+        )
 
 
-def stage_input_slack(plan: Plan, stage: Stage) -> int:
-    """The slack of the stream a stage reads (derived streams are already in order)."""
-    schema = plan.streams.get(stage.input)
-    return schema.slack_ms if schema else 0
-
-
-def input_table(plan: Plan, stage: Stage) -> str:
-    """The Delta table a stage reads: `readings_<s>` for a source, else the derived stream."""
+def input_table(plan: Plan, stream: str) -> str:
+    """The Delta table holding a stream: `readings_<s>` for a source, else its own name."""
     sources = {s.name for s in plan.sources()}
-    return tables.readings_table(stage.input) if stage.input in sources else stage.input
+    return tables.readings_table(stream) if stream in sources else stream
 
 
-def start_stage(
-    spark: SparkSession, config: Config, plan: Plan, alerts: Mapping[str, AlertSpec], stage: Stage
+def stages_by_input(plan: Plan) -> dict[str, tuple[Stage, ...]]:
+    """The plan's stages grouped by the stream they read (one rules query per stream)."""
+    grouped: dict[str, list[Stage]] = {}
+    for stage in plan.stages():
+        grouped.setdefault(stage.input, []).append(stage)
+    return {stream: tuple(stages) for stream, stages in grouped.items()}
+
+
+def start_rules_query(
+    spark: SparkSession,
+    config: Config,
+    plan: Plan,
+    alerts: Mapping[str, AlertSpec],
+    stream: str,
+    stages: tuple[Stage, ...],
 ) -> StreamingQuery:
-    """Start the streaming query of one stage."""
-    schema = plan.streams[stage.input]
-    ts = stage.timestamp
-    for q in (stage.query, *stage.downstream):
-        if q.sink.kind == SinkKind.STREAM:
-            tables.ensure_table(
-                spark, config.table(q.sink.name), tables.stream_struct(plan.streams[q.sink.name])
-            )
+    """Start the one streaming query that runs every stage reading `stream`."""
+    schema = plan.streams[stream]
+    ts = stages[0].timestamp
+    for stage in stages:
+        for q in (stage.query, *stage.downstream):
+            if q.sink.kind == SinkKind.STREAM:
+                tables.ensure_table(
+                    spark,
+                    config.table(q.sink.name),
+                    tables.stream_struct(plan.streams[q.sink.name]),
+                )
     tables.ensure_table(spark, config.table("alerts"), tables.ALERTS)
-    other_timestamps = [
-        c.name for c in schema.columns if c.type == ColumnType.TIMESTAMP and c.name != ts
-    ]
-    source = spark.readStream.format("delta").load(config.table(input_table(plan, stage)))
-    columns = [F.col(c.name) for c in schema.columns if c.name not in other_timestamps] + [
-        F.unix_millis(F.col(c)).alias(c) for c in other_timestamps
+    source = spark.readStream.format("delta").load(config.table(input_table(plan, stream)))
+    columns = [
+        F.unix_millis(F.col(c.name)).alias(c.name)
+        if c.type == ColumnType.TIMESTAMP and c.name != ts
+        else F.col(c.name)
+        for c in schema.columns
     ]
     if "source" in source.columns:
         columns += [F.col("source"), F.col("seq")]
     else:  # a derived stream: tie order by nothing but time
         columns += [F.lit("").alias("source"), F.lit(0).cast("long").alias("seq")]
-    prepared = source.select(*columns, F.unix_millis(F.col(ts)).alias(_TS_MS))
-    processor = StageProcessor(stage)
+    # One row per (stage, row): each stage groups by its own key columns.
+    routes = F.explode(
+        F.array(
+            *[
+                F.struct(
+                    F.lit(stage.name).alias(_STAGE),
+                    (F.to_json(F.struct(*stage.key)) if stage.key else F.lit("")).alias(_KEY),
+                )
+                for stage in stages
+            ]
+        )
+    ).alias("route")
+    prepared = (
+        source.select(*columns, F.unix_millis(F.col(ts)).alias(_TS_MS), routes)
+        .select("*", f"route.{_STAGE}", f"route.{_KEY}")
+        .drop("route")
+    )
+    slack = schema.slack_ms if stream in {s.name for s in plan.sources()} else 0
+    name = f"rules-{stream}"
     outputs = (
-        prepared.withWatermark(ts, f"{stage_input_slack(plan, stage) + 1} milliseconds")
-        .groupBy(*[F.col(k) for k in stage.key] or [F.lit(0).alias("_all")])
-        .transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "EventTime")
+        prepared.withWatermark(ts, f"{slack + 1} milliseconds")
+        .groupBy(_STAGE, _KEY)
+        .transformWithStateInPandas(
+            StageProcessor({s.name: s for s in stages}), OUTPUT_SCHEMA, "Append", "EventTime"
+        )
     )
     return (
-        outputs.writeStream.foreachBatch(OutputWriter(config, plan, alerts, stage))
-        .queryName(f"stage-{stage.name}")
-        .option("checkpointLocation", config.table(f"_checkpoints/stage-{stage.name}"))
+        outputs.writeStream.foreachBatch(OutputWriter(config, plan, alerts, name, stages))
+        .queryName(name)
+        .option("checkpointLocation", config.table(f"_checkpoints/{name}"))
         .trigger(processingTime=f"{config.engine.trigger_seconds} seconds")
         .start()
     )
