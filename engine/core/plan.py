@@ -15,7 +15,8 @@ Contract (read by ``rules/language`` and ``engine/spark``; changes here are addi
   ``WHERE``), at most one window (:class:`OverWindow` for ``agg OVER (...)``,
   :class:`ExtentWindow` for ``FROM s [RANGE r SLIDE s] GROUP BY ...``), then stateless
   ``post`` ops (the ``SELECT`` list as a :class:`Project`, ``HAVING`` as a
-  :class:`Filter`), and writes to its :class:`Sink`.
+  :class:`Filter`), optionally a CQL relation-to-stream operator (:class:`R2S`, extent
+  windows), and writes to its :class:`Sink`.
 * The row a window hands to ``post`` is: for :class:`OverWindow`, the input row (or the
   expiring row, for outputs of active expiration) plus one entry per aggregate alias;
   for :class:`ExtentWindow`, the ``group_by`` columns, the aggregate aliases and the
