@@ -259,3 +259,60 @@ def test_uda_with_inwindow_delete_agrees_with_builtin_max(raw: list, r: int) -> 
 
     assert [o for o in uda if arrival(o)] == [o for o in builtin if arrival(o)]
     assert set(uda) <= set(builtin)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    raw=st.lists(
+        st.tuples(st.integers(0, 30), st.sampled_from(["item", "ap"]), st.integers(0, 1)),
+        max_size=25,
+    ),
+    delays=st.lists(st.integers(0, 1_000), min_size=25, max_size=25),
+    restore_at=st.sets(st.integers(0, 24), max_size=4),
+)
+def test_theft_alarm_is_order_and_restore_independent(
+    raw: list, delays: list, restore_at: set
+) -> None:
+    # Readings disordered within the 1 s slack, evaluators snapshotted and restored at
+    # random points: the UDA's own state (covered items) and its inwindow survive.
+    args = (col("tagid"), col("tagtype"), col("tagtime"))
+    window = OverWindow(
+        (AggCall("item_alarm", args, "alarm", factory=ItemAlarm),),
+        FrameUnits.RANGE,
+        5 * SECOND,
+        ("door",),
+        active_expiration=True,
+    )
+    (stage,) = over_plan(window, TAGS, extra=("tagid",)).stages()
+    rows = [
+        {
+            "tagid": f"t{i}",
+            "tagtype": kind,
+            "door": door,
+            "tagtime": s * 500,
+            "source": "r",
+            "seq": i,
+        }
+        for i, (s, kind, door) in enumerate(sorted(raw))
+    ]
+    arrival = sorted(range(len(rows)), key=lambda i: (rows[i]["tagtime"] + delays[i], i))
+
+    def alarms(order: list[int], restore: set[int]) -> list[tuple]:
+        evaluators: dict[int, KeyedEvaluator] = {}
+        out: list[Output] = []
+        high = -END_OF_TIME
+        for n, i in enumerate(order):
+            row = rows[i]
+            evaluators.setdefault(row["door"], KeyedEvaluator(stage)).insert(dict(row))
+            high = max(high, row["tagtime"])
+            for ev in evaluators.values():
+                out += ev.advance(high - TAGS.slack_ms)
+            if n in restore:
+                evaluators = {
+                    d: KeyedEvaluator.restore(stage, ev.snapshot()) for d, ev in evaluators.items()
+                }
+        for ev in evaluators.values():
+            out += ev.advance(END_OF_TIME)
+        return sorted((o.ts, o.row["tagid"], o.row["alarm"]) for o in out)
+
+    assert alarms(arrival, restore_at) == alarms(list(range(len(rows))), set())
