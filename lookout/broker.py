@@ -1,14 +1,16 @@
 """Start a local mosquitto from the configuration shipped in `deploy/mosquitto.conf`.
 
 Used by `lookout demo` (when no broker is listening) and by the tests (one broker per
-test session on a free port). mosquitto drops root and runs as user `mosquitto`, so its
-persistence and log folders are handed to that user (DESIGN §7).
+test session on a free port). A packaged mosquitto started as root drops to user
+`mosquitto` (DESIGN §7), which cannot reach a state folder inside a private (0700) one
+such as pytest's temporary folders: persistence then silently never happens and
+sessions do not survive a restart. So the broker started here keeps the uid of whoever
+starts it (`user` in the rendered configuration) and owns its state folder as that user.
 """
 
 from __future__ import annotations
 
-import os
-import pwd
+import getpass
 import shutil
 import socket
 import subprocess
@@ -35,15 +37,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _give_to_mosquitto_user(path: Path) -> None:
-    try:
-        entry = pwd.getpwnam("mosquitto")
-    except KeyError:  # not running as a packaged install: mosquitto keeps our uid
-        return
-    if os.geteuid() == 0:
-        os.chown(path, entry.pw_uid, entry.pw_gid)
-
-
 @dataclass
 class Broker:
     """A running mosquitto process and where it keeps its state."""
@@ -62,16 +55,15 @@ class Broker:
         """Render the shipped configuration for this port and state folder."""
         persistence = self.state_dir / "persistence"
         persistence.mkdir(parents=True, exist_ok=True)
-        _give_to_mosquitto_user(self.state_dir)
-        _give_to_mosquitto_user(persistence)
-        self.log_file.touch()
-        _give_to_mosquitto_user(self.log_file)
         text = SHIPPED_CONFIG.read_text()
         text = text.replace("listener 1883 127.0.0.1", f"listener {self.port} {self.host}")
         text = text.replace("@PERSISTENCE_DIR@", f"{persistence}/")
         text = text.replace("@LOG_FILE@", str(self.log_file))
         conf = self.state_dir / "mosquitto.conf"
-        conf.write_text(text + self.extra_config)
+        self.log_file.touch()
+        keep_uid = "\n# Keep the uid that starts it: the state folder may be private.\n"
+        keep_uid += f"user {getpass.getuser()}\n"
+        conf.write_text(text + keep_uid + self.extra_config)
         return conf
 
     def start(self, timeout: float = 10.0) -> Broker:
