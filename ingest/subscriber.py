@@ -174,8 +174,9 @@ class Ingester:
         self.stats.subscribed = not refused
 
     def _on_disconnect(self, _c: mqtt.Client, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
+        was_connected = self.stats.connected  # not after a refusal: keep its reason
         self.stats.connected = self.stats.subscribed = False
-        if not self._stopping.is_set():
+        if was_connected and not self._stopping.is_set():
             self.stats.last_error = f"disconnected: {reason}"
             log.warning("disconnected from the broker (%s); reconnecting", reason)
 

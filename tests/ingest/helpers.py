@@ -16,7 +16,9 @@ from typing import Any
 import orjson
 import paho.mqtt.client as mqtt
 
+from ingest.subscriber import make_client
 from lookout.broker import Broker
+from lookout.config import MqttConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_764_000_000_000  # readings' event times start here (close enough to "now")
@@ -55,11 +57,10 @@ class Publisher:
     once the broker acknowledged every one.
     """
 
-    def __init__(self, broker: Broker, name: str = "test-publisher") -> None:
-        self.client = mqtt.Client(
-            callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
-            client_id=f"{name}-{time.monotonic_ns()}",
-            clean_session=False,
+    def __init__(self, broker: Broker, credentials: MqttConfig | None = None) -> None:
+        # The same credential and TLS handling as ingest's own client.
+        self.client = make_client(
+            credentials or MqttConfig(), f"test-publisher-{time.monotonic_ns()}", False
         )
         self.client.max_inflight_messages_set(1000)
         self.client.max_queued_messages_set(0)
@@ -94,9 +95,11 @@ class Publisher:
         self.client.loop_stop()
 
 
-def publish_all(broker: Broker, messages: Iterable[tuple[str, Any]]) -> None:
+def publish_all(
+    broker: Broker, messages: Iterable[tuple[str, Any]], credentials: MqttConfig | None = None
+) -> None:
     """Publish every (topic, payload) at QoS 1 and wait for the broker's acknowledgements."""
-    publisher = Publisher(broker)
+    publisher = Publisher(broker, credentials)
     for topic, payload in messages:
         publisher.send(topic, payload)
     publisher.close()
@@ -145,7 +148,12 @@ class IngestProcess:
     """`python -m ingest` as a child process, configured by environment variables."""
 
     def __init__(
-        self, broker: Broker, lakehouse: Path, ingester_id: str = "0", *extra: str
+        self,
+        broker: Broker,
+        lakehouse: Path,
+        ingester_id: str = "0",
+        *extra: str,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.lakehouse = lakehouse
         self.ingester_id = ingester_id
@@ -156,6 +164,7 @@ class IngestProcess:
             "LOOKOUT_LAKEHOUSE_PATH": str(lakehouse),
             "LOOKOUT_MQTT_HOST": broker.host,
             "LOOKOUT_MQTT_PORT": str(broker.port),
+            **(env or {}),
         }
         cmd = [sys.executable, "-m", "ingest", "--rules", "rules", "--id", ingester_id, *extra]
         with open(self.log, "ab") as log:
