@@ -183,7 +183,7 @@ class KeyedEvaluator:
         times = []
         if self.pending:
             times.append(min(self.pending)[0] + 1)
-        wake = self.operator.next_wakeup()
+        wake = self.operator.next_timer()
         if wake is not None:
             times.append(wake + 1)
         return min(times) if times else None

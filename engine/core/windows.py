@@ -4,19 +4,24 @@ An operator sees one partition's tuples in (ts, source, seq) order. The evaluato
 ``arrive`` with each group of tuples sharing one timestamp (SQL peers) and ``fire`` with
 each timer instant; at one instant arrivals come first, then timers, so a timer at ``x``
 runs "after every tuple with timestamp ``x``". Both return ``(event_ts, row)`` pairs for
-the query's ``post`` ops. ``next_timer`` is the next instant with timer work (including
-silent work such as passive expiry); ``next_wakeup`` the next one that may emit.
+the query's ``post`` ops. ``next_timer`` is the next instant at which ``fire`` may emit
+(slot close, active expiration, extent end); silent work needs no timer:
+``settle(watermark)``, called on arrival and at the end of each advance, runs it (passive
+expiry, lagged tuples entering) in the same order relative to the arrivals, and lets
+idle partitions drop state no future tuple can need.
 
-Window pieces, after the ESL paper §4-5:
+Window pieces, after the ESL paper §4-5 and paper 000's scopes:
 
-* the frame decides which tuples leave: ROWS n (overflow of n+1 rows, on arrival),
-  RANGE r (tuple at ``t`` leaves at instant ``t + r``), UNBOUNDED (never);
+* the frame decides which tuples enter and leave: ROWS n (overflow of n+1 rows, on
+  arrival), RANGE r (tuple at ``t`` leaves at instant ``t + r``), UNBOUNDED (never), a
+  lag delaying both, a periodic reset, fixed SINCE/UNTIL bounds;
 * the slide decides which outputs are kept: every n-th row, or the last tuple of each
   time slot (emitted by a timer at the slot's last instant);
 * active expiration keeps the outputs of ``expire``, stamped with the expiration instant.
 
-``settle(watermark)``, called at the end of each advance, lets go of state no future
-tuple can need (passive expiry), so idle partitions do not hold their last window.
+Operators: :class:`StatelessOperator`, :class:`OverOperator` (data-driven windows),
+:class:`PaneOperator` (row slides over algebraic aggregates), :class:`ExtentOperator`
+(domain-driven extents).
 """
 
 from __future__ import annotations
@@ -72,8 +77,6 @@ class StatelessOperator:
     def next_timer(self) -> int | None:
         """Never any timer work."""
         return None
-
-    next_wakeup = next_timer
 
     def fire(self, instant: int) -> list[Result]:
         """Nothing to fire."""
@@ -287,8 +290,6 @@ class OverOperator(_Aggregating):
             return self._expiry_instant()
         return self.pending_close
 
-    next_wakeup = next_timer
-
     def fire(self, instant: int) -> list[Result]:
         """Close the time slot ending at ``instant`` or run the active expirations due at
         it; each expiring tuple's outputs are stamped ``instant``."""
@@ -384,8 +385,6 @@ class ExtentOperator(_Aggregating):
             return None
         end = (max(self.buffer[0][1], self.closed) // slide + 1) * slide
         return end - 1
-
-    next_wakeup = next_timer
 
     def fire(self, instant: int) -> list[Result]:
         """Close the extent ending at ``instant + 1``."""
@@ -495,8 +494,6 @@ class PaneOperator:
     def next_timer(self) -> int | None:
         """Row panes need no timers."""
         return None
-
-    next_wakeup = next_timer
 
     def fire(self, instant: int) -> list[Result]:
         """Nothing to fire."""
