@@ -1,0 +1,63 @@
+"""The landing writer: atomic files, arrival order inside a file, names that never collide."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from ingest.landing import QUARANTINE, LandingWriter
+
+
+def lines(path: Path) -> list[dict]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def test_one_file_per_stream_per_flush_with_line_numbers(tmp_path: Path) -> None:
+    writer = LandingWriter(tmp_path, "a")
+    writer.add_reading("traffic", {"seq": 1, "ts": 5}, "t/1", 100)
+    writer.add_heartbeat("traffic", {"source": "s", "ts": 6}, 101)
+    writer.add_reading("traffic", {"seq": 2, "ts": 7}, "t/1", 102)
+    writer.add_rejection("t/9", "bad", b"\xff{", 103)
+    assert len(writer) == 4
+    traffic, quarantine = writer.flush()
+    assert len(writer) == 0 and writer.flush() == []
+
+    assert traffic.parent.name == "stream=traffic"
+    assert [(x["_line"], x.get("_kind")) for x in lines(traffic)] == [
+        (0, None),
+        (1, "heartbeat"),
+        (2, None),
+    ]
+    assert lines(traffic)[0] == {
+        "seq": 1,
+        "ts": 5,
+        "_topic": "t/1",
+        "_received_ms": 100,
+        "_line": 0,
+    }
+    (rejected,) = lines(quarantine)
+    assert quarantine.parent.name == f"stream={QUARANTINE}"
+    assert rejected["payload_b64"] == "/3s=" and rejected["reason"] == "bad"
+    assert not list(tmp_path.rglob(".*.tmp"))
+
+
+def test_two_writers_with_one_id_never_collide_and_sort_by_time(tmp_path: Path) -> None:
+    names = []
+    for _ in range(3):
+        for writer in (LandingWriter(tmp_path, "a"), LandingWriter(tmp_path, "a")):
+            writer.add_reading("traffic", {"seq": 1}, "t", 1)
+            names += [p.name for p in writer.flush()]
+    assert len(set(names)) == 6
+    assert names == sorted(names)  # later files sort later: arrival order is (file, line)
+
+
+def test_orphans_of_this_ingester_are_removed(tmp_path: Path) -> None:
+    folder = tmp_path / "stream=traffic"
+    folder.mkdir()
+    mine = folder / ".part-00000000000000000001-a-abcdef-00000001.jsonl.tmp"
+    theirs = folder / ".part-00000000000000000001-b-abcdef-00000001.jsonl.tmp"
+    mine.write_text("half")
+    theirs.write_text("half")
+    assert LandingWriter(tmp_path, "a").remove_orphans() == [mine]
+    assert theirs.exists() and not mine.exists()

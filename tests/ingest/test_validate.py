@@ -1,0 +1,196 @@
+"""Validation (pure): every well-formed reading passes unchanged, every bad one is
+rejected with a reason, and nothing raises whatever the bytes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.core.plan import StreamSchema
+from ingest.validate import (
+    INT_RANGE,
+    Validator,
+    heartbeat_filter,
+    normalize_reading,
+    parse_timestamp,
+    topic_matches,
+)
+
+NOW = 1_764_000_000_000
+DAY = 86_400_000
+TOPIC = "lookout/traffic/7/readings"
+RFID_TOPIC = "lookout/rfid/dock-2/readings"
+
+ids = st.text(min_size=1, max_size=12)
+event_ms = st.integers(NOW - 30 * DAY, NOW + 30 * DAY)
+traffic_readings = st.fixed_dictionaries(
+    {
+        "station": st.integers(*INT_RANGE),
+        "lane": st.integers(0, 8),
+        "speed": st.floats(0, 120, allow_nan=False),
+        "length": st.floats(0, 30, allow_nan=False),
+        "ts": event_ms,
+        "source": ids,
+        "seq": st.integers(0, 2**63 - 1),
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def validator(sources: list[StreamSchema]) -> Validator:
+    return Validator(sources, max_clock_distance_ms=365 * DAY)
+
+
+@given(reading=traffic_readings)
+def test_a_well_formed_reading_passes_unchanged(validator: Validator, reading: dict) -> None:
+    result = validator.validate(TOPIC, orjson.dumps(reading), NOW)
+    assert result.stream == "traffic" and not result.rejections
+    assert result.readings == [reading]
+
+
+@given(
+    reading=traffic_readings,
+    extra=st.dictionaries(st.text(max_size=5), st.integers(-(2**63), 2**63 - 1)),
+)
+def test_undeclared_fields_are_dropped(validator: Validator, reading: dict, extra: dict) -> None:
+    result = validator.validate(TOPIC, orjson.dumps({**extra, **reading}), NOW)
+    assert result.readings == [reading]
+
+
+@given(
+    batch=st.lists(
+        st.one_of(
+            traffic_readings.map(lambda r: ("good", r)),
+            traffic_readings.map(lambda r: ("bad", {**r, "speed": -1.5})),
+            traffic_readings.map(lambda r: ("bad", {k: v for k, v in r.items() if k != "ts"})),
+            st.integers(-(2**63), 2**63 - 1).map(lambda n: ("bad", n)),
+        ),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_a_batch_keeps_its_good_readings_in_order(
+    validator: Validator, batch: list[tuple[str, object]]
+) -> None:
+    result = validator.validate(TOPIC, orjson.dumps([item for _, item in batch]), NOW)
+    assert result.readings == [item for kind, item in batch if kind == "good"]
+    bad = [(i, item) for i, (kind, item) in enumerate(batch) if kind == "bad"]
+    assert len(result.rejections) == len(bad)
+    for (index, item), rejection in zip(bad, result.rejections, strict=True):
+        assert rejection.reason.startswith(f"reading #{index} of the batch: ")
+        assert orjson.loads(rejection.payload) == item
+
+
+@settings(max_examples=300)
+@given(payload=st.binary(max_size=200), topic=st.sampled_from([TOPIC, RFID_TOPIC, "x/y"]))
+def test_arbitrary_bytes_never_raise(validator: Validator, payload: bytes, topic: str) -> None:
+    result = validator.validate(topic, payload, NOW)
+    for rejection in result.rejections:
+        assert rejection.reason and rejection.topic == topic
+
+
+@given(
+    value=st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers(-(2**63), 2**64 - 1)
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+        max_leaves=8,
+    ),
+    field=st.sampled_from(["station", "lane", "speed", "length", "ts", "source", "seq"]),
+    reading=traffic_readings,
+)
+def test_any_json_value_in_any_field_is_accepted_or_rejected_by_name(
+    validator: Validator, value: object, field: str, reading: dict
+) -> None:
+    result = validator.validate(TOPIC, orjson.dumps({**reading, field: value}), NOW)
+    assert len(result.readings) + len(result.rejections) == 1
+    if result.rejections:
+        reason = result.rejections[0].reason
+        assert f"'{field}'" in reason or "days away from now" in reason
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"station": "7"}, "field 'station' must be INT, got '7'"),
+        ({"station": 2**31}, "field 'station' is out of the INT range (2147483648)"),
+        ({"station": 7.5}, "field 'station' must be INT, got 7.5"),
+        ({"speed": True}, "field 'speed' must be DOUBLE, got True"),
+        ({"speed": None}, "field 'speed' is null"),
+        ({"speed": [1.0]}, "field 'speed' is an array; expected a DOUBLE value"),
+        ({"length": -0.5}, "field 'length' is negative (-0.5)"),
+        ({"seq": 2**63}, "field 'seq' is out of the BIGINT range"),
+        ({"ts": "2026-11-24T16:00:00"}, "has no UTC offset"),
+        ({"ts": "soon"}, "field 'ts': cannot parse timestamp 'soon' as ISO-8601"),
+        ({"ts": NOW + 400 * DAY}, "timestamp is 400 days away from now (the limit is 365)"),
+    ],
+)
+def test_each_wrong_value_gets_its_reason(validator: Validator, change: dict, reason: str) -> None:
+    reading = {"station": 7, "lane": 1, "speed": 3.0, "length": 4.0, "ts": NOW, "source": "a"}
+    result = validator.validate(TOPIC, orjson.dumps({**reading, "seq": 1, **change}), NOW)
+    assert not result.readings
+    assert reason in result.rejections[0].reason
+
+
+def test_integral_floats_and_numeric_ids_are_normalised(validator: Validator) -> None:
+    reading = {"station": 7.0, "lane": 1, "speed": 3, "length": 4, "ts": NOW + 0.4}
+    result = validator.validate(TOPIC, orjson.dumps({**reading, "source": 12, "seq": 2.0}), NOW)
+    assert result.readings == [
+        {"station": 7, "lane": 1, "speed": 3.0, "length": 4.0, "ts": NOW, "source": "12", "seq": 2}
+    ]
+
+
+@given(moment=st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1)))
+def test_iso_and_epoch_ms_agree(moment: datetime) -> None:
+    moment = moment.replace(microsecond=moment.microsecond // 1000 * 1000, tzinfo=UTC)
+    ms = round(moment.timestamp() * 1000)
+    assert parse_timestamp(moment.isoformat()) == ms
+    assert parse_timestamp(moment.isoformat().replace("+00:00", "Z")) == ms
+    assert parse_timestamp(moment.astimezone(timezone(timedelta(hours=2))).isoformat()) == ms
+    assert parse_timestamp(ms) == ms and parse_timestamp(float(ms)) == ms
+
+
+def test_heartbeats_route_to_their_stream(validator: Validator) -> None:
+    beat = orjson.dumps({"source": "dock-2", "ts": "2025-11-24T16:00:00+00:00"})
+    result = validator.validate("lookout/rfid/dock-2/heartbeat", beat, NOW)
+    assert result.stream == "tag_readings" and not result.readings
+    assert result.heartbeats == [{"source": "dock-2", "ts": parse_timestamp("2025-11-24T16:00Z")}]
+    empty = validator.validate("lookout/rfid/dock-2/heartbeat", b'{"source": "x"}', NOW)
+    assert empty.rejections[0].reason == "heartbeat has no field 'ts'"
+
+
+@given(
+    levels=st.lists(st.text("abc", min_size=1, max_size=3), min_size=1, max_size=5), data=st.data()
+)
+def test_topic_filters_match_like_mqtt(levels: list[str], data: st.DataObject) -> None:
+    topic = "/".join(levels)
+    wild = [data.draw(st.sampled_from([level, "+"])) for level in levels]
+    assert topic_matches("/".join(wild), topic)
+    cut = data.draw(st.integers(0, len(levels) - 1))
+    assert topic_matches("/".join([*wild[:cut], "#"]), topic)
+    assert not topic_matches("/".join([*wild, "x"]), topic)
+    assert not topic_matches("/".join([*wild[:-1], "zzzz"]), topic)
+
+
+def test_subscriptions_catch_all_without_overlap(validator: Validator) -> None:
+    assert validator.subscriptions() == ["lookout/#"]
+    outside = Validator([StreamSchema("x", (), "ts", 0, "plant/+/readings")], catch_all="lookout/#")
+    assert outside.subscriptions() == ["lookout/#", "plant/+/readings", "plant/+/heartbeat"]
+    assert heartbeat_filter("a/+/readings") == "a/+/heartbeat"
+
+
+def test_replay_may_omit_identity(sources: list[StreamSchema]) -> None:
+    traffic = next(s for s in sources if s.name == "traffic")
+    reading = {"station": 1, "lane": 1, "speed": 1.0, "length": 1.0, "ts": "2026-01-01T00:00Z"}
+    assert normalize_reading(traffic, reading, require_identity=False)["ts"] == parse_timestamp(
+        "2026-01-01T00:00:00+00:00"
+    )
+    with pytest.raises(ValueError, match="missing field 'source'"):
+        normalize_reading(traffic, reading)
