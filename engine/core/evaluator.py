@@ -48,14 +48,16 @@ _SNAPSHOT_VERSION = 3
 
 
 def _relation_to_stream(query: Query) -> R2S | None:
-    """The R2S operator the evaluator must apply itself (None: rows pass as they are)."""
+    """The R2S difference the evaluator must compute itself (None: rows pass as they are)."""
     if query.r2s is None or query.r2s is R2S.RSTREAM:
         return None
     if isinstance(query.window, ExtentWindow):
         return query.r2s
+    if isinstance(query.window, OverWindow) and not query.window.active_expiration:
+        return query.r2s
     if query.window is None and query.r2s is R2S.ISTREAM:
         return None  # ISTREAM(S [NOW]) is S
-    raise ValueError(f"{query.r2s} needs an extent (FROM s [RANGE ...]) window")
+    raise ValueError(f"{query.r2s} needs an extent window or an OVER window without expiry")
 
 
 @dataclass(frozen=True)
@@ -87,10 +89,11 @@ class KeyedEvaluator:
         self.stage = stage
         window = stage.query.window
         self.operator: OverOperator | PaneOperator | ExtentOperator | StatelessOperator
-        if isinstance(window, OverWindow) and pane_eligible(window):
+        relation = stage.query.r2s is not None  # an OVER window read as a CQL relation
+        if isinstance(window, OverWindow) and pane_eligible(window) and not relation:
             self.operator = PaneOperator(window)
         elif isinstance(window, OverWindow):
-            self.operator = OverOperator(window)
+            self.operator = OverOperator(window, relation)
         elif isinstance(window, ExtentWindow):
             self.operator = ExtentOperator(window)
         else:
@@ -138,11 +141,15 @@ class KeyedEvaluator:
                 i = j
             elif timer is not None:
                 results = op.fire(timer)
-                if self.r2s is not None:
-                    self._relation_changes(timer + 1, results, out)
+                if self.r2s is not None and isinstance(op, ExtentOperator):
+                    self._relation_changes(timer + 1, results, out)  # may empty the group
                     continue
             else:
                 break
+            if self.r2s is not None:
+                if results:  # an OVER relation changes where its window emits
+                    self._relation_changes(results[0][0], results, out)
+                continue
             for ts, row in results:
                 self._emit(query, ts, row, out)
         del pending[:i]
@@ -157,8 +164,8 @@ class KeyedEvaluator:
             self._deliver(query, ts, final, out)
 
     def _relation_changes(self, ts: int, results: list[Result], out: list[Output]) -> None:
-        """ISTREAM / DSTREAM: deliver the bag difference between the extent's rows and the
-        previous extent's."""
+        """ISTREAM / DSTREAM: deliver the bag difference between the relation's new rows
+        (an extent's, or an OVER window's at one instant) and the previous ones."""
         query = self.stage.query
         rows = [r for r in (apply_ops(query.post, row) for _, row in results) if r is not None]
         new, old = (rows, self.relation) if self.r2s is R2S.ISTREAM else (self.relation, rows)

@@ -15,8 +15,8 @@ Contract (read by ``rules/language`` and ``engine/spark``; changes here are addi
   ``WHERE``), at most one window (:class:`OverWindow` for ``agg OVER (...)``,
   :class:`ExtentWindow` for ``FROM s [RANGE r SLIDE s] GROUP BY ...``), then stateless
   ``post`` ops (the ``SELECT`` list as a :class:`Project`, ``HAVING`` as a
-  :class:`Filter`), optionally a CQL relation-to-stream operator (:class:`R2S`, extent
-  windows), and writes to its :class:`Sink`.
+  :class:`Filter`), optionally a CQL relation-to-stream operator (:class:`R2S`), and
+  writes to its :class:`Sink`.
 * The row a window hands to ``post`` is: for :class:`OverWindow`, the input row (or the
   expiring row, for outputs of active expiration) plus one entry per aggregate alias;
   for :class:`ExtentWindow`, the ``group_by`` columns, the aggregate aliases and the
@@ -186,14 +186,20 @@ class ExtentWindow:
 
 
 class R2S(StrEnum):
-    """CQL relation-to-stream operators (CQL §5.1) over an extent window's relation: the
-    relation R(e) is the query's rows (after ``post``) for the extent ending at e.
+    """CQL relation-to-stream operators (CQL §5.1) over a windowed query's relation R, one
+    per partition/group (its rows after ``post``), which changes only at some instants:
 
-    * ``RSTREAM``: all of R(e) at every extent end e (the default: what an extent query
-      emits without an operator). CQL's Rstream streams R at every instant; R only
-      changes at extent ends, so one copy per extent is kept.
-    * ``ISTREAM``: the rows of R(e) not in R(e - slide) (bag difference), at e.
-    * ``DSTREAM``: the rows of R(e - slide) not in R(e), at e.
+    * :class:`ExtentWindow`: R(e) is the rows of the extent ending at e, at every extent
+      end (an empty extent right after a non-empty one empties R);
+    * :class:`OverWindow` (no ACTIVE EXPIRATION): R(t) is the rows of the last tuple at
+      each instant t where the window emits; this is how CQL's ``[ROWS n]``,
+      ``[PARTITION BY k ROWS n]``, ``[RANGE UNBOUNDED]`` with ``GROUP BY k`` compile
+      (an OVER window partitioned by k, selecting k and the aggregates).
+
+    * ``RSTREAM``: all of R at every change (CQL streams R at every instant; between
+      changes those copies repeat, so one per change is kept).
+    * ``ISTREAM``: the rows of the new R not in the previous R (bag difference).
+    * ``DSTREAM``: the rows of the previous R not in the new R.
     """
 
     ISTREAM = "ISTREAM"
@@ -220,8 +226,8 @@ class Sink:
 class Query:
     """One compiled statement: input -> pre -> [window] -> post -> [r2s] -> sink.
 
-    ``r2s`` applies to :class:`ExtentWindow` queries (see :class:`R2S`); a query without a
-    window may carry ``ISTREAM`` or ``RSTREAM`` (of ``S [NOW]``: the stream itself).
+    ``r2s`` applies to windowed queries (see :class:`R2S`); a query without a window may
+    carry ``ISTREAM`` or ``RSTREAM`` (of ``S [NOW]``: the stream itself).
     """
 
     sink: Sink

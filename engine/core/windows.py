@@ -203,9 +203,10 @@ class OverOperator(_Aggregating):
     outputs at that instant) and leaves at ``t + lag + range`` (after them).
     """
 
-    def __init__(self, window: OverWindow) -> None:
+    def __init__(self, window: OverWindow, relation: bool = False) -> None:
         _check(window)
         super().__init__(window.aggregates)
+        self.relation = relation  # CQL relation: only the last tuple of an instant counts
         if window.lag and not all(self.incremental):
             raise ValueError("a lagged window takes incremental aggregates only")
         self.window = window
@@ -242,6 +243,8 @@ class OverOperator(_Aggregating):
             # RANGE frames include peers: every peer reads the value after the last one.
             per_tuple = [(row, self._values(em)) for row, em in per_tuple]
         self.arrived += len(group)
+        if self.relation and not w.slide_rows:
+            per_tuple = per_tuple[-1:]
         if w.slide_rows:
             first = self.arrived - len(group) + 1
             return [

@@ -1,4 +1,5 @@
-"""Domain-driven windows against a direct evaluation of the WID ``extent`` function.
+"""Domain-driven windows against a direct evaluation of the WID ``extent`` function, and
+CQL relation-to-stream operators against their definitions.
 
 Oracle: for every e that is a multiple of the slide, the extent [e - r, e) of each
 group; a non-empty one yields one row (group, window_start, window_end, aggregates),
@@ -15,8 +16,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.evaluator import KeyedEvaluator
-from engine.core.plan import END_OF_TIME, R2S, AggCall, ExtentWindow, Plan
-from tests.engine.helpers import col, extent_plan
+from engine.core.plan import (
+    END_OF_TIME,
+    R2S,
+    AggCall,
+    ExtentWindow,
+    FrameUnits,
+    OverWindow,
+    Plan,
+    Project,
+    Query,
+    Sink,
+    SinkKind,
+)
+from tests.engine.helpers import TRAFFIC, col, extent_plan
 
 AGGS = (
     AggCall("count", (), "n"),
@@ -143,3 +156,47 @@ def test_istream_and_dstream_follow_cql(raw: list, r: int, s: int, r2s: R2S) -> 
         for o in ev.advance(END_OF_TIME)
     )
     assert got == relation_oracle(rows, r, s, r2s)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    raw=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 1), st.integers(0, 2)), max_size=30),
+    n=st.integers(1, 4),
+    r2s=st.sampled_from([R2S.ISTREAM, R2S.DSTREAM, R2S.RSTREAM]),
+)
+def test_cql_partition_rows_relation(raw: list, n: int, r2s: R2S) -> None:
+    # SELECT r2s(station, sum(speed)) FROM traffic [PARTITION BY station ROWS n]
+    # GROUP BY station: R(t) per station is {(station, sum of its last n tuples up to t)},
+    # changing at the instants where the station has readings.
+    rows = [
+        {"ts": ts, "station": k, "speed": float(v), "source": "s", "seq": i}
+        for i, (ts, k, v) in enumerate(sorted(raw))
+    ]
+    window = OverWindow(
+        (AggCall("sum", (col("speed"),), "total"),), FrameUnits.ROWS, n - 1, ("station",)
+    )
+    post = (Project((("station", col("station")), ("total", col("total")))),)
+    query = Query(Sink("out", SinkKind.STREAM), "traffic", window=window, post=post, r2s=r2s)
+    (stage,) = Plan({"traffic": TRAFFIC}, (query,)).stages()
+    evaluators: dict[Any, KeyedEvaluator] = {}
+    for row in rows:
+        evaluators.setdefault(row["station"], KeyedEvaluator(stage)).insert(row)
+    got = sorted(
+        (o.ts, o.row["station"], o.row["total"])
+        for ev in evaluators.values()
+        for o in ev.advance(END_OF_TIME)
+    )
+    want = []
+    for station in {r["station"] for r in rows}:
+        mine = [r for r in rows if r["station"] == station]
+        previous: list[tuple] = []
+        for t in sorted({r["ts"] for r in mine}):
+            upto = [r["speed"] for r in mine if r["ts"] <= t]
+            current = [(station, sum(upto[-n:]))]
+            if r2s is R2S.RSTREAM:
+                want += [(t, *row) for row in current]
+            else:
+                new, old = (current, previous) if r2s is R2S.ISTREAM else (previous, current)
+                want += [(t, *row) for row in new if row not in old]
+            previous = current
+    assert got == sorted(want)
