@@ -99,7 +99,7 @@ class KeyedEvaluator:
         else:
             self.operator = StatelessOperator()
         self.r2s = _relation_to_stream(stage.query)
-        self.relation: list[Row] = []  # R(e) of the last extent, for ISTREAM / DSTREAM
+        self.relation: list[Row] = []  # the relation's current rows, for ISTREAM / DSTREAM
         self.watermark = -END_OF_TIME
         # (ts, source, seq, tiebreak, row), sorted lazily by advance: arrivals are mostly in
         # order, which Timsort handles in linear time. tiebreak keeps dicts out of compares.
