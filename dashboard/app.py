@@ -14,6 +14,7 @@ PAGES = Path(__file__).resolve().parent / "pages"
 # Operators see plain messages, never a stack trace (pages catch errors themselves;
 # this is the backstop for anything that slips through).
 st.set_option("client.showErrorDetails", "none")
+st.set_option("client.toolbarMode", "viewer")  # no "Deploy" button for operators
 st.set_page_config(page_title="Lookout", page_icon=":vertical_traffic_light:", layout="wide")
 navigation = st.navigation(
     [

@@ -41,7 +41,8 @@ def parts() -> None:
     for column, name in zip(st.columns(len(names)), names, strict=True):
         record = health(name)
         state, detail = status(record)
-        column.metric(name, state, detail, delta_color="off")
+        colour = {"up": "green", "down": "red"}.get(state, "gray")
+        column.metric(name, state, detail, delta_color=colour, delta_arrow="off", border=True)
         if name.startswith("ingest") and record and state == "up":
             column.caption(f"{record.get('readings_per_s', 0):,.0f} readings/s · "
                            f"{record.get('quarantined', 0):,} quarantined · "

@@ -1,0 +1,99 @@
+"""The dashboard as a real server in a real browser: for the browser tests, the load
+benchmark and the screenshots.
+
+`served(lakehouse, rules)` runs `streamlit run dashboard/app.py` on a free loopback
+port in a subprocess; `chromium()` opens Debian's headless Chromium through Playwright
+(never a downloaded browser).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+APP = Path(__file__).resolve().parent / "app.py"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+PAGES = {"alerts": "", "traffic": "traffic", "rfid": "rfid", "rules": "rules",
+         "health": "health"}
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def served(lakehouse: Path, rules: Path, refresh_seconds: float = 2.0,
+           log: Path | None = None) -> Iterator[str]:
+    """Serve the dashboard over `lakehouse` and `rules`; yields its base URL."""
+    port = free_port()
+    env = {**os.environ, "LOOKOUT_LAKEHOUSE_PATH": str(lakehouse),
+           "LOOKOUT_RULES_DIR": str(rules),
+           "LOOKOUT_DASHBOARD_REFRESH_SECONDS": str(refresh_seconds)}
+    command = [sys.executable, "-m", "streamlit", "run", str(APP),
+               "--server.address", "127.0.0.1", "--server.port", str(port),
+               "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    with open(log or os.devnull, "wb") as out:
+        server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_healthy(url, server)
+            yield url
+        finally:
+            server.terminate()
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+def _wait_healthy(url: str, server: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"streamlit exited with code {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"the dashboard did not answer at {url} within {timeout} s")
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """A headless Chromium (Debian's) driven by Playwright; yields the browser."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def wait_idle(page: Any, timeout_ms: float = 30_000) -> None:
+    """Wait until the app has drawn and no script run is in progress."""
+    page.wait_for_selector('[data-testid="stApp"]', timeout=timeout_ms)
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"] button') "
+        "&& !document.querySelector('[data-testid=\"stSkeleton\"]')",
+        timeout=timeout_ms,
+    )
