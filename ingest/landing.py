@@ -38,57 +38,57 @@ QUARANTINE = "_quarantine"
 class LandingWriter:
     """Buffers lines per stream and lands them atomically on `flush()`.
 
-    Lines are serialised when added (their `_line` is their index in the stream's
-    buffer, which is their index in the file the next flush writes), so a flush only
-    joins bytes, writes and syncs.
+    Lines are serialised when added, a message's worth at a time (`json_lines`), with
+    `_line` set to their index in the file the next flush writes; a flush only joins
+    bytes, writes and syncs.
     """
 
     def __init__(self, root: str | os.PathLike[str], ingester_id: str) -> None:
         self.root = Path(root)
         self.ingester_id = ingester_id
         self._token = secrets.token_hex(3)
-        self._buffers: dict[str, list[bytes]] = defaultdict(list)
+        self._chunks: dict[str, list[bytes]] = defaultdict(list)
+        self._lines: dict[str, int] = defaultdict(int)
         self._files_written = 0
 
     def __len__(self) -> int:
-        return sum(len(lines) for lines in self._buffers.values())
+        return sum(self._lines.values())
 
-    def _add(self, stream: str, line: dict[str, Any]) -> None:
-        buffer = self._buffers[stream]
-        line["_line"] = len(buffer)
-        buffer.append(orjson.dumps(line))
+    def _add(self, stream: str, records: list[dict[str, Any]]) -> None:
+        first = self._lines[stream]
+        for line, record in enumerate(records, first):
+            record["_line"] = line
+        self._lines[stream] = first + len(records)
+        self._chunks[stream].append(json_lines(records))
 
-    def add_reading(
-        self, stream: str, reading: dict[str, Any], topic: str, received_ms: int
+    def add_readings(
+        self, stream: str, readings: list[dict[str, Any]], topic: str, received_ms: int
     ) -> None:
-        """Queue one validated reading of `stream` (the dict is taken over and extended)."""
-        reading["_topic"] = topic
-        reading["_received_ms"] = received_ms
-        self._add(stream, reading)
+        """Queue the validated readings of one message (the dicts are taken over)."""
+        for reading in readings:
+            reading["_topic"] = topic
+            reading["_received_ms"] = received_ms
+        self._add(stream, readings)
 
     def add_heartbeat(self, stream: str, heartbeat: dict[str, Any], received_ms: int) -> None:
         """Queue a heartbeat: `stream` will see nothing older than its timestamp."""
-        self._add(stream, {**heartbeat, "_kind": "heartbeat", "_received_ms": received_ms})
+        self._add(stream, [{**heartbeat, "_kind": "heartbeat", "_received_ms": received_ms}])
 
     def add_rejection(self, topic: str, reason: str, payload: bytes, received_ms: int) -> None:
         """Queue a rejected payload for the quarantine table, raw bytes kept intact."""
-        self._add(
-            QUARANTINE,
-            {
-                "topic": topic,
-                "reason": reason,
-                "payload": payload.decode("utf-8", errors="replace"),
-                "payload_b64": base64.b64encode(payload).decode("ascii"),
-                "received_ms": received_ms,
-            },
-        )
+        record = {
+            "topic": topic,
+            "reason": reason,
+            "payload": payload.decode("utf-8", errors="replace"),
+            "payload_b64": base64.b64encode(payload).decode("ascii"),
+            "received_ms": received_ms,
+        }
+        self._add(QUARANTINE, [record])
 
     def flush(self) -> list[Path]:
         """Land everything buffered; returns the files written. Durable when it returns."""
         written: list[Path] = []
-        for stream, lines in self._buffers.items():
-            if not lines:
-                continue
+        for stream in list(self._chunks):
             folder = self.root / f"stream={stream}"
             folder.mkdir(parents=True, exist_ok=True)
             self._files_written += 1
@@ -98,14 +98,16 @@ class LandingWriter:
             )
             tmp = folder / f".{name}.tmp"
             with open(tmp, "wb") as handle:
-                handle.write(b"\n".join(lines) + b"\n")
+                handle.write(b"\n".join(self._chunks[stream]) + b"\n")
                 handle.flush()
                 os.fsync(handle.fileno())
             final = folder / name
             os.replace(tmp, final)
             _fsync_dir(folder)
             written.append(final)
-        self._buffers.clear()
+            # Forget a stream's lines as soon as they are safe: if a later stream's file
+            # fails, a retry of flush() does not land these again.
+            del self._chunks[stream], self._lines[stream]
         return written
 
     def remove_orphans(self) -> list[Path]:
@@ -119,6 +121,16 @@ class LandingWriter:
             tmp.unlink(missing_ok=True)
             removed.append(tmp)
         return removed
+
+
+def json_lines(records: list[dict[str, Any]]) -> bytes:
+    """JSON lines (no final newline) for flat, non-empty objects, in one orjson call.
+
+    orjson writes `[{...},{...}]`; the separators become newlines. The byte sequence
+    `},{"` occurs nowhere else: inside a JSON string every `"` is escaped as `\\"`, and
+    the records hold no nested objects (validated values are scalars).
+    """
+    return orjson.dumps(records)[1:-1].replace(b'},{"', b'}\n{"')
 
 
 def _fsync_dir(folder: Path) -> None:

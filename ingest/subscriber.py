@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from typing import Any, NamedTuple
 
 import orjson
 import paho.mqtt.client as mqtt
+from paho.mqtt.client import PUBACK
 
 from ingest.heartbeats import SilenceHeartbeats
 from ingest.landing import LandingWriter
@@ -36,6 +38,9 @@ from ingest.validate import Validator
 from lookout.config import IngestConfig, MqttConfig
 
 log = logging.getLogger("lookout.ingest")
+
+#: A PUBACK packet: type, remaining length 2, message id.
+_PUBACK = struct.Struct("!BBH")
 
 #: Pause before landing again after the landing storage failed (disk full, unmounted).
 LANDING_RETRY_S = 1.0
@@ -240,8 +245,10 @@ class Ingester:
         for message in batch:
             result = self.validator.validate(message.topic, message.payload, now_ms)
             stream = result.stream
-            for reading in result.readings:
-                self.writer.add_reading(stream, reading, message.topic, message.received_ms)
+            if result.readings:
+                self.writer.add_readings(
+                    stream, result.readings, message.topic, message.received_ms
+                )
             for heartbeat in result.heartbeats:
                 self.writer.add_heartbeat(stream, heartbeat, message.received_ms)
             for rejection in result.rejections:
@@ -284,10 +291,25 @@ class Ingester:
                 time.sleep(LANDING_RETRY_S)
 
     def _acknowledge(self, batch: list[_Message]) -> None:
+        """PUBACK every QoS 1 message of `batch` received on the current connection.
+
+        All in one write: paho's `ack()` queues one packet and wakes its network thread
+        through a socket per call, which took a quarter of ingest's time at one reading
+        per message. Back-to-back PUBACK packets are a valid MQTT byte stream, queued
+        through `_packet_queue`, the internal call `ack()` makes (paho is pinned to 2.2.0;
+        every MQTT test exercises this path).
+        """
         connection = self._connection
+        pubacks = []
         for message in batch:
-            if message.qos > 0 and message.connection == connection:
+            if message.connection != connection or message.qos == 0:
+                continue  # an old connection's message is redelivered and acked then
+            if message.qos == 1:
+                pubacks.append(_PUBACK.pack(PUBACK, 2, message.mid))
+            else:
                 self._client.ack(message.mid, message.qos)
+        if pubacks:
+            self._client._packet_queue(PUBACK, b"".join(pubacks), 0, 0)
 
     def write_health(self, force: bool = False) -> None:
         """Write counters and rates for the dashboard, about once a second."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
+from hypothesis import given
+from hypothesis import strategies as st
 
-from ingest.landing import QUARANTINE, LandingWriter
+from ingest.landing import QUARANTINE, LandingWriter, json_lines
 
 
 def lines(path: Path) -> list[dict]:
@@ -15,9 +17,9 @@ def lines(path: Path) -> list[dict]:
 
 def test_one_file_per_stream_per_flush_with_line_numbers(tmp_path: Path) -> None:
     writer = LandingWriter(tmp_path, "a")
-    writer.add_reading("traffic", {"seq": 1, "ts": 5}, "t/1", 100)
+    writer.add_readings("traffic", [{"seq": 1, "ts": 5}], "t/1", 100)
     writer.add_heartbeat("traffic", {"source": "s", "ts": 6}, 101)
-    writer.add_reading("traffic", {"seq": 2, "ts": 7}, "t/1", 102)
+    writer.add_readings("traffic", [{"seq": 2, "ts": 7}], "t/1", 102)
     writer.add_rejection("t/9", "bad", b"\xff{", 103)
     assert len(writer) == 4
     traffic, quarantine = writer.flush()
@@ -46,7 +48,7 @@ def test_two_writers_with_one_id_never_collide_and_sort_by_time(tmp_path: Path) 
     names = []
     for _ in range(3):
         for writer in (LandingWriter(tmp_path, "a"), LandingWriter(tmp_path, "a")):
-            writer.add_reading("traffic", {"seq": 1}, "t", 1)
+            writer.add_readings("traffic", [{"seq": 1}], "t", 1)
             names += [p.name for p in writer.flush()]
     assert len(set(names)) == 6
     assert names == sorted(names)  # later files sort later: arrival order is (file, line)
@@ -61,3 +63,26 @@ def test_orphans_of_this_ingester_are_removed(tmp_path: Path) -> None:
     theirs.write_text("half")
     assert LandingWriter(tmp_path, "a").remove_orphans() == [mine]
     assert theirs.exists() and not mine.exists()
+
+
+@given(
+    records=st.lists(
+        st.dictionaries(
+            st.text(min_size=1, max_size=6),
+            st.one_of(
+                st.text(alphabet='{},:"\\\n ab', max_size=12),
+                st.integers(-(2**63), 2**63 - 1),
+                st.floats(allow_nan=False, allow_infinity=False),
+                st.booleans(),
+                st.none(),
+            ),
+            min_size=1,
+            max_size=5,
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_json_lines_splits_only_between_records(records: list[dict]) -> None:
+    """Strings full of braces, commas and quotes never split a record."""
+    assert [orjson.loads(line) for line in json_lines(records).split(b"\n")] == records
