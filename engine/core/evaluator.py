@@ -44,7 +44,7 @@ from engine.core.windows import (
     pane_eligible,
 )
 
-_SNAPSHOT_VERSION = 3
+_SNAPSHOT_VERSION = 4
 
 
 def _relation_to_stream(query: Query) -> R2S | None:
@@ -53,11 +53,11 @@ def _relation_to_stream(query: Query) -> R2S | None:
         return None
     if isinstance(query.window, ExtentWindow):
         return query.r2s
-    if isinstance(query.window, OverWindow) and not query.window.active_expiration:
+    if isinstance(query.window, OverWindow):
         return query.r2s
     if query.window is None and query.r2s is R2S.ISTREAM:
         return None  # ISTREAM(S [NOW]) is S
-    raise ValueError(f"{query.r2s} needs an extent window or an OVER window without expiry")
+    raise ValueError(f"{query.r2s} needs a window (extent or OVER)")
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,13 @@ class KeyedEvaluator:
         else:
             self.operator = StatelessOperator()
         self.r2s = _relation_to_stream(stage.query)
-        self.relation: list[Row] = []  # the relation's current rows, for ISTREAM / DSTREAM
+        self._timers_end_instants = isinstance(window, ExtentWindow) or (
+            isinstance(window, OverWindow) and window.active_expiration
+        )
+        # ISTREAM / DSTREAM: the relation's committed rows, and the latest change, held
+        # until its instant is final (several changes can hit one instant).
+        self.relation: list[Row] = []
+        self.change: tuple[int, list[Row]] | None = None
         self.watermark = -END_OF_TIME
         # (ts, source, seq, tiebreak, row), sorted lazily by advance: arrivals are mostly in
         # order, which Timsort handles in linear time. tiebreak keeps dicts out of compares.
@@ -141,18 +147,22 @@ class KeyedEvaluator:
                 i = j
             elif timer is not None:
                 results = op.fire(timer)
-                if self.r2s is not None and isinstance(op, ExtentOperator):
-                    self._relation_changes(timer + 1, results, out)  # may empty the group
+                if self.r2s is not None and self._timers_end_instants:
+                    # An extent end or an expiry changes R from the next instant on,
+                    # possibly to empty.
+                    self._relation_change(timer + 1, results, out)
                     continue
             else:
                 break
             if self.r2s is not None:
                 if results:  # an OVER relation changes where its window emits
-                    self._relation_changes(results[0][0], results, out)
+                    self._relation_change(results[0][0], results, out)
                 continue
             for ts, row in results:
                 self._emit(query, ts, row, out)
         del pending[:i]
+        if self.change is not None and self.change[0] < watermark:
+            self._commit(out)
         op.settle(watermark)
         self.watermark = max(self.watermark, watermark)
         return out
@@ -163,19 +173,27 @@ class KeyedEvaluator:
         if final is not None:
             self._deliver(query, ts, final, out)
 
-    def _relation_changes(self, ts: int, results: list[Result], out: list[Output]) -> None:
-        """ISTREAM / DSTREAM: deliver the bag difference between the relation's new rows
-        (an extent's, or an OVER window's at one instant) and the previous ones."""
-        query = self.stage.query
-        rows = [r for r in (apply_ops(query.post, row) for _, row in results) if r is not None]
+    def _relation_change(self, ts: int, results: list[Result], out: list[Output]) -> None:
+        """Note R's rows from instant ``ts`` on; an earlier pending change is final now."""
+        if self.change is not None and self.change[0] < ts:
+            self._commit(out)
+        post = self.stage.query.post
+        rows = [r for r in (apply_ops(post, row) for _, row in results) if r is not None]
+        self.change = (ts, rows)
+
+    def _commit(self, out: list[Output]) -> None:
+        """ISTREAM / DSTREAM: deliver the bag difference between the pending change's rows
+        and the committed relation, at the change's instant."""
+        assert self.change is not None
+        ts, rows = self.change
         new, old = (rows, self.relation) if self.r2s is R2S.ISTREAM else (self.relation, rows)
         remaining = list(old)
         for row in new:
             if row in remaining:
                 remaining.remove(row)
             else:
-                self._deliver(query, ts, row, out)
-        self.relation = rows
+                self._deliver(self.stage.query, ts, row, out)
+        self.relation, self.change = rows, None
 
     def _deliver(self, query: Query, ts: int, final: Row, out: list[Output]) -> None:
         """Write a row to ``query``'s sink, then feed the stateless queries reading it."""
@@ -193,6 +211,8 @@ class KeyedEvaluator:
         wake = self.operator.next_timer()
         if wake is not None:
             times.append(wake + 1)
+        if self.change is not None:
+            times.append(self.change[0] + 1)
         return min(times) if times else None
 
     def snapshot(self) -> bytes:
@@ -204,17 +224,18 @@ class KeyedEvaluator:
             pending,
             self.operator.get_state(),
             self.relation,
+            self.change,
         )
         return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
     @classmethod
     def restore(cls, stage: Stage, data: bytes) -> KeyedEvaluator:
         """Rebuild an evaluator from the stage (recompiled from the rules) and a snapshot."""
-        version, watermark, pending, op_state, relation = pickle.loads(data)
+        version, watermark, pending, op_state, relation, change = pickle.loads(data)
         if version != _SNAPSHOT_VERSION:
             raise ValueError(f"unsupported snapshot version {version}")
         ev = cls(stage)
-        ev.relation = relation
+        ev.relation, ev.change = relation, change
         ev.watermark = watermark
         ev.pending = [(ts, src, seq, next(ev._tiebreak), row) for ts, src, seq, row in pending]
         ev.operator.set_state(op_state)

@@ -305,7 +305,9 @@ class OverOperator(_Aggregating):
         while (due := self._expiry_instant()) is not None and due <= instant:
             row, emitted = self._expire_oldest()
             if row is not None:
-                out.extend(_combine(due, row, self.calls, emitted))
+                rows = _combine(due, row, self.calls, emitted)
+                # A relation is what the last expiry leaves: nothing once the window is empty.
+                out = (rows if self.buffer else []) if self.relation else out + rows
         return out
 
     def settle(self, watermark: int) -> None:

@@ -91,15 +91,17 @@ def congestion_plan() -> Plan:
 
 
 def over_plan(
-    window: OverWindow, stream: StreamSchema = TRAFFIC, extra: tuple[str, ...] = ()
+    window: OverWindow,
+    stream: StreamSchema = TRAFFIC,
+    extra: tuple[str, ...] = (),
+    r2s: R2S | None = None,
 ) -> Plan:
-    """One OVER query over ``stream`` selecting ts, source, seq, the key, extras and aliases."""
-    names = (stream.timestamp or "ts", "source", "seq", *window.partition_by, *extra)
-    post = Project(
-        tuple((n, col(n)) for n in names)
-        + tuple((c.alias, col(c.alias)) for c in window.aggregates)
-    )
-    q = Query(Sink("out", SinkKind.STREAM), stream.name, window=window, post=(post,))
+    """One OVER query over ``stream`` selecting ts, source, seq, the key, extras and
+    aliases; with ``r2s``, a CQL relation query selecting the key and aliases only."""
+    plain = (stream.timestamp or "ts", "source", "seq", *extra) if r2s is None else ()
+    names = (*plain, *window.partition_by, *(c.alias for c in window.aggregates))
+    post = Project(tuple((n, col(n)) for n in names))
+    q = Query(Sink("out", SinkKind.STREAM), stream.name, window=window, post=(post,), r2s=r2s)
     return Plan({stream.name: stream}, (q,))
 
 

@@ -58,14 +58,26 @@ WINDOWS = [
     ExtentWindow((AggCall("min", (col("speed"),), "v"),), 30, 10, ("station",)),
     ExtentWindow((AggCall("avg", (col("speed"),), "v"),), 7, 20, ("station",)),
     (ExtentWindow((AggCall("max", (col("speed"),), "v"),), 20, 10, ("station",)), R2S.DSTREAM),
+    (
+        OverWindow(
+            (AggCall("count", (), "v"),),
+            FrameUnits.RANGE,
+            15,
+            ("station",),
+            active_expiration=True,
+        ),
+        R2S.ISTREAM,
+    ),
 ]
 
 
-def plan_for(window: OverWindow | ExtentWindow | tuple[ExtentWindow, R2S]) -> Plan:
-    """The test query over a traffic stream with the test slack (an extent window may
-    come with a relation-to-stream operator)."""
+def plan_for(window: Any) -> Plan:
+    """The test query over a traffic stream with the test slack (a window may come with
+    a relation-to-stream operator, as a (window, R2S) pair)."""
     if isinstance(window, OverWindow):
         plan = over_plan(window)
+    elif isinstance(window, tuple) and isinstance(window[0], OverWindow):
+        plan = over_plan(window[0], r2s=window[1])
     elif isinstance(window, tuple):
         plan = extent_plan(window[0], r2s=window[1], bounds=False)
     else:

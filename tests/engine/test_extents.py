@@ -200,3 +200,42 @@ def test_cql_partition_rows_relation(raw: list, n: int, r2s: R2S) -> None:
                 want += [(t, *row) for row in new if row not in old]
             previous = current
     assert got == sorted(want)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    raw=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 1), st.integers(0, 2)), max_size=30),
+    r=st.integers(0, 10),
+    r2s=st.sampled_from([R2S.ISTREAM, R2S.DSTREAM]),
+)
+def test_cql_range_relation(raw: list, r: int, r2s: R2S) -> None:
+    # SELECT r2s(station, count(*), sum(speed)) FROM traffic [RANGE r] GROUP BY station:
+    # R(t) holds the station's row while it has tuples in [t - r, t]; it changes where a
+    # tuple arrives (t) or leaves (t + r + 1), and is empty when the window is.
+    rows = [
+        {"ts": ts, "station": k, "speed": float(v), "source": "s", "seq": i}
+        for i, (ts, k, v) in enumerate(sorted(raw))
+    ]
+    aggs = (AggCall("count", (), "n"), AggCall("sum", (col("speed"),), "total"))
+    window = OverWindow(aggs, FrameUnits.RANGE, r, ("station",), active_expiration=True)
+    names = ("station", "n", "total")
+    post = (Project(tuple((name, col(name)) for name in names)),)
+    query = Query(Sink("out", SinkKind.STREAM), "traffic", window=window, post=post, r2s=r2s)
+    (stage,) = Plan({"traffic": TRAFFIC}, (query,)).stages()
+    evaluators: dict[Any, KeyedEvaluator] = {}
+    for row in rows:
+        evaluators.setdefault(row["station"], KeyedEvaluator(stage)).insert(row)
+    got = sorted(
+        (o.ts, *o.row.values()) for ev in evaluators.values() for o in ev.advance(END_OF_TIME)
+    )
+    want = []
+    for station in {x["station"] for x in rows}:
+        mine = [x for x in rows if x["station"] == station]
+        previous: list[tuple] = []
+        for t in sorted({x["ts"] for x in mine} | {x["ts"] + r + 1 for x in mine}):
+            inside = [x["speed"] for x in mine if t - r <= x["ts"] <= t]
+            current = [(station, len(inside), sum(inside))] if inside else []
+            new, old = (current, previous) if r2s is R2S.ISTREAM else (previous, current)
+            want += [(t, *row) for row in new if row not in old]
+            previous = current
+    assert got == sorted(want)
