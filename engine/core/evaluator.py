@@ -48,16 +48,14 @@ _SNAPSHOT_VERSION = 4
 
 
 def _relation_to_stream(query: Query) -> R2S | None:
-    """The R2S difference the evaluator must compute itself (None: rows pass as they are)."""
-    if query.r2s is None or query.r2s is R2S.RSTREAM:
+    """The R2S operator the evaluator applies itself (None: rows pass as they are)."""
+    if query.r2s is None:
         return None
-    if isinstance(query.window, ExtentWindow):
+    if query.window is not None:
         return query.r2s
-    if isinstance(query.window, OverWindow):
-        return query.r2s
-    if query.window is None and query.r2s is R2S.ISTREAM:
-        return None  # ISTREAM(S [NOW]) is S
-    raise ValueError(f"{query.r2s} needs a window (extent or OVER)")
+    if query.r2s is not R2S.DSTREAM:
+        return None  # ISTREAM / RSTREAM (S [NOW]) is S
+    raise ValueError("DSTREAM needs a window (extent or OVER)")
 
 
 @dataclass(frozen=True)
@@ -102,8 +100,8 @@ class KeyedEvaluator:
         self._timers_end_instants = isinstance(window, ExtentWindow) or (
             isinstance(window, OverWindow) and window.active_expiration
         )
-        # ISTREAM / DSTREAM: the relation's committed rows, and the latest change, held
-        # until its instant is final (several changes can hit one instant).
+        # R2S: the relation's committed rows, and the latest change, held until its
+        # instant is final (several changes can hit one instant).
         self.relation: list[Row] = []
         self.change: tuple[int, list[Row]] | None = None
         self.watermark = -END_OF_TIME
@@ -182,10 +180,15 @@ class KeyedEvaluator:
         self.change = (ts, rows)
 
     def _commit(self, out: list[Output]) -> None:
-        """ISTREAM / DSTREAM: deliver the bag difference between the pending change's rows
-        and the committed relation, at the change's instant."""
+        """Deliver the pending change at its instant: RSTREAM all its rows, ISTREAM /
+        DSTREAM the bag difference with the committed relation."""
         assert self.change is not None
         ts, rows = self.change
+        if self.r2s is R2S.RSTREAM:
+            for row in rows:
+                self._deliver(self.stage.query, ts, row, out)
+            self.relation, self.change = rows, None
+            return
         new, old = (rows, self.relation) if self.r2s is R2S.ISTREAM else (self.relation, rows)
         remaining = list(old)
         for row in new:

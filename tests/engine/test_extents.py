@@ -206,7 +206,7 @@ def test_cql_partition_rows_relation(raw: list, n: int, r2s: R2S) -> None:
 @given(
     raw=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 1), st.integers(0, 2)), max_size=30),
     r=st.integers(0, 10),
-    r2s=st.sampled_from([R2S.ISTREAM, R2S.DSTREAM]),
+    r2s=st.sampled_from([R2S.ISTREAM, R2S.DSTREAM, R2S.RSTREAM]),
 )
 def test_cql_range_relation(raw: list, r: int, r2s: R2S) -> None:
     # SELECT r2s(station, count(*), sum(speed)) FROM traffic [RANGE r] GROUP BY station:
@@ -235,7 +235,10 @@ def test_cql_range_relation(raw: list, r: int, r2s: R2S) -> None:
         for t in sorted({x["ts"] for x in mine} | {x["ts"] + r + 1 for x in mine}):
             inside = [x["speed"] for x in mine if t - r <= x["ts"] <= t]
             current = [(station, len(inside), sum(inside))] if inside else []
-            new, old = (current, previous) if r2s is R2S.ISTREAM else (previous, current)
-            want += [(t, *row) for row in new if row not in old]
+            if r2s is R2S.RSTREAM:
+                want += [(t, *row) for row in current]
+            else:
+                new, old = (current, previous) if r2s is R2S.ISTREAM else (previous, current)
+                want += [(t, *row) for row in new if row not in old]
             previous = current
     assert got == sorted(want)
