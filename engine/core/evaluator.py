@@ -149,6 +149,8 @@ class KeyedEvaluator:
                     # An extent end or an expiry changes R from the next instant on,
                     # possibly to empty.
                     self._relation_change(timer + 1, results, out)
+                    if isinstance(op, ExtentOperator):
+                        self._commit(out)  # one change per extent end: final at once
                     continue
             else:
                 break
