@@ -45,14 +45,28 @@ def rules_dir() -> Path:
     return Path(os.environ.get("LOOKOUT_RULES_DIR", default))
 
 
+# path -> (monotonic time looked up, version). A page run asks for the same table's
+# version several times; re-reading a log of many commits each time adds up.
+_versions: dict[str, tuple[float, int | None]] = {}
+VERSION_TTL_S = 0.5
+
+
 def table_version(name: str) -> int | None:
-    """Current version of a Delta table, None when it does not exist yet."""
+    """Current version of a Delta table (at most VERSION_TTL_S old), None when it does
+    not exist yet."""
+    path = str(lakehouse() / name)
+    now = time.monotonic()
+    cached = _versions.get(path)
+    if cached is not None and now - cached[0] < VERSION_TTL_S:
+        return cached[1]
     try:
-        return DeltaTable(str(lakehouse() / name)).version()
+        version: int | None = DeltaTable(path).version()
     except TableNotFoundError:
-        return None
+        version = None
     except Exception as exc:  # a half-written or unreadable log: say which table
         raise DataError(f"cannot read the Delta table '{name}': {exc}") from exc
+    _versions[path] = (now, version)
+    return version
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
@@ -103,6 +117,7 @@ def acknowledge(alert_ids: list[str], note: str) -> None:
         write_deltalake(str(lakehouse() / ACKS), rows, mode="append")
     except Exception as exc:
         raise DataError(f"could not record the acknowledgement: {exc}") from exc
+    _versions.pop(str(lakehouse() / ACKS), None)  # the next read must see it
 
 
 def health(part: str) -> dict[str, Any] | None:

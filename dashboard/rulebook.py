@@ -126,7 +126,7 @@ def save_file(folder: Path, name: str, text: str) -> list[RuleError]:
 
 def annotate(text: str, errors: list[RuleError]) -> str:
     """The text with line numbers and, under each offending line, a caret at the
-    column and the message."""
+    column, then `line:col: message`."""
     by_line: dict[int, list[RuleError]] = {}
     for error in errors:
         by_line.setdefault(error.line, []).append(error)
@@ -137,7 +137,8 @@ def annotate(text: str, errors: list[RuleError]) -> str:
         out.append(f"{number:>{width}} | {line}")
         for error in by_line.pop(number, []):
             pad = "".join("\t" if ch == "\t" else " " for ch in line[: error.col - 1])
-            out.append(f"{'':>{width}} | {pad}^ {error.line}:{error.col}: {error.message}")
+            out.append(f"{'':>{width}} | {pad}^")
+            out.append(f"{'':>{width}} | {error.line}:{error.col}: {error.message}")
     for rest in by_line.values():  # errors past the end of the text (end of input)
-        out.extend(f"{'':>{width}} | ^ {e.line}:{e.col}: {e.message}" for e in rest)
+        out.extend(f"{'':>{width}} | {e.line}:{e.col}: {e.message}" for e in rest)
     return "\n".join(out)

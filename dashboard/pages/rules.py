@@ -41,8 +41,8 @@ def rule_list(book: Book) -> None:
             title += f" — {counts.get(rule.name, 0):,} alerts"
         with st.expander(title):
             left, right = st.columns(2)
-            left.code(rule.text, language="sql")
-            right.code(rule.explanation or "(no explanation)", language=None)
+            left.code(rule.text, language="sql", wrap_lines=True)
+            right.code(rule.explanation or "(no explanation)", language=None, wrap_lines=True)
 
 
 def _show_errors(name: str, text: str, errors: list[RuleError]) -> None:
@@ -52,7 +52,7 @@ def _show_errors(name: str, text: str, errors: list[RuleError]) -> None:
     here = [e for e in errors if e.file == f"{name}.sql"]
     elsewhere = [e for e in errors if e.file != f"{name}.sql"]
     if here:
-        st.code(annotate(text, here), language=None)
+        st.code(annotate(text, here), language=None, wrap_lines=True)
     for error in elsewhere:
         st.code(error.format(), language=None)
 
@@ -67,7 +67,7 @@ def editor(book: Book) -> None:
     default_name = "" if choice == NEW else choice.removesuffix(".sql")
     name = st.text_input("File name (saved as `<name>.sql`)", value=default_name,
                          key=f"rule_name::{choice}", placeholder="e.g. my_rules")
-    text = st.text_area("Rule text", value=current, height=320, key=f"rule_text::{choice}",
+    text = st.text_area("Rule text", value=current, height=200, key=f"rule_text::{choice}",
                         placeholder="CREATE ALERT ... AS SELECT ... FROM traffic WHERE ...")
     check, save = st.columns([1, 6])
     checked = check.button("Check", key="rule_check")

@@ -110,7 +110,7 @@ def test_every_page_acknowledge_and_rules(page: Any, lakehouse: Path,
     save_rule(page, "slow_traffic",
               "CREATE ALERT slow SEVERITY warning\n  AS SELECT station, ts FROM trafic;\n",
               page.get_by_text("nothing was saved"))
-    page.get_by_text("^ 2:").first.wait_for()
+    page.get_by_text("2:30: unknown stream 'trafic'").first.wait_for()
     assert not (rules_folder / "slow_traffic.sql").exists()
 
     save_rule(page, "slow_traffic",

@@ -174,7 +174,7 @@ def test_saving_an_invalid_then_a_valid_rule(lakehouse: Path, rules_folder: Path
     assert not (rules_folder / "slow.sql").exists()
     annotated = texts(app)
     assert "nothing was saved" in annotated
-    assert "^ 2:" in annotated and "trafic" in annotated
+    assert "| 2:" in annotated and "unknown stream 'trafic'" in annotated
 
     app.text_area(key="rule_text::(new file)").input(
         "CREATE ALERT slow SEVERITY warning\n"
