@@ -22,6 +22,10 @@ from dashboard.ui import empty, panel
 READINGS = "readings_traffic"
 CONGESTION_RULE = "congestion"
 CHART_MINUTES = 60
+# Scans stop this far back in stream time, so a refresh costs the same on day 30 as on
+# day 1 (Delta's file statistics let DataFusion skip older files). A station silent for
+# longer than this leaves the strip.
+HORIZON_HOURS = 24
 COLOURS = {"congested": "#d62728", "silent": "#7f7f7f", "normal": "#2ca02c"}
 _STATION_KEY = re.compile(r"(?:^|,\s*)station=(\d+)(?:,|$)")
 
@@ -60,7 +64,8 @@ def station_states(now: datetime) -> pd.DataFrame:
         f"SELECT station, max(ts) AS last_reading, "
         f"avg(CASE WHEN ts >= {recent} THEN speed END) AS avg_speed, "
         f"count(CASE WHEN ts >= {recent} THEN 1 END) AS vehicles "
-        f"FROM {READINGS} GROUP BY station ORDER BY station",
+        f"FROM {READINGS} WHERE ts >= {sql_time(now - timedelta(hours=HORIZON_HOURS))} "
+        "GROUP BY station ORDER BY station",
         READINGS,
     )
     assert stations is not None
@@ -156,7 +161,9 @@ def station_detail(station: int) -> None:
     left, right = st.columns(2)
     latest = query(
         f"SELECT ts, lane, speed, length, source, seq FROM {READINGS} "
-        f"WHERE station = {int(station)} ORDER BY ts DESC LIMIT 20",
+        f"WHERE station = {int(station)} "
+        f"AND ts >= {sql_time(now - timedelta(hours=HORIZON_HOURS))} "
+        "ORDER BY ts DESC LIMIT 20",
         READINGS,
     )
     left.markdown("**Latest readings**")
@@ -185,7 +192,14 @@ def main() -> None:
         empty("No traffic readings yet: the `readings_traffic` table does not exist.")
         return
     st.fragment(run_every=REFRESH_SECONDS)(overview)()
-    stations = query(f"SELECT DISTINCT station FROM {READINGS} ORDER BY station", READINGS)
+    now = stream_clock()
+    if now is None:
+        return
+    stations = query(
+        f"SELECT DISTINCT station FROM {READINGS} "
+        f"WHERE ts >= {sql_time(now - timedelta(hours=HORIZON_HOURS))} ORDER BY station",
+        READINGS,
+    )
     if stations is None or stations.empty:
         return
     st.subheader("Station detail")

@@ -1,0 +1,68 @@
+"""The Rules page's helpers: statement text, inline error layout, checks of an edited
+file against the rest of the folder, and the Alerts page's SQL filter."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from dashboard.alert_filters import where_clause
+from dashboard.rulebook import annotate, check_file, read_book, save_file, statement_text
+from rules.language.errors import RuleError
+
+FILE = """-- a stream
+CREATE STREAM s (x INT, ts TIMESTAMP) ORDER BY ts SLACK 1 SECOND SOURCE 'a/+/b';
+
+-- the alert on it
+-- (two comment lines)
+CREATE ALERT big SEVERITY info AS SELECT x, ts FROM s WHERE x > 3;
+"""
+
+
+def test_statement_text_takes_its_comments_and_leaves_the_next_ones() -> None:
+    lines = FILE.splitlines()
+    assert statement_text(lines, 1, 5) == "-- a stream\n" + lines[1]
+    assert statement_text(lines, 5, len(lines)).startswith("-- the alert on it\n-- (two")
+
+
+def test_annotate_puts_a_caret_under_the_column_then_the_message() -> None:
+    text = "CREATE ALERT a\n  AS SELECT nope;\n"
+    out = annotate(text, [RuleError("a.sql", 2, 13, "unknown column 'nope'")])
+    assert out.splitlines() == [
+        "1 | CREATE ALERT a",
+        "2 |   AS SELECT nope;",
+        "  |             ^",
+        "  | 2:13: unknown column 'nope'",
+    ]
+
+
+def test_read_book_explains_each_statement(tmp_path: Path) -> None:
+    (tmp_path / "mine.sql").write_text(FILE)
+    book = read_book(tmp_path)
+    assert not book.errors
+    assert [(r.name, r.kind, r.line) for r in book.rules] == [
+        ("s", "source stream", 2), ("big", "alert", 6)]
+    assert book.rules[1].severity == "info"
+    assert "slack 1 second" in book.rules[0].explanation
+
+
+def test_an_edited_file_is_checked_with_the_rest_of_the_folder(tmp_path: Path) -> None:
+    (tmp_path / "streams.sql").write_text(FILE.split("\n\n")[0] + "\n")
+    alert = "CREATE ALERT small SEVERITY info AS SELECT x, ts FROM s WHERE x < 1;\n"
+    assert check_file(tmp_path, "alerts", alert) == []  # `s` comes from streams.sql
+    errors = check_file(tmp_path, "alerts", alert.replace("FROM s", "FROM t"))
+    assert [(e.file, e.line) for e in errors] == [("alerts.sql", 1)]
+    assert save_file(tmp_path, "alerts", alert.replace("FROM s", "FROM t"))
+    assert not (tmp_path / "alerts.sql").exists()
+    assert save_file(tmp_path, "alerts", alert) == []
+    assert (tmp_path / "alerts.sql").read_text() == alert
+
+
+def test_where_clause_quotes_what_the_operator_typed() -> None:
+    since = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    sql = where_clause(["o'brien"], ["critical"], since, "station=3'", "open")
+    assert "rule IN ('o''brien')" in sql
+    assert "severity IN ('critical')" in sql
+    assert "event_time >= '2026-01-02T03:04:05Z'" in sql
+    assert "strpos(key, 'station=3''') > 0" in sql
+    assert sql.endswith("acked_at IS NULL")
