@@ -16,6 +16,8 @@ from typing import Any
 
 import orjson
 
+from engine.tables import to_timestamp
+
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -62,3 +64,24 @@ def format_key(names: tuple[str, ...], values: tuple[Any, ...]) -> str:
 def iso_utc(ms: int) -> str:
     """Epoch ms as ISO-8601 UTC text with milliseconds (the replay output format)."""
     return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+def alert_rows(spec: AlertSpec, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of the `alerts` table for one alert's outputs (ids from content only)."""
+    detected = datetime.now(tz=UTC)
+    rows = []
+    for r in records:
+        row = orjson.loads(r["row"])
+        rows.append(
+            {
+                "alert_id": alert_id(spec.name, r["key"], r["ts"], row),
+                "rule": spec.name,
+                "severity": spec.severity,
+                "key": r["key"],
+                "event_time": to_timestamp(r["ts"]),
+                "detected_at": detected,
+                "message": render_message(spec, row),
+                "payload": r["row"],
+            }
+        )
+    return rows

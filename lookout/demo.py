@@ -47,7 +47,8 @@ class Part:
     def stop(self, timeout: float = 30.0) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        self.process.send_signal(signal.SIGTERM)
+        # The whole process group: a part's own children (Spark's JVM, streamlit) too.
+        os.killpg(self.process.pid, signal.SIGTERM)
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -91,6 +92,14 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
         broker = Broker(config.mqtt.host, config.mqtt.port, (STATE / "broker").resolve()).start()
     else:
         _say(f"using the MQTT broker already listening on {config.mqtt.host}:{config.mqtt.port}")
+    if port_is_open(config.dashboard.address, config.dashboard.port):
+        _say(
+            f"port {config.dashboard.port} is taken (another dashboard?); stop it or set "
+            "LOOKOUT_DASHBOARD_PORT"
+        )
+        if broker is not None:
+            broker.stop()
+        return 1
     mqtt = ["--host", config.mqtt.host, "--port", str(config.mqtt.port)]
     parts = [
         Part("ingest", _lookout("ingest"), logs / "ingest.log"),

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Sequence
@@ -126,6 +125,12 @@ def dashboard_command(config: Config) -> list[str]:
 
 
 def run_dashboard(config: Config) -> int:
-    """Serve the dashboard (in the foreground) until interrupted."""
-    env = {**os.environ, "LOOKOUT_LAKEHOUSE_PATH": config.lakehouse}
-    return subprocess.call(dashboard_command(config), env=env)
+    """Serve the dashboard until interrupted (streamlit replaces this process, so signals
+    reach it directly)."""
+    env = {
+        **os.environ,
+        "LOOKOUT_LAKEHOUSE_PATH": config.lakehouse,
+        "LOOKOUT_DASHBOARD_REFRESH_SECONDS": str(config.dashboard.refresh_seconds),
+    }
+    command = dashboard_command(config)
+    os.execve(command[0], command, env)

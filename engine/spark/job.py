@@ -85,11 +85,18 @@ class EngineJob:
                     "rows_dropped_by_watermark": state[0].get("numRowsDroppedByWatermark"),
                 }
             )
-        counts = self.landing.last_counts
+        out = self.landing.last_output
         return {
             "updated_at_ms": int(time.time() * 1000),
             "queries": queries,
-            "last_landing_batch": counts.__dict__,
+            "last_landing_batch": {
+                "readings": {stream: len(rows) for stream, rows in out.readings.items()},
+                "late": len(out.late),
+                "duplicates": out.duplicates,
+                "heartbeats": len(out.heartbeats),
+                "quarantined": len(out.quarantine),
+                "max_event_ms": out.max_event_ms,
+            },
         }
 
     def write_health(self) -> None:

@@ -35,10 +35,10 @@ from pyspark.sql.streaming.stateful_processor import (
     TimerValues,
 )
 
-from engine.alerts import AlertSpec, alert_id, format_key, render_message
+from engine import tables
+from engine.alerts import AlertSpec, alert_rows, format_key
 from engine.core.evaluator import KeyedEvaluator, Output
 from engine.core.plan import ColumnType, Plan, SinkKind, Stage, StreamSchema
-from engine.spark import tables
 from lookout.config import Config
 
 OUTPUT_SCHEMA = "sink STRING, ts LONG, key STRING, row STRING"
@@ -121,22 +121,10 @@ def _frame(outputs: list[Output], key: str) -> pd.DataFrame:
     )
 
 
-def _row_struct(schema: StreamSchema) -> T.StructType:
-    """How a stage's output rows are encoded in JSON: timestamps as epoch ms."""
-    return T.StructType(
-        [
-            T.StructField(
-                c.name,
-                T.LongType() if c.type == ColumnType.TIMESTAMP else tables.SPARK_TYPES[c.type],
-            )
-            for c in schema.columns
-        ]
-    )
-
-
 class OutputWriter:
     """foreachBatch sink of one rules query: derived streams to their tables, alerts to
-    `alerts`, each append exactly once per batch."""
+    `alerts`, each append exactly once per batch (delta-rs, from the driver: a batch's
+    outputs are few)."""
 
     def __init__(
         self,
@@ -150,65 +138,45 @@ class OutputWriter:
         self.plan = plan
         self.alerts = alerts
         self.name = name
-        self.sinks = [
-            (q.sink.name, q.sink.kind) for stage in stages for q in (stage.query, *stage.downstream)
-        ]
+        self.kinds = {
+            q.sink.name: q.sink.kind for stage in stages for q in (stage.query, *stage.downstream)
+        }
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        batch = batch.persist()
-        try:
-            for name, kind in self.sinks:
-                rows = batch.where(F.col("sink") == name)
-                if kind == SinkKind.ALERT:
-                    self._write_alerts(rows, name, batch_id)
-                else:
-                    self._write_stream(rows, self.plan.streams[name], batch_id)
-        finally:
-            batch.unpersist()
-
-    def _writer_id(self, table: str) -> str:
-        return f"lookout-{self.name}-{table}"
-
-    def _write_stream(self, rows: DataFrame, schema: StreamSchema, batch_id: int) -> None:
-        parsed = rows.select(F.from_json("row", _row_struct(schema)).alias("r")).select(
-            *[
-                F.timestamp_millis(F.col(f"r.{c.name}")).alias(c.name)
-                if c.type == ColumnType.TIMESTAMP
-                else F.col(f"r.{c.name}")
-                for c in schema.columns
-            ]
-        )
-        if not parsed.isEmpty():
-            tables.append_once(
-                parsed, self.config.table(schema.name), self._writer_id(schema.name), batch_id
-            )
-
-    def _write_alerts(self, rows: DataFrame, name: str, batch_id: int) -> None:
-        # Alerts are few; building them in Python keeps ids and messages identical to replay.
-        collected = rows.collect()
-        if not collected:
-            return
-        spec = self.alerts.get(name, AlertSpec(name, "warning"))
-        detected = pd.Timestamp.now(tz="UTC").to_pydatetime()
-        records = []
-        for r in collected:
-            row = orjson.loads(r["row"])
-            records.append(
-                (
-                    alert_id(name, r["key"], r["ts"], row),
-                    name,
-                    spec.severity,
-                    r["key"],
-                    pd.Timestamp(r["ts"], unit="ms", tz="UTC").to_pydatetime(),
-                    detected,
-                    render_message(spec, row),
-                    r["row"],
+        by_sink: dict[str, list[dict[str, Any]]] = {}
+        for record in batch.toArrow().to_pylist():
+            by_sink.setdefault(record["sink"], []).append(record)
+        alerts: list[dict[str, Any]] = []
+        for sink, records in sorted(by_sink.items()):
+            if self.kinds[sink] == SinkKind.ALERT:
+                alerts += alert_rows(self.alerts.get(sink, AlertSpec(sink, "warning")), records)
+            else:
+                schema = self.plan.streams[sink]
+                rows = [stream_row(schema, orjson.loads(r["row"])) for r in records]
+                tables.append_once(
+                    self.config.table(sink),
+                    tables.stream_schema(schema),
+                    rows,
+                    f"lookout-{self.name}-{sink}",
+                    batch_id,
                 )
-            )
-        df = rows.sparkSession.createDataFrame(records, tables.ALERTS)
         tables.append_once(
-            df, self.config.table("alerts"), self._writer_id(f"alerts-{name}"), batch_id
+            self.config.table("alerts"),
+            tables.ALERTS,
+            alerts,
+            f"lookout-{self.name}-alerts",
+            batch_id,
         )
+
+
+def stream_row(schema: StreamSchema, row: Mapping[str, Any]) -> dict[str, Any]:
+    """A derived stream's output row as its table stores it (timestamps as datetimes)."""
+    return {
+        c.name: tables.to_timestamp(row.get(c.name))
+        if c.type == ColumnType.TIMESTAMP
+        else row.get(c.name)
+        for c in schema.columns
+    }
 
 
 def input_table(plan: Plan, stream: str) -> str:
@@ -239,12 +207,9 @@ def start_rules_query(
     for stage in stages:
         for q in (stage.query, *stage.downstream):
             if q.sink.kind == SinkKind.STREAM:
-                tables.ensure_table(
-                    spark,
-                    config.table(q.sink.name),
-                    tables.stream_struct(plan.streams[q.sink.name]),
-                )
-    tables.ensure_table(spark, config.table("alerts"), tables.ALERTS)
+                sink = plan.streams[q.sink.name]
+                tables.ensure_table(config.table(sink.name), tables.stream_schema(sink))
+    tables.ensure_table(config.table("alerts"), tables.ALERTS)
     source = spark.readStream.format("delta").load(config.table(input_table(plan, stream)))
     columns = [
         F.unix_millis(F.col(c.name)).alias(c.name)

@@ -1,0 +1,155 @@
+"""The Delta tables of the lakehouse: their schemas and exactly-once appends.
+
+Schemas are Arrow schemas (timestamps as UTC microseconds, which Spark reads as
+TIMESTAMP). Writes go through delta-rs from the driver: a micro-batch's rows are few
+and already in Python, and one small commit costs milliseconds where a Spark write job
+costs a good part of a second.
+
+Every append names its writer and batch (`app_id`, `version`: Delta's transaction
+identifiers, the same ones Spark's `txnAppId`/`txnVersion` use). When a batch is run
+again after a crash, a table that already holds that writer's version is skipped, so a
+restart never duplicates a row. Tables are created without deletion vectors or column
+mapping, which the dashboard's reader does not support (DESIGN §7).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+from engine.core.plan import ColumnType, StreamSchema
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+ARROW_TYPES: dict[ColumnType, pa.DataType] = {
+    ColumnType.INT: pa.int32(),
+    ColumnType.BIGINT: pa.int64(),
+    ColumnType.DOUBLE: pa.float64(),
+    ColumnType.STRING: pa.string(),
+    ColumnType.BOOLEAN: pa.bool_(),
+    ColumnType.TIMESTAMP: TIMESTAMP,
+}
+
+LATE_READINGS = pa.schema(
+    [
+        ("stream", pa.string()),
+        ("source", pa.string()),
+        ("seq", pa.int64()),
+        ("ts", TIMESTAMP),
+        ("watermark", TIMESTAMP),
+        ("late_by_ms", pa.int64()),
+        ("reading", pa.string()),
+        ("topic", pa.string()),
+        ("received_at", TIMESTAMP),
+    ]
+)
+
+QUARANTINE = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("reason", pa.string()),
+        ("payload", pa.string()),
+        ("payload_b64", pa.string()),
+        ("received_at", TIMESTAMP),
+    ]
+)
+
+HEARTBEATS = pa.schema(
+    [
+        ("stream", pa.string()),
+        ("source", pa.string()),
+        ("ts", TIMESTAMP),
+        ("received_at", TIMESTAMP),
+    ]
+)
+
+ALERTS = pa.schema(
+    [
+        ("alert_id", pa.string()),
+        ("rule", pa.string()),
+        ("severity", pa.string()),
+        ("key", pa.string()),
+        ("event_time", TIMESTAMP),
+        ("detected_at", TIMESTAMP),
+        ("message", pa.string()),
+        ("payload", pa.string()),
+    ]
+)
+
+# Internal: each stream's highest event time after each landing batch (restart state).
+STREAM_PROGRESS = pa.schema(
+    [("stream", pa.string()), ("batch_id", pa.int64()), ("max_event_ms", pa.int64())]
+)
+
+_TABLE_PROPERTIES = {
+    "delta.enableDeletionVectors": "false",
+    "delta.columnMapping.mode": "none",
+}
+
+
+def readings_table(stream: str) -> str:
+    """Name of the table holding the accepted readings of a source stream."""
+    return f"readings_{stream}"
+
+
+def stream_schema(schema: StreamSchema) -> pa.Schema:
+    """Arrow schema of a stream's rows: its declared columns."""
+    return pa.schema([(c.name, ARROW_TYPES[c.type]) for c in schema.columns])
+
+
+def readings_schema(schema: StreamSchema) -> pa.Schema:
+    """Schema of `readings_<stream>`: the declared columns plus provenance."""
+    provenance = [
+        ("source", pa.string()),
+        ("seq", pa.int64()),
+        ("topic", pa.string()),
+        ("received_at", TIMESTAMP),
+    ]
+    return pa.schema([*stream_schema(schema), *(pa.field(n, t) for n, t in provenance)])
+
+
+def to_timestamp(ms: int | None) -> datetime | None:
+    """Epoch milliseconds as an aware UTC datetime (what Arrow's TIMESTAMP takes)."""
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def ensure_table(path: str, schema: pa.Schema) -> None:
+    """Create an empty Delta table at `path` if none is there (readers may start first)."""
+    try:
+        DeltaTable(path)
+    except TableNotFoundError:
+        write_deltalake(path, schema.empty_table(), mode="append", configuration=_TABLE_PROPERTIES)
+
+
+def append_once(
+    path: str,
+    schema: pa.Schema,
+    rows: Sequence[Mapping[str, Any]],
+    writer_id: str,
+    batch_id: int,
+) -> bool:
+    """Append `rows` to the table at `path` exactly once for (writer_id, batch_id).
+
+    Returns False when the table already holds this writer's batch (a re-run).
+    """
+    if not rows:
+        return False
+    table = DeltaTable(path)
+    done = table.transaction_version(writer_id)
+    if done is not None and done >= batch_id:
+        return False
+    data = pa.Table.from_pylist(list(rows), schema=schema)
+    write_deltalake(
+        table,
+        data,
+        mode="append",
+        commit_properties=CommitProperties(
+            app_transactions=[Transaction(app_id=writer_id, version=batch_id)]
+        ),
+    )
+    return True
