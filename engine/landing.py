@@ -15,70 +15,18 @@ only feeds it lines and writes what it returns.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import orjson
 
 from engine.core.plan import ColumnType, StreamSchema
-from engine.core.replay import SlackClock
+
+# The judging itself (dedupe, then slack) is shared with replay; the names stay public here.
+from engine.core.sequencer import DEDUPE_HORIZON_MS as DEDUPE_HORIZON_MS
+from engine.core.sequencer import StreamSequencer, Verdict
 from engine.tables import to_timestamp
-
-#: How far behind a stream's watermark (in event time) duplicates are still recognised.
-DEDUPE_HORIZON_MS = 60 * 60_000
-
-
-class Verdict(Enum):
-    """What happens to one arriving reading."""
-
-    ON_TIME = "on_time"
-    LATE = "late"
-    DUPLICATE = "duplicate"
-
-
-@dataclass
-class StreamSequencer:
-    """One stream's arrival-order state: its slack clock and the recently seen ids."""
-
-    slack_ms: int
-    horizon_ms: int = DEDUPE_HORIZON_MS
-    clock: SlackClock = field(init=False)
-    _seen: set[tuple[str, int]] = field(default_factory=set, init=False)
-    _seen_order: deque[tuple[int, tuple[str, int]]] = field(default_factory=deque, init=False)
-
-    def __post_init__(self) -> None:
-        self.clock = SlackClock(self.slack_ms)
-
-    def remember(self, source: str, seq: int, ts: int) -> None:
-        """Record an id as seen (also used to rebuild the state after a restart)."""
-        ident = (source, seq)
-        if ident not in self._seen:
-            self._seen.add(ident)
-            self._seen_order.append((ts, ident))
-
-    def admit(self, source: str, seq: int, ts: int) -> Verdict:
-        """Judge the next arriving reading of this stream."""
-        # A duplicate still moves the clock (a no-op when its original did already), so
-        # a batch re-run after a restart judges every later reading as the first run did.
-        on_time = self.clock.admit(ts)
-        if (source, seq) in self._seen:
-            return Verdict.DUPLICATE
-        self.remember(source, seq, ts)
-        return Verdict.ON_TIME if on_time else Verdict.LATE
-
-    def heartbeat(self, ts: int) -> None:
-        """A heartbeat moves event time like a reading does."""
-        self.clock.admit(ts)
-
-    def forget_old(self) -> None:
-        """Drop ids far enough behind the watermark that no redelivery can still come."""
-        limit = self.clock.watermark - self.horizon_ms
-        # Ids are pruned in arrival order; an old id behind a newer one waits its turn.
-        while self._seen_order and self._seen_order[0][0] < limit:
-            self._seen.discard(self._seen_order.popleft()[1])
 
 
 @dataclass

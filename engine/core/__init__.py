@@ -7,14 +7,17 @@
 * :mod:`engine.core.evaluator` — :class:`KeyedEvaluator` (one per stage and key) and
   :class:`Output`.
 * :mod:`engine.core.windows` — the window operators the evaluator drives.
-* :mod:`engine.core.replay` — :class:`SlackClock` (the slack/lateness rule) and
-  :func:`run` (batch evaluation of a plan over recorded readings).
+* :mod:`engine.core.sequencer` — :class:`SlackClock` (the slack/lateness rule) and
+  :class:`StreamSequencer` (dedupe, then slack: what happens to an arriving reading).
+* :mod:`engine.core.replay` — :func:`run` (batch evaluation of a plan over recorded
+  readings, judged by the same sequencer as the live landing).
 """
 
 from engine.core.aggregates import BUILTINS, IncrementalAggregate, InWindow, WindowAggregate
 from engine.core.evaluator import KeyedEvaluator, Output
 from engine.core.plan import END_OF_TIME, Plan, Stage
-from engine.core.replay import LateReading, ReplayResult, SlackClock, run
+from engine.core.replay import LateReading, ReplayResult, run
+from engine.core.sequencer import SlackClock, StreamSequencer, Verdict
 
 __all__ = [
     "BUILTINS",
@@ -28,6 +31,8 @@ __all__ = [
     "ReplayResult",
     "SlackClock",
     "Stage",
+    "StreamSequencer",
+    "Verdict",
     "WindowAggregate",
     "run",
 ]

@@ -1,9 +1,8 @@
-"""Slack, lateness and a pure batch runner over recorded readings.
+"""A pure batch runner over recorded readings, judged exactly like the live landing.
 
-:class:`SlackClock` is THE implementation of the DESIGN §4 slack rule, shared by the
-Spark runtime and ``lookout replay``: per stream, a reading's watermark is the max event
-time of the readings that arrived before it minus the slack; a reading at or above it is
-on time, one below it is late (set aside, never processed).
+Every reading goes through the same :class:`~engine.core.sequencer.StreamSequencer` as
+the live landing job: a repeated (source, seq) is a duplicate (counted, dropped), a
+reading below its stream's slack watermark is late (set aside, never processed).
 
 :func:`run` evaluates a plan over readings in arrival order with the same
 :class:`~engine.core.evaluator.KeyedEvaluator` the live job uses, and returns the
@@ -19,29 +18,9 @@ from typing import Any
 
 from engine.core.evaluator import KeyedEvaluator, Output
 from engine.core.plan import END_OF_TIME, Plan, Stage
+from engine.core.sequencer import StreamSequencer, Verdict
 
 Row = dict[str, Any]
-
-
-@dataclass
-class SlackClock:
-    """One stream's watermark under ``SLACK slack_ms`` (DESIGN §4)."""
-
-    slack_ms: int
-    max_ts: int | None = None
-
-    @property
-    def watermark(self) -> int:
-        """Max event time seen so far minus the slack (-END_OF_TIME before any reading)."""
-        return -END_OF_TIME if self.max_ts is None else self.max_ts - self.slack_ms
-
-    def admit(self, ts: int) -> bool:
-        """Judge the next arriving reading: True if on time (``ts >= watermark``), False if
-        late. Either way it has arrived, so it counts toward later readings' watermark."""
-        on_time = ts >= self.watermark
-        if self.max_ts is None or ts > self.max_ts:
-            self.max_ts = ts
-        return on_time
 
 
 @dataclass(frozen=True)
@@ -61,10 +40,12 @@ class LateReading:
 
 @dataclass
 class ReplayResult:
-    """What :func:`run` produced: output rows and late readings, both deterministic."""
+    """What :func:`run` produced: output rows, late readings and duplicate counts per
+    stream, all deterministic."""
 
     outputs: list[Output] = field(default_factory=list)
     late: list[LateReading] = field(default_factory=list)
+    duplicates: dict[str, int] = field(default_factory=dict)
 
 
 def _sort_key(value: Hashable) -> str:
@@ -76,7 +57,8 @@ def run(plan: Plan, readings: Iterable[tuple[str, Row]], batch: int = 10_000) ->
     """Evaluate ``plan`` over ``(stream, row)`` readings in arrival order.
 
     Rows carry their stream's columns with the timestamp as int ms; ``source`` and
-    ``seq`` default to ``""`` and the arrival index (ties then follow arrival order).
+    ``seq`` default to ``""`` and the arrival index (ties then follow arrival order, and
+    such readings are never duplicates of each other).
     Every ``batch`` readings the evaluators advance to their stream's watermark (which
     bounds memory and, by snapshot-equivalence, does not change the result).
 
@@ -84,8 +66,8 @@ def run(plan: Plan, readings: Iterable[tuple[str, Row]], batch: int = 10_000) ->
     late readings in arrival order.
     """
     stages = plan.stages()
-    clocks = {s.name: SlackClock(s.slack_ms) for s in plan.sources()}
-    ts_column = {name: _timestamp(plan, name) for name in clocks}
+    sequencers = {s.name: StreamSequencer(s.slack_ms) for s in plan.sources()}
+    ts_column = {name: _timestamp(plan, name) for name in sequencers}
     evaluators: list[dict[tuple[Any, ...], KeyedEvaluator]] = [{} for _ in stages]
     by_input: dict[str, list[int]] = {}
     for i, stage in enumerate(stages):
@@ -107,25 +89,30 @@ def run(plan: Plan, readings: Iterable[tuple[str, Row]], batch: int = 10_000) ->
                 produced.append((o.ts, i, _sort_key(key), n, o))
 
     for arrival, (stream, raw) in enumerate(readings):
-        clock = clocks.get(stream)
-        if clock is None:
+        sequencer = sequencers.get(stream)
+        if sequencer is None:
             raise ValueError(f"unknown source stream {stream!r}")
         row = {"source": "", "seq": arrival, **raw}
         ts = row[ts_column[stream]]
-        watermark = clock.watermark
-        if not clock.admit(ts):
+        watermark = sequencer.clock.watermark
+        verdict = sequencer.admit(row["source"], row["seq"], ts)
+        if verdict is Verdict.DUPLICATE:
+            result.duplicates[stream] = result.duplicates.get(stream, 0) + 1
+            continue
+        if verdict is Verdict.LATE:
             result.late.append(LateReading(stream, row, ts, watermark))
             continue
         for i in by_input.get(stream, ()):
             feed(i, row)
         if (arrival + 1) % batch == 0:
-            for name, c in clocks.items():
+            for name, seqr in sequencers.items():
+                seqr.forget_old()
                 for i in by_input.get(name, ()):
-                    drain(i, c.watermark)
+                    drain(i, seqr.clock.watermark)
 
     # End of input; stages over derived streams run after their producers (plan order).
     for i, stage in enumerate(stages):
-        if stage.input not in clocks:
+        if stage.input not in sequencers:
             _feed_derived(stage, i, produced, feed)
         drain(i, END_OF_TIME)
     produced.sort(key=lambda p: p[:4])
