@@ -14,11 +14,20 @@ The result never depends on how inserts and advances were batched (snapshot-equi
 PIPES): the sequence of state changes is fixed by the tuples and the watermarks' final
 value. ``next_wakeup()`` tells the runtime where to set its event-time timer;
 ``snapshot()`` / :meth:`KeyedEvaluator.restore` move the whole state through bytes.
+
+**Tie order of derived rows.** A derived stream's rows feed later stages like readings
+do, so they need a (ts, source, seq) order that any runtime reproduces without global
+state. Every :class:`Output` carries it: ``source`` is :func:`derived_source` of the
+producing stage's name and key value (canonical JSON, fixed at the evaluator's first
+insert), ``seq`` the evaluator's own output counter (0, 1, 2, ... over all its outputs,
+kept in the snapshot). Both are fixed by the input alone, whatever the batching, and the
+pair is unique per derived stream.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import pickle
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -44,7 +53,13 @@ from engine.core.windows import (
     pane_eligible,
 )
 
-_SNAPSHOT_VERSION = 4
+_SNAPSHOT_VERSION = 5
+
+
+def derived_source(stage: str, key: tuple[Any, ...]) -> str:
+    """The ``source`` of the rows a (stage, key) evaluator produces: canonical JSON of
+    ``[stage, *key]`` (compact separators, non-ASCII kept), e.g. ``["station_speed",3]``."""
+    return json.dumps([stage, *key], separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def _relation_to_stream(query: Query) -> R2S | None:
@@ -61,11 +76,15 @@ def _relation_to_stream(query: Query) -> R2S | None:
 @dataclass(frozen=True)
 class Output:
     """One output row: ``sink`` (derived stream or alert name), event time ``ts`` (int
-    ms), ``row`` (column -> value, keys = the SELECT list's names)."""
+    ms), ``row`` (column -> value, keys = the SELECT list's names), and its tie order as
+    a derived-stream row: ``source`` (:func:`derived_source`) and ``seq`` (the producing
+    evaluator's output counter)."""
 
     sink: str
     ts: int
     row: dict[str, Any]
+    source: str = ""
+    seq: int = 0
 
 
 def apply_ops(ops: Iterable[StatelessOp], row: Row) -> Row | None:
@@ -105,6 +124,9 @@ class KeyedEvaluator:
         self.relation: list[Row] = []
         self.change: tuple[int, list[Row]] | None = None
         self.watermark = -END_OF_TIME
+        # Tie order of the outputs (module docstring); source is set at the first insert.
+        self.source = ""
+        self.emitted = 0
         # (ts, source, seq, tiebreak, row), sorted lazily by advance: arrivals are mostly in
         # order, which Timsort handles in linear time. tiebreak keeps dicts out of compares.
         self.pending: list[tuple[int, str, int, int, Row]] = []
@@ -120,6 +142,8 @@ class KeyedEvaluator:
             raise ValueError(
                 f"late tuple: ts {ts} < watermark {self.watermark} (the runtime must divert it)"
             )
+        if not self.source:
+            self.source = derived_source(self.stage.name, tuple(row.get(c) for c in self.stage.key))
         kept = apply_ops(self.stage.query.pre, row)
         if kept is not None:
             self.pending.append((ts, row["source"], row["seq"], next(self._tiebreak), kept))
@@ -202,7 +226,8 @@ class KeyedEvaluator:
 
     def _deliver(self, query: Query, ts: int, final: Row, out: list[Output]) -> None:
         """Write a row to ``query``'s sink, then feed the stateless queries reading it."""
-        out.append(Output(query.sink.name, ts, final))
+        out.append(Output(query.sink.name, ts, final, self.source, self.emitted))
+        self.emitted += 1
         for consumer in self._consumers.get(query.sink.name, ()):
             kept = apply_ops(consumer.pre, final)
             if kept is not None:
@@ -230,16 +255,20 @@ class KeyedEvaluator:
             self.operator.get_state(),
             self.relation,
             self.change,
+            self.source,
+            self.emitted,
         )
         return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
     @classmethod
     def restore(cls, stage: Stage, data: bytes) -> KeyedEvaluator:
         """Rebuild an evaluator from the stage (recompiled from the rules) and a snapshot."""
-        version, watermark, pending, op_state, relation, change = pickle.loads(data)
-        if version != _SNAPSHOT_VERSION:
-            raise ValueError(f"unsupported snapshot version {version}")
+        state = pickle.loads(data)
+        if state[0] != _SNAPSHOT_VERSION:
+            raise ValueError(f"unsupported snapshot version {state[0]}")
+        _, watermark, pending, op_state, relation, change, source, emitted = state
         ev = cls(stage)
+        ev.source, ev.emitted = source, emitted
         ev.relation, ev.change = relation, change
         ev.watermark = watermark
         ev.pending = [(ts, src, seq, next(ev._tiebreak), row) for ts, src, seq, row in pending]

@@ -24,7 +24,9 @@ Contract (read by ``rules/language`` and ``engine/spark``; changes here are addi
 * Event time travels with every output row outside its columns (``Output.ts`` in
   :mod:`engine.core.evaluator`): an over-window output has the input tuple's timestamp
   (or the expiration instant), an extent output has ``window_end``, a stateless query
-  keeps its input's event time.
+  keeps its input's event time. So does its tie order as a derived-stream row
+  (``Output.source`` / ``Output.seq``: producing stage and key, output counter), which
+  a stage reading that derived stream uses as the row's ``source`` / ``seq``.
 * :meth:`Plan.stages` cuts the plan into :class:`Stage` s, the units the runtime runs:
   each stage has one input stream and partition-key columns; the runtime groups the
   input rows by the key and runs one ``KeyedEvaluator`` per (stage, key value).

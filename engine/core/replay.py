@@ -12,12 +12,12 @@ outputs and the late readings. End of input is a final heartbeat at
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.core.evaluator import KeyedEvaluator, Output
-from engine.core.plan import END_OF_TIME, Plan, Stage
+from engine.core.plan import END_OF_TIME, Plan
 from engine.core.sequencer import StreamSequencer, Verdict
 
 Row = dict[str, Any]
@@ -60,7 +60,10 @@ def run(plan: Plan, readings: Iterable[tuple[str, Row]], batch: int = 10_000) ->
     ``seq`` default to ``""`` and the arrival index (ties then follow arrival order, and
     such readings are never duplicates of each other).
     Every ``batch`` readings the evaluators advance to their stream's watermark (which
-    bounds memory and, by snapshot-equivalence, does not change the result).
+    bounds memory and, by snapshot-equivalence, does not change the result). A derived
+    stream's rows feed the stages reading it as soon as its producer emits them, with
+    the producer's watermark and the tie order of :class:`Output` (``source``, ``seq``),
+    exactly as the live job feeds them from the derived stream's table.
 
     Outputs are ordered by event time, then stage, key and the evaluator's own order;
     late readings in arrival order.
@@ -83,10 +86,24 @@ def run(plan: Plan, readings: Iterable[tuple[str, Row]], batch: int = 10_000) ->
             ev = evaluators[i][key] = KeyedEvaluator(stage)
         ev.insert(row)
 
-    def drain(i: int, watermark: int) -> None:
-        for key, ev in evaluators[i].items():
-            for n, o in enumerate(ev.advance(watermark)):
-                produced.append((o.ts, i, _sort_key(key), n, o))
+    def drain(watermarks: dict[str, int]) -> None:
+        """Advance every stage to its input's watermark, in plan order (producers before
+        consumers), feeding each derived row to the stages that read it at once."""
+        for i, stage in enumerate(stages):
+            watermark = watermarks[stage.input]
+            outputs = []
+            for key, ev in evaluators[i].items():
+                for o in ev.advance(watermark):
+                    outputs.append((o.ts, i, _sort_key(key), o.seq, o))
+            produced.extend(outputs)
+            # Everything the stage emits from now on has ts >= watermark (outputs keep
+            # their input's time, or fire at timers >= it): its sinks' watermark.
+            for q in (stage.query, *stage.downstream):
+                watermarks[q.sink.name] = watermark
+            for *_, o in outputs:
+                for j in by_input.get(o.sink, ()):
+                    ts = stages[j].timestamp
+                    feed(j, {**o.row, ts: o.ts, "source": o.source, "seq": o.seq})
 
     for arrival, (stream, raw) in enumerate(readings):
         sequencer = sequencers.get(stream)
@@ -105,31 +122,14 @@ def run(plan: Plan, readings: Iterable[tuple[str, Row]], batch: int = 10_000) ->
         for i in by_input.get(stream, ()):
             feed(i, row)
         if (arrival + 1) % batch == 0:
-            for name, seqr in sequencers.items():
+            for seqr in sequencers.values():
                 seqr.forget_old()
-                for i in by_input.get(name, ()):
-                    drain(i, seqr.clock.watermark)
+            drain({name: seqr.clock.watermark for name, seqr in sequencers.items()})
 
-    # End of input; stages over derived streams run after their producers (plan order).
-    for i, stage in enumerate(stages):
-        if stage.input not in sequencers:
-            _feed_derived(stage, i, produced, feed)
-        drain(i, END_OF_TIME)
+    drain(dict.fromkeys(sequencers, END_OF_TIME))  # end of input: the final heartbeat
     produced.sort(key=lambda p: p[:4])
     result.outputs = [p[4] for p in produced]
     return result
-
-
-def _feed_derived(
-    stage: Stage,
-    i: int,
-    produced: list[tuple[int, int, str, int, Output]],
-    feed: Callable[[int, Row], None],
-) -> None:
-    """Feed a stage over a derived stream with that stream's rows so far, in event order."""
-    rows = sorted((p for p in produced if p[4].sink == stage.input), key=lambda p: p[:4])
-    for seq, (_, _, _, _, o) in enumerate(rows):
-        feed(i, {**o.row, stage.timestamp: o.ts, "source": stage.input, "seq": seq})
 
 
 def _timestamp(plan: Plan, stream: str) -> str:
