@@ -19,10 +19,19 @@ from rules.language.ast import Pos
 from rules.language.errors import RuleError, make_error
 
 TYPE_ALIASES = {
-    "INT": "INT", "INTEGER": "INT", "BIGINT": "BIGINT", "LONG": "BIGINT",
-    "DOUBLE": "DOUBLE", "FLOAT": "DOUBLE", "REAL": "DOUBLE",
-    "STRING": "STRING", "VARCHAR": "STRING", "TEXT": "STRING",
-    "BOOLEAN": "BOOLEAN", "BOOL": "BOOLEAN", "TIMESTAMP": "TIMESTAMP",
+    "INT": "INT",
+    "INTEGER": "INT",
+    "BIGINT": "BIGINT",
+    "LONG": "BIGINT",
+    "DOUBLE": "DOUBLE",
+    "FLOAT": "DOUBLE",
+    "REAL": "DOUBLE",
+    "STRING": "STRING",
+    "VARCHAR": "STRING",
+    "TEXT": "STRING",
+    "BOOLEAN": "BOOLEAN",
+    "BOOL": "BOOLEAN",
+    "TIMESTAMP": "TIMESTAMP",
 }
 NUMERIC = {"INT", "BIGINT", "DOUBLE"}
 PSEUDO_COLUMNS = ("window_start", "window_end")
@@ -30,9 +39,17 @@ PSEUDO_COLUMNS = ("window_start", "window_end")
 NUMERIC_AGGREGATES = {"sum", "avg", "var", "stddev"}
 # Scalar functions: name -> (min args, max args); result typing is in _scalar_type.
 SCALARS = {
-    "abs": (1, 1), "round": (1, 2), "floor": (1, 1), "ceil": (1, 1),
-    "lower": (1, 1), "upper": (1, 1), "concat": (1, 99), "coalesce": (1, 99),
-    "greatest": (2, 99), "least": (2, 99), "time_bucket": (2, 2),
+    "abs": (1, 1),
+    "round": (1, 2),
+    "floor": (1, 1),
+    "ceil": (1, 1),
+    "lower": (1, 1),
+    "upper": (1, 1),
+    "concat": (1, 99),
+    "coalesce": (1, 99),
+    "greatest": (2, 99),
+    "least": (2, 99),
+    "time_bucket": (2, 2),
 }
 MESSAGE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -118,9 +135,16 @@ def _overrides(cls: type, method: str) -> bool:
 
 
 def _describe(spec: ast.WindowSpec) -> str:
-    return {"rows": "ROWS", "partition_rows": "PARTITION BY ... ROWS", "range": "RANGE",
-            "unbounded": "UNBOUNDED", "now": "NOW", "since": "SINCE", "until": "UNTIL",
-            "band": "BETWEEN ... AND ..."}[spec.kind]
+    return {
+        "rows": "ROWS",
+        "partition_rows": "PARTITION BY ... ROWS",
+        "range": "RANGE",
+        "unbounded": "UNBOUNDED",
+        "now": "NOW",
+        "since": "SINCE",
+        "until": "UNTIL",
+        "band": "BETWEEN ... AND ...",
+    }[spec.kind]
 
 
 class Checker:
@@ -141,13 +165,17 @@ class Checker:
         """Register a top-level name; report a duplicate (names are case-insensitive)."""
         key = ident.name.lower()
         if key in BUILTINS and what == "aggregate":
-            self.error(file, ident.pos,
-                       f"duplicate name '{ident.name}': it is a built-in aggregate")
+            self.error(
+                file, ident.pos, f"duplicate name '{ident.name}': it is a built-in aggregate"
+            )
             return False
         if key in self._names:
             first = self._names[key]
-            self.error(file, ident.pos,
-                       f"duplicate name '{ident.name}': already defined at line {first.pos.line}")
+            self.error(
+                file,
+                ident.pos,
+                f"duplicate name '{ident.name}': already defined at line {first.pos.line}",
+            )
             return False
         self._names[key] = ident
         return True
@@ -155,8 +183,12 @@ class Checker:
     def _type(self, file: str, ident: ast.Ident) -> str | None:
         resolved = TYPE_ALIASES.get(ident.name.upper())
         if resolved is None:
-            self.error(file, ident.pos, f"unknown type '{ident.name}'; use one of INT, BIGINT, "
-                                        "DOUBLE, STRING, BOOLEAN or TIMESTAMP")
+            self.error(
+                file,
+                ident.pos,
+                f"unknown type '{ident.name}'; use one of INT, BIGINT, "
+                "DOUBLE, STRING, BOOLEAN or TIMESTAMP",
+            )
         return resolved
 
     def _columns(self, file: str, defs: tuple[ast.ColumnDef, ...]) -> dict[str, str]:
@@ -187,24 +219,36 @@ class Checker:
         columns = self._columns(stmt.file, stmt.columns)
         ts = stmt.order_by.name
         if ts not in columns:
-            self.error(stmt.file, stmt.order_by.pos,
-                       f"unknown column '{ts}': ORDER BY must name a TIMESTAMP column of "
-                       f"'{stmt.name.name}'")
+            self.error(
+                stmt.file,
+                stmt.order_by.pos,
+                f"unknown column '{ts}': ORDER BY must name a TIMESTAMP column of "
+                f"'{stmt.name.name}'",
+            )
         elif columns[ts] != "TIMESTAMP":
-            self.error(stmt.file, stmt.order_by.pos,
-                       f"type mismatch: ORDER BY column '{ts}' is {columns[ts]}, not TIMESTAMP")
+            self.error(
+                stmt.file,
+                stmt.order_by.pos,
+                f"type mismatch: ORDER BY column '{ts}' is {columns[ts]}, not TIMESTAMP",
+            )
         if stmt.slack_ms <= 0:
-            self.error(stmt.file, stmt.pos, "SLACK must be positive (a 0 slack drops every "
-                                            "reading that is even slightly out of order)")
+            self.error(
+                stmt.file,
+                stmt.pos,
+                "SLACK must be positive (a 0 slack drops every "
+                "reading that is even slightly out of order)",
+            )
         if self._claim(stmt.file, stmt.name, "stream"):
             self.catalog.relations[stmt.name.name] = Relation(
-                stmt.name.name, "stream", columns, ts, stmt, stmt.slack_ms, stmt.source)
+                stmt.name.name, "stream", columns, ts, stmt, stmt.slack_ms, stmt.source
+            )
 
     def _create_table(self, stmt: ast.CreateTable) -> None:
         columns = self._columns(stmt.file, stmt.columns)
         if self._claim(stmt.file, stmt.name, "table"):
             self.catalog.relations[stmt.name.name] = Relation(
-                stmt.name.name, "table", columns, None, stmt)
+                stmt.name.name, "table", columns, None, stmt
+            )
 
     def _create_aggregate(self, stmt: ast.CreateAggregate) -> None:
         params = tuple(self._type(stmt.file, p.type) or "STRING" for p in stmt.params)
@@ -212,7 +256,8 @@ class Checker:
         cls = self._import_uda(stmt)
         if self._claim(stmt.file, stmt.name, "aggregate"):
             self.catalog.aggregates[stmt.name.name.lower()] = Aggregate(
-                stmt.name.name, params, returns, cls, stmt.algebraic, stmt)
+                stmt.name.name, params, returns, cls, stmt.algebraic, stmt
+            )
 
     def _import_uda(self, stmt: ast.CreateAggregate) -> type[WindowAggregate] | None:
         """Import 'module:Class' (a module import, never eval) and check its states."""
@@ -228,12 +273,19 @@ class Checker:
             return None
         cls = getattr(module, class_name, None)
         if not isinstance(cls, type):
-            self.error(file, pos, f"cannot import Python aggregate '{target}': module "
-                                  f"'{module_name}' has no class '{class_name}'")
+            self.error(
+                file,
+                pos,
+                f"cannot import Python aggregate '{target}': module "
+                f"'{module_name}' has no class '{class_name}'",
+            )
             return None
         if not issubclass(cls, WindowAggregate):
-            self.error(file, pos, f"Python aggregate '{target}' must subclass "
-                                  "engine.core.aggregates.WindowAggregate")
+            self.error(
+                file,
+                pos,
+                f"Python aggregate '{target}' must subclass engine.core.aggregates.WindowAggregate",
+            )
             return None
         if issubclass(cls, IncrementalAggregate):
             needed = ("accumulate", "retract", "get_value")
@@ -241,10 +293,14 @@ class Checker:
             needed = ("iterate",)
         missing = [m for m in needed if not _overrides(cls, m)]
         if missing:
-            self.error(file, pos, f"Python aggregate '{target}' lacks the "
-                                  f"{' and '.join(missing)} state"
-                                  f"{'s' if len(missing) > 1 else ''} (ESL: initialize, "
-                                  "iterate, expire, terminate)")
+            self.error(
+                file,
+                pos,
+                f"Python aggregate '{target}' lacks the "
+                f"{' and '.join(missing)} state"
+                f"{'s' if len(missing) > 1 else ''} (ESL: initialize, "
+                "iterate, expire, terminate)",
+            )
             return None
         return cls
 
@@ -262,23 +318,32 @@ class Checker:
             self.catalog.alerts[stmt.name.name] = stmt
         else:
             self.catalog.relations[stmt.name.name] = Relation(
-                stmt.name.name, "stream", {n: t for n, t, _ in first.outputs},
-                first.timestamp if all(s.timestamp == first.timestamp for s in selects)
-                else None, stmt)
+                stmt.name.name,
+                "stream",
+                {n: t for n, t, _ in first.outputs},
+                first.timestamp if all(s.timestamp == first.timestamp for s in selects) else None,
+                stmt,
+            )
 
     def _union(self, file: str, selects: list[SelectInfo]) -> None:
         first = selects[0]
         for other in selects[1:]:
             if len(other.outputs) != len(first.outputs):
-                self.error(file, other.select.pos,
-                           f"UNION ALL branches must have the same number of columns: "
-                           f"{len(first.outputs)} and {len(other.outputs)}")
+                self.error(
+                    file,
+                    other.select.pos,
+                    f"UNION ALL branches must have the same number of columns: "
+                    f"{len(first.outputs)} and {len(other.outputs)}",
+                )
                 continue
             for (name, a, _), (_, b, expr) in zip(first.outputs, other.outputs, strict=True):
                 if not _compatible(a, b):
-                    self.error(file, _expr_pos(expr),
-                               f"type mismatch: column '{name}' is {a} in the first branch "
-                               f"of UNION ALL and {b} here")
+                    self.error(
+                        file,
+                        _expr_pos(expr),
+                        f"type mismatch: column '{name}' is {a} in the first branch "
+                        f"of UNION ALL and {b} here",
+                    )
 
     def _message(self, stmt: ast.CreateAlert, columns: set[str]) -> None:
         assert stmt.message is not None and stmt.message_pos is not None
@@ -286,9 +351,12 @@ class Checker:
             if match.group(1) not in columns:
                 # +1 for the opening quote; assumes the message is on one line.
                 pos = Pos(stmt.message_pos.line, stmt.message_pos.col + 1 + match.start())
-                self.error(stmt.file, pos,
-                           f"unknown column '{match.group(1)}' in MESSAGE; the alert's "
-                           f"columns are {', '.join(sorted(columns))}")
+                self.error(
+                    stmt.file,
+                    pos,
+                    f"unknown column '{match.group(1)}' in MESSAGE; the alert's "
+                    f"columns are {', '.join(sorted(columns))}",
+                )
 
     # -- SELECT
     def _select(self, file: str, sel: ast.Select) -> SelectInfo:
@@ -297,26 +365,36 @@ class Checker:
         for src in sel.sources:
             rel = self.catalog.relations.get(src.name.name)
             if rel is None:
-                self.error(file, src.name.pos, f"unknown stream '{src.name.name}'"
-                                               + self._known("stream or table"))
+                self.error(
+                    file,
+                    src.name.pos,
+                    f"unknown stream '{src.name.name}'" + self._known("stream or table"),
+                )
                 continue
             scope.append((src, rel))
             if rel.kind == "stream":
                 if info.stream is not None:
-                    self.error(file, src.name.pos,
-                               f"this query reads two streams ('{info.stream.name}' and "
-                               f"'{rel.name}'); a stream can only be joined with reference "
-                               "tables (CREATE TABLE)")
+                    self.error(
+                        file,
+                        src.name.pos,
+                        f"this query reads two streams ('{info.stream.name}' and "
+                        f"'{rel.name}'); a stream can only be joined with reference "
+                        "tables (CREATE TABLE)",
+                    )
                 info.stream = rel
                 info.window = src.window
             else:
                 info.tables.append(rel)
                 if src.window is not None:
-                    self.error(file, src.window.pos,
-                               f"'{rel.name}' is a table, and only streams can have a window")
+                    self.error(
+                        file,
+                        src.window.pos,
+                        f"'{rel.name}' is a table, and only streams can have a window",
+                    )
         if info.stream is None and scope:
-            self.error(file, sel.sources[0].name.pos,
-                       "a query must read a stream; FROM names only tables")
+            self.error(
+                file, sel.sources[0].name.pos, "a query must read a stream; FROM names only tables"
+            )
         if info.window is not None and info.stream is not None:
             self._window(file, info.window, info.stream)
         pseudo = info.window is not None and info.window.kind == "range"
@@ -340,8 +418,7 @@ class Checker:
         self._outputs(file, info, ctx)
         if sel.having is not None:
             if not sel.group_by and info.window is None:
-                self.error(file, _expr_pos(sel.having),
-                           "HAVING needs GROUP BY or a window in FROM")
+                self.error(file, _expr_pos(sel.having), "HAVING needs GROUP BY or a window in FROM")
             ctx.expect_boolean(sel.having, "HAVING")
         info.aggregates = ctx.aggregates
         self._aggregate_rules(file, info)
@@ -357,8 +434,9 @@ class Checker:
             if item.expr is None:  # SELECT *: every column of every source, stream first
                 for _, rel in sorted(ctx.scope, key=lambda sr: sr[1].kind != "stream"):
                     for name, typ in rel.columns.items():
-                        self._output(file, info, seen, name, typ,
-                                     ast.Column(name, None, item.pos), item.pos)
+                        self._output(
+                            file, info, seen, name, typ, ast.Column(name, None, item.pos), item.pos
+                        )
                 continue
             typ = ctx.type_of(item.expr) or "STRING"
             if item.alias is not None:
@@ -368,11 +446,20 @@ class Checker:
             else:
                 self.error(file, item.pos, "name this column with AS (e.g. ... AS avg_speed)")
                 continue
-            self._output(file, info, seen, name, typ, item.expr,
-                         item.alias.pos if item.alias else item.pos)
+            self._output(
+                file, info, seen, name, typ, item.expr, item.alias.pos if item.alias else item.pos
+            )
 
-    def _output(self, file: str, info: SelectInfo, seen: set[str], name: str, typ: str,
-                expr: ast.Expr, pos: Pos) -> None:
+    def _output(
+        self,
+        file: str,
+        info: SelectInfo,
+        seen: set[str],
+        name: str,
+        typ: str,
+        expr: ast.Expr,
+        pos: Pos,
+    ) -> None:
         if name in seen:
             self.error(file, pos, f"duplicate column name '{name}' in the SELECT list")
             return
@@ -380,9 +467,13 @@ class Checker:
         info.outputs.append((name, typ, expr))
         # The output carries the event time if it is the input's timestamp column
         # (or the end of a domain window's extent).
-        if isinstance(expr, ast.Column) and info.timestamp is None and (
-            (info.stream is not None and expr.name == info.stream.timestamp)
-            or (expr.name == "window_end" and info.window is not None)
+        if (
+            isinstance(expr, ast.Column)
+            and info.timestamp is None
+            and (
+                (info.stream is not None and expr.name == info.stream.timestamp)
+                or (expr.name == "window_end" and info.window is not None)
+            )
         ):
             info.timestamp = name
 
@@ -390,16 +481,24 @@ class Checker:
         """Windows and blocking (ESL §3): aggregates need a window on a stream."""
         overs = [use.call.over for use in info.aggregates if use.call.over is not None]
         if overs and info.window is not None:
-            self.error(file, overs[0].pos, "a query has either a window in FROM or OVER "
-                                           "windows, not both")
+            self.error(
+                file, overs[0].pos, "a query has either a window in FROM or OVER windows, not both"
+            )
         if overs and info.select.group_by:
-            self.error(file, _expr_pos(info.select.group_by[0]),
-                       "GROUP BY cannot be combined with OVER windows; use PARTITION BY")
+            self.error(
+                file,
+                _expr_pos(info.select.group_by[0]),
+                "GROUP BY cannot be combined with OVER windows; use PARTITION BY",
+            )
         for spec in overs[1:]:
             if _window_key(spec) != _window_key(overs[0]):
-                self.error(file, spec.pos, "all OVER windows of one SELECT must be the same "
-                                           "(one window per query); compute this aggregate "
-                                           "in a stream of its own")
+                self.error(
+                    file,
+                    spec.pos,
+                    "all OVER windows of one SELECT must be the same "
+                    "(one window per query); compute this aggregate "
+                    "in a stream of its own",
+                )
         if info.stream is not None:
             for spec in overs:
                 self._window(file, spec, info.stream)
@@ -413,16 +512,27 @@ class Checker:
         blocking = use.uda.blocking if use.uda is not None else True
         if spec is None and info.stream is not None and blocking:
             stream = info.stream.name
-            self.error(file, call.pos,
-                       f"'{call.name}' is a blocking aggregate and '{stream}' is an unbounded "
-                       f"stream: give it a window, e.g. {call.name}(...) OVER (RANGE 5 "
-                       f"MINUTES PRECEDING) or FROM {stream} [RANGE 5 MINUTES] (ESL §3)")
-        if spec is not None and spec.active_expiration and use.uda is not None \
-                and use.uda.cls is not None and not _overrides(use.uda.cls, "expire") \
-                and not issubclass(use.uda.cls, IncrementalAggregate):
-            self.error(file, call.pos,
-                       f"'{call.name}' is used with ACTIVE EXPIRATION but its Python class "
-                       f"lacks the expire state, so expiring tuples cannot emit")
+            self.error(
+                file,
+                call.pos,
+                f"'{call.name}' is a blocking aggregate and '{stream}' is an unbounded "
+                f"stream: give it a window, e.g. {call.name}(...) OVER (RANGE 5 "
+                f"MINUTES PRECEDING) or FROM {stream} [RANGE 5 MINUTES] (ESL §3)",
+            )
+        if (
+            spec is not None
+            and spec.active_expiration
+            and use.uda is not None
+            and use.uda.cls is not None
+            and not _overrides(use.uda.cls, "expire")
+            and not issubclass(use.uda.cls, IncrementalAggregate)
+        ):
+            self.error(
+                file,
+                call.pos,
+                f"'{call.name}' is used with ACTIVE EXPIRATION but its Python class "
+                f"lacks the expire state, so expiring tuples cannot emit",
+            )
 
     def _grouping(self, file: str, info: SelectInfo) -> None:
         """With a domain window, plain output columns must be grouped (or the extent)."""
@@ -430,46 +540,80 @@ class Checker:
         for name, _, expr in info.outputs:
             for col in _plain_columns(expr):
                 if col.name not in keys and col.name not in PSEUDO_COLUMNS:
-                    self.error(file, col.pos,
-                               f"column '{col.name}' must appear in GROUP BY or inside an "
-                               f"aggregate (output column '{name}')")
+                    self.error(
+                        file,
+                        col.pos,
+                        f"column '{col.name}' must appear in GROUP BY or inside an "
+                        f"aggregate (output column '{name}')",
+                    )
 
     def _window(self, file: str, spec: ast.WindowSpec, stream: Relation) -> None:
         """A window the stream can have, with sensible sizes."""
-        time_based = spec.kind in ("range", "now", "since", "until", "band") or \
-            spec.slide_ms is not None or spec.reset_ms is not None
+        time_based = (
+            spec.kind in ("range", "now", "since", "until", "band")
+            or spec.slide_ms is not None
+            or spec.reset_ms is not None
+        )
         if time_based and stream.timestamp is None:
-            self.error(file, spec.pos,
-                       f"stream '{stream.name}' has no timestamp column, so it cannot have a "
-                       f"time-based {_describe(spec)} window; select its timestamp where it "
-                       "is derived")
+            self.error(
+                file,
+                spec.pos,
+                f"stream '{stream.name}' has no timestamp column, so it cannot have a "
+                f"time-based {_describe(spec)} window; select its timestamp where it "
+                "is derived",
+            )
         # `ROWS 0 PRECEDING` is the current row alone; a CQL `[ROWS 0]` is empty.
         rows = spec.rows if spec.origin == "from" else None
-        for value, what in ((rows, "ROWS"), (spec.range_ms, "RANGE"),
-                            (spec.slide_rows, "SLIDE"), (spec.slide_ms, "SLIDE"),
-                            (spec.reset_ms, "RESET EVERY")):
+        for value, what in (
+            (rows, "ROWS"),
+            (spec.range_ms, "RANGE"),
+            (spec.slide_rows, "SLIDE"),
+            (spec.slide_ms, "SLIDE"),
+            (spec.reset_ms, "RESET EVERY"),
+        ):
             if value is not None and value <= 0:
                 self.error(file, spec.pos, f"{what} must be positive")
         if spec.active_expiration and spec.kind != "range":
-            self.error(file, spec.modifier_pos or spec.pos,
-                       f"ACTIVE EXPIRATION needs a time-based window (RANGE t PRECEDING), not "
-                       f"{_describe(spec)}: only tuples of a logical window expire on their "
-                       "own (ESL §5.2)")
-        if spec.kind == "band" and spec.lower_ms is not None and spec.upper_ms is not None \
-                and spec.lower_ms >= spec.upper_ms:
+            self.error(
+                file,
+                spec.modifier_pos or spec.pos,
+                f"ACTIVE EXPIRATION needs a time-based window (RANGE t PRECEDING), not "
+                f"{_describe(spec)}: only tuples of a logical window expire on their "
+                "own (ESL §5.2)",
+            )
+        if (
+            spec.kind == "band"
+            and spec.lower_ms is not None
+            and spec.upper_ms is not None
+            and spec.lower_ms >= spec.upper_ms
+        ):
             self.error(file, spec.pos, "the band's lower bound must be before its upper bound")
         cols = stream.columns
         for key in spec.partition:
             if key.name not in cols:
-                self.error(file, key.pos, f"unknown column '{key.name}' in PARTITION BY; "
-                                          f"'{stream.name}' has {', '.join(cols)}")
+                self.error(
+                    file,
+                    key.pos,
+                    f"unknown column '{key.name}' in PARTITION BY; "
+                    f"'{stream.name}' has {', '.join(cols)}",
+                )
 
 
 def _window_key(spec: ast.WindowSpec) -> tuple[object, ...]:
     """A window's meaning, without positions."""
-    return (spec.kind, tuple(p.name for p in spec.partition), spec.rows, spec.range_ms,
-            spec.slide_rows, spec.slide_ms, spec.lag_ms, spec.reset_ms, spec.lower_ms,
-            spec.upper_ms, spec.active_expiration)
+    return (
+        spec.kind,
+        tuple(p.name for p in spec.partition),
+        spec.rows,
+        spec.range_ms,
+        spec.slide_rows,
+        spec.slide_ms,
+        spec.lag_ms,
+        spec.reset_ms,
+        spec.lower_ms,
+        spec.upper_ms,
+        spec.active_expiration,
+    )
 
 
 def _plain_columns(expr: ast.Expr | None) -> Iterator[ast.Column]:
@@ -521,8 +665,9 @@ def _numeric_result(a: str, b: str) -> str:
 class _Ctx:
     """Expression typing within one SELECT's scope."""
 
-    def __init__(self, checker: Checker, file: str,
-                 scope: list[tuple[ast.SourceRef, Relation]], pseudo: bool) -> None:
+    def __init__(
+        self, checker: Checker, file: str, scope: list[tuple[ast.SourceRef, Relation]], pseudo: bool
+    ) -> None:
         self.checker = checker
         self.file = file
         self.scope = scope
@@ -539,8 +684,10 @@ class _Ctx:
     def expect_boolean(self, expr: ast.Expr, where: str) -> None:
         typ = self.type_of(expr)
         if typ is not None and typ not in ("BOOLEAN", "NULL"):
-            self.err(_expr_pos(expr), f"type mismatch: {where} needs a true/false condition, "
-                                      f"not a {typ} value")
+            self.err(
+                _expr_pos(expr),
+                f"type mismatch: {where} needs a true/false condition, not a {typ} value",
+            )
 
     def type_of(self, expr: ast.Expr) -> str | None:
         """The type of `expr`, or None after reporting an error inside it."""
@@ -560,8 +707,10 @@ class _Ctx:
             for item in expr.items:
                 right = self.type_of(item)
                 if left and right and not _compatible(left, right):
-                    self.err(item.pos, f"type mismatch: IN list item is {right}, "
-                                       f"but the value tested is {left}")
+                    self.err(
+                        item.pos,
+                        f"type mismatch: IN list item is {right}, but the value tested is {left}",
+                    )
             return "BOOLEAN"
         if isinstance(expr, ast.Case):
             return self._case(expr)
@@ -573,16 +722,22 @@ class _Ctx:
                 if src.label == col.qualifier:
                     if col.name in rel.columns:
                         return rel.columns[col.name]
-                    self.err(col.pos, f"unknown column '{col.name}' in '{rel.name}'; it has "
-                                      f"{', '.join(rel.columns)}")
+                    self.err(
+                        col.pos,
+                        f"unknown column '{col.name}' in '{rel.name}'; it has "
+                        f"{', '.join(rel.columns)}",
+                    )
                     return None
             self.err(col.pos, f"unknown stream '{col.qualifier}' (not named in FROM)")
             return None
         found = [(src, rel) for src, rel in self.scope if col.name in rel.columns]
         if len(found) > 1:
-            self.err(col.pos, f"ambiguous column '{col.name}': it is in "
-                              f"{' and '.join(s.label for s, _ in found)}; qualify it "
-                              f"(e.g. {found[0][0].label}.{col.name})")
+            self.err(
+                col.pos,
+                f"ambiguous column '{col.name}': it is in "
+                f"{' and '.join(s.label for s, _ in found)}; qualify it "
+                f"(e.g. {found[0][0].label}.{col.name})",
+            )
             return None
         if found:
             return found[0][1].columns[col.name]
@@ -592,8 +747,11 @@ class _Ctx:
             return None  # FROM already reported
         names = ", ".join(f"'{rel.name}'" for _, rel in self.scope)
         have = ", ".join(c for _, rel in self.scope for c in rel.columns)
-        hint = " (window_start/window_end need a FROM s [RANGE r SLIDE s] window)" \
-            if col.name in PSEUDO_COLUMNS else ""
+        hint = (
+            " (window_start/window_end need a FROM s [RANGE r SLIDE s] window)"
+            if col.name in PSEUDO_COLUMNS
+            else ""
+        )
         self.err(col.pos, f"unknown column '{col.name}' in {names}; known columns: {have}{hint}")
         return None
 
@@ -613,14 +771,14 @@ class _Ctx:
     def _binary(self, expr: ast.Binary) -> str | None:
         left, right = self.type_of(expr.left), self.type_of(expr.right)
         if left is None or right is None:
-            return "BOOLEAN" if expr.op in ("AND", "OR", "=", "<>", "<", "<=", ">", ">=") \
-                else None
+            return "BOOLEAN" if expr.op in ("AND", "OR", "=", "<>", "<", "<=", ">", ">=") else None
         op = expr.op
         if op in ("AND", "OR"):
             for side, typ in ((expr.left, left), (expr.right, right)):
                 if typ not in ("BOOLEAN", "NULL"):
-                    self.err(_expr_pos(side), f"type mismatch: {op} needs true/false values, "
-                                              f"not {typ}")
+                    self.err(
+                        _expr_pos(side), f"type mismatch: {op} needs true/false values, not {typ}"
+                    )
             return "BOOLEAN"
         if op in ("=", "<>", "<", "<=", ">", ">="):
             if not _compatible(left, right):
@@ -654,8 +812,7 @@ class _Ctx:
             if result is None:
                 result = typ
             elif not _compatible(result, typ):
-                self.err(_expr_pos(value), f"type mismatch: CASE branches give {result} "
-                                           f"and {typ}")
+                self.err(_expr_pos(value), f"type mismatch: CASE branches give {result} and {typ}")
             elif result in NUMERIC and typ in NUMERIC:
                 result = _numeric_result(result, typ)
         return result or "NULL"
@@ -673,9 +830,12 @@ class _Ctx:
             self.err(call.pos, f"unknown function '{name}'")
             return None
         if not arity[0] <= len(call.args) <= arity[1]:
-            self.err(call.pos, f"'{name}' takes {arity[0]}"
-                               f"{'' if arity[0] == arity[1] else ' or more'} argument"
-                               f"{'s' if arity[1] > 1 else ''}, got {len(call.args)}")
+            self.err(
+                call.pos,
+                f"'{name}' takes {arity[0]}"
+                f"{'' if arity[0] == arity[1] else ' or more'} argument"
+                f"{'s' if arity[1] > 1 else ''}, got {len(call.args)}",
+            )
             return None
         types = [self.type_of(arg) for arg in call.args]
         if any(t is None for t in types):
@@ -686,16 +846,20 @@ class _Ctx:
         name = call.name
         if name in ("abs", "round", "floor", "ceil"):
             if types[0] not in NUMERIC | {"NULL"}:
-                self.err(call.args[0].pos, f"type mismatch: '{name}' needs a number, "
-                                           f"not {types[0]}")
+                self.err(
+                    call.args[0].pos, f"type mismatch: '{name}' needs a number, not {types[0]}"
+                )
                 return None
             return "BIGINT" if name in ("floor", "ceil") else types[0]
         if name in ("lower", "upper", "concat"):
             return "STRING"
         if name == "time_bucket":
             if (types[0], types[1]) != ("INTERVAL", "TIMESTAMP"):
-                self.err(call.pos, f"type mismatch: time_bucket takes an INTERVAL and a "
-                                   f"TIMESTAMP, not {types[0]} and {types[1]}")
+                self.err(
+                    call.pos,
+                    f"type mismatch: time_bucket takes an INTERVAL and a "
+                    f"TIMESTAMP, not {types[0]} and {types[1]}",
+                )
                 return None
             return "TIMESTAMP"
         known = [t for t in types if t != "NULL"]
@@ -712,8 +876,11 @@ class _Ctx:
 
     def _aggregate(self, call: ast.Call, uda: Aggregate | None) -> str | None:
         if self.clause is not None:
-            self.err(call.pos, f"aggregate '{call.name}' is not allowed in {self.clause}; "
-                               "filter on it in HAVING or in a stream derived from this one")
+            self.err(
+                call.pos,
+                f"aggregate '{call.name}' is not allowed in {self.clause}; "
+                "filter on it in HAVING or in a stream derived from this one",
+            )
             return None
         if self._in_aggregate:
             self.err(call.pos, f"aggregate '{call.name}' cannot be nested in another aggregate")
@@ -738,26 +905,32 @@ class _Ctx:
         if typ is None:
             return None
         if call.name in NUMERIC_AGGREGATES and typ not in NUMERIC | {"NULL"}:
-            self.err(_expr_pos(call.args[0]),
-                     f"type mismatch: '{call.name}' needs a number, not {typ}")
+            self.err(
+                _expr_pos(call.args[0]), f"type mismatch: '{call.name}' needs a number, not {typ}"
+            )
             return None
         return "DOUBLE" if call.name in ("avg", "var", "stddev") else typ
 
     def _uda_args(self, call: ast.Call, uda: Aggregate, types: list[str | None]) -> str:
         if call.star or len(call.args) != len(uda.params):
-            self.err(call.pos, f"'{uda.name}' takes {len(uda.params)} argument"
-                               f"{'s' if len(uda.params) != 1 else ''}, got "
-                               f"{0 if call.star else len(call.args)}")
+            self.err(
+                call.pos,
+                f"'{uda.name}' takes {len(uda.params)} argument"
+                f"{'s' if len(uda.params) != 1 else ''}, got "
+                f"{0 if call.star else len(call.args)}",
+            )
             return uda.returns
         for arg, typ, want in zip(call.args, types, uda.params, strict=True):
             if typ is not None and not _compatible(want, typ):
-                self.err(_expr_pos(arg), f"type mismatch: '{uda.name}' expects {want} here, "
-                                         f"got {typ}")
+                self.err(
+                    _expr_pos(arg), f"type mismatch: '{uda.name}' expects {want} here, got {typ}"
+                )
         return uda.returns
 
 
-def check_statements(statements: list[ast.Statement], texts: dict[str, str]) -> tuple[
-        Catalog, list[RuleError]]:
+def check_statements(
+    statements: list[ast.Statement], texts: dict[str, str]
+) -> tuple[Catalog, list[RuleError]]:
     """Check parsed statements (from the files whose text is in `texts`)."""
     checker = Checker(texts)
     catalog = checker.check(statements)

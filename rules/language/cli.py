@@ -50,11 +50,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     rules = subparsers.add_parser("rules", help="check and explain rule files")
     sub = rules.add_subparsers(dest="rules_command", required=True)
     check = sub.add_parser("check", help="check rule files; exit 1 on any error")
-    check.add_argument("paths", nargs="*", metavar="PATH",
-                       help="rule files or folders (default: the rules/ folder)")
+    check.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="rule files or folders (default: the rules/ folder)",
+    )
     check.set_defaults(func=_check)
     expl = sub.add_parser("explain", help="explain a rule's streams, keys, windows, outputs")
     expl.add_argument("name", metavar="NAME")
-    expl.add_argument("--rules", action="append", metavar="PATH",
-                      help="rule files or folders (default: the rules/ folder)")
+    expl.add_argument(
+        "--rules",
+        action="append",
+        metavar="PATH",
+        help="rule files or folders (default: the rules/ folder)",
+    )
     expl.set_defaults(func=_explain)

@@ -23,8 +23,12 @@ Row = Mapping[str, Any]
 Fn = Callable[[Row], Any]
 
 _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
-    "=": operator.eq, "<>": operator.ne, "<": operator.lt,
-    "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+    "=": operator.eq,
+    "<>": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
 }
 _COLUMN_TYPES = {t.value: t for t in plan.ColumnType}
 
@@ -134,6 +138,7 @@ def compile_expr(expr: ast.Expr, aggregates: Mapping[ast.Call, str] | None = Non
     def binary(node: ast.Binary) -> Fn:
         left, right, op = build(node.left), build(node.right), node.op
         if op == "AND":
+
             def and_(row: Row) -> bool | None:
                 a = left(row)
                 if a is False:
@@ -142,8 +147,10 @@ def compile_expr(expr: ast.Expr, aggregates: Mapping[ast.Call, str] | None = Non
                 if b is False:
                     return False
                 return None if a is None or b is None else True
+
             return and_
         if op == "OR":
+
             def or_(row: Row) -> bool | None:
                 a = left(row)
                 if a is True:
@@ -152,6 +159,7 @@ def compile_expr(expr: ast.Expr, aggregates: Mapping[ast.Call, str] | None = Non
                 if b is True:
                     return True
                 return None if a is None or b is None else False
+
             return or_
         if op in _COMPARE:
             return _strict(_COMPARE[op], [left, right])
@@ -191,8 +199,9 @@ def compile_expr(expr: ast.Expr, aggregates: Mapping[ast.Call, str] | None = Non
 
 def _column_type(typ: str) -> plan.ColumnType:
     # INTERVAL values are int ms; a bare NULL column has no better type than STRING.
-    return _COLUMN_TYPES.get(typ, plan.ColumnType.BIGINT if typ == "INTERVAL"
-                             else plan.ColumnType.STRING)
+    return _COLUMN_TYPES.get(
+        typ, plan.ColumnType.BIGINT if typ == "INTERVAL" else plan.ColumnType.STRING
+    )
 
 
 def _over_window(spec: ast.WindowSpec, aggs: tuple[plan.AggCall, ...]) -> plan.OverWindow:
@@ -213,11 +222,15 @@ def _over_window(spec: ast.WindowSpec, aggs: tuple[plan.AggCall, ...]) -> plan.O
     )
 
 
-def _extent_window(sel: SelectInfo, spec: ast.WindowSpec,
-                   aggs: tuple[plan.AggCall, ...]) -> plan.ExtentWindow:
+def _extent_window(
+    sel: SelectInfo, spec: ast.WindowSpec, aggs: tuple[plan.AggCall, ...]
+) -> plan.ExtentWindow:
     if spec.kind != "range" or spec.lag_ms is not None:
-        what = "a LAG on a FROM window" if spec.lag_ms is not None \
+        what = (
+            "a LAG on a FROM window"
+            if spec.lag_ms is not None
             else f"the CQL window [{spec.kind.upper().replace('_', ' ')}]"
+        )
         raise Unsupported(spec.pos, what)
     if not aggs:
         raise Unsupported(spec.pos, "a FROM window without aggregates (a CQL relation)")
@@ -262,19 +275,28 @@ def compile_query(info: QueryInfo) -> plan.Query:
         # A non-blocking UDA without a window (ESL §3): it sees the whole history of its
         # GROUP BY group, i.e. an unbounded window partitioned by the grouping columns.
         window = plan.OverWindow(
-            aggregates=agg_calls, units=plan.FrameUnits.ROWS, preceding=None,
-            partition_by=tuple(k.name for k in select.group_by if isinstance(k, ast.Column)))
+            aggregates=agg_calls,
+            units=plan.FrameUnits.ROWS,
+            preceding=None,
+            partition_by=tuple(k.name for k in select.group_by if isinstance(k, ast.Column)),
+        )
     pre: tuple[plan.StatelessOp, ...] = ()
     if select.where is not None:
         pre = (plan.Filter(compile_expr(select.where)),)
     post: list[plan.StatelessOp] = []
     if select.having is not None:
         post.append(plan.Filter(compile_expr(select.having, alias_of)))
-    post.append(plan.Project(tuple((name, compile_expr(expr, alias_of))
-                                   for name, _, expr in sel.outputs)))
+    post.append(
+        plan.Project(tuple((name, compile_expr(expr, alias_of)) for name, _, expr in sel.outputs))
+    )
     kind = plan.SinkKind.ALERT if isinstance(stmt, ast.CreateAlert) else plan.SinkKind.STREAM
-    return plan.Query(sink=plan.Sink(stmt.name.name, kind), input=sel.stream.name,
-                      pre=pre, window=window, post=tuple(post))
+    return plan.Query(
+        sink=plan.Sink(stmt.name.name, kind),
+        input=sel.stream.name,
+        pre=pre,
+        window=window,
+        post=tuple(post),
+    )
 
 
 def compile_catalog(catalog: Catalog, texts: dict[str, str]) -> tuple[plan.Plan, list[RuleError]]:
@@ -284,8 +306,9 @@ def compile_catalog(catalog: Catalog, texts: dict[str, str]) -> tuple[plan.Plan,
         if rel.kind != "stream":
             continue
         columns = tuple(plan.Column(n, _column_type(t)) for n, t in rel.columns.items())
-        streams[rel.name] = plan.StreamSchema(rel.name, columns, rel.timestamp,
-                                              rel.slack_ms, rel.topic)
+        streams[rel.name] = plan.StreamSchema(
+            rel.name, columns, rel.timestamp, rel.slack_ms, rel.topic
+        )
     for info in catalog.queries:
         # Alerts get a schema too (never a source: a query writes them), so that
         # consumers know their column types, e.g. which values are timestamps.
@@ -301,6 +324,9 @@ def compile_catalog(catalog: Catalog, texts: dict[str, str]) -> tuple[plan.Plan,
             queries.append(compile_query(info))
         except Unsupported as exc:
             file = info.statement.file
-            errors.append(make_error(file, texts.get(file, ""), exc.pos,
-                                     f"the engine cannot run {exc.what} yet"))
+            errors.append(
+                make_error(
+                    file, texts.get(file, ""), exc.pos, f"the engine cannot run {exc.what} yet"
+                )
+            )
     return plan.Plan(streams=streams, queries=tuple(queries)), errors

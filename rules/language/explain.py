@@ -16,8 +16,13 @@ _ORIGIN_MS = int(datetime(2026, 1, 1, 1, tzinfo=UTC).timestamp() * 1000)
 def duration_words(ms: int) -> str:
     """`90000` -> `1 minute 30 seconds`."""
     parts = []
-    for unit, size in (("day", 86_400_000), ("hour", 3_600_000), ("minute", 60_000),
-                       ("second", 1_000), ("millisecond", 1)):
+    for unit, size in (
+        ("day", 86_400_000),
+        ("hour", 3_600_000),
+        ("minute", 60_000),
+        ("second", 1_000),
+        ("millisecond", 1),
+    ):
         amount, ms = divmod(ms, size)
         if amount:
             parts.append(f"{amount} {unit}{'s' if amount != 1 else ''}")
@@ -40,8 +45,9 @@ def _base_streams(catalog: Catalog, name: str) -> list[Relation]:
     if isinstance(rel.statement, ast.CreateStream):
         return [rel]
     info = next(q for q in catalog.queries if q.statement is rel.statement)
-    return [b for sel in info.selects if sel.stream
-            for b in _base_streams(catalog, sel.stream.name)]
+    return [
+        b for sel in info.selects if sel.stream for b in _base_streams(catalog, sel.stream.name)
+    ]
 
 
 def window_lines(spec: ast.WindowSpec) -> list[str]:
@@ -54,15 +60,19 @@ def window_lines(spec: ast.WindowSpec) -> list[str]:
         assert spec.range_ms is not None
         slide = spec.slide_ms or spec.range_ms
         shape = "tumbling" if slide >= spec.range_ms else "hopping"
-        lines.append(f"domain-driven {shape} window: extents of "
-                     f"{duration_words(spec.range_ms)} every {duration_words(slide)}, "
-                     "aligned to the epoch; each extent's result is emitted once, when the "
-                     "watermark passes its end")
+        lines.append(
+            f"domain-driven {shape} window: extents of "
+            f"{duration_words(spec.range_ms)} every {duration_words(slide)}, "
+            "aligned to the epoch; each extent's result is emitted once, when the "
+            "watermark passes its end"
+        )
         base = t0 - t0 % slide  # extents end at multiples of the slide from the epoch
         for k in range(1, 4):
             end = base + k * slide
-            lines.append(f"  extent [{_clock(end - spec.range_ms)}, {_clock(end)}) "
-                         f"is emitted when the watermark reaches {_clock(end)}")
+            lines.append(
+                f"  extent [{_clock(end - spec.range_ms)}, {_clock(end)}) "
+                f"is emitted when the watermark reaches {_clock(end)}"
+            )
         return lines
     if spec.kind == "rows":
         lines.append(f"count-based window{per}: each tuple with the {spec.rows} before it")
@@ -72,45 +82,62 @@ def window_lines(spec: ast.WindowSpec) -> list[str]:
         lines.append("NOW window: the tuples of the current instant only")
     elif spec.kind == "unbounded":
         if spec.reset_ms:
-            lines.append(f"landmark window{per}: every tuple since the start of the current "
-                         f"{duration_words(spec.reset_ms)} period (periods aligned to the "
-                         "epoch, so 1 DAY resets at midnight UTC)")
+            lines.append(
+                f"landmark window{per}: every tuple since the start of the current "
+                f"{duration_words(spec.reset_ms)} period (periods aligned to the "
+                "epoch, so 1 DAY resets at midnight UTC)"
+            )
         else:
             lines.append(f"landmark window{per}: every tuple since the stream began")
     elif spec.kind == "since":
         assert spec.lower_ms is not None
-        lines.append(f"lower-bounded landmark window{per}: tuples from "
-                     f"{_stamp(spec.lower_ms)} up to the current one")
+        lines.append(
+            f"lower-bounded landmark window{per}: tuples from "
+            f"{_stamp(spec.lower_ms)} up to the current one"
+        )
     elif spec.kind == "until":
         assert spec.upper_ms is not None
-        lines.append(f"upper-bounded landmark window{per}: tuples up to the current one, "
-                     f"and none after {_stamp(spec.upper_ms)}")
+        lines.append(
+            f"upper-bounded landmark window{per}: tuples up to the current one, "
+            f"and none after {_stamp(spec.upper_ms)}"
+        )
     elif spec.kind == "band":
         assert spec.lower_ms is not None and spec.upper_ms is not None
-        lines.append(f"fixed-band window{per}: tuples in [{_stamp(spec.lower_ms)}, "
-                     f"{_stamp(spec.upper_ms)}]")
+        lines.append(
+            f"fixed-band window{per}: tuples in [{_stamp(spec.lower_ms)}, {_stamp(spec.upper_ms)}]"
+        )
     else:  # time-based sliding, data-driven
         assert spec.range_ms is not None
         lag = spec.lag_ms or 0
         lag_words = f", delayed by {duration_words(lag)}" if lag else ""
-        lines.append(f"time-based window{per}: for a tuple at t, the tuples in "
-                     f"[t - {duration_words(spec.range_ms)}, t]{lag_words} "
-                     "(tuples with equal timestamps included)")
+        lines.append(
+            f"time-based window{per}: for a tuple at t, the tuples in "
+            f"[t - {duration_words(spec.range_ms)}, t]{lag_words} "
+            "(tuples with equal timestamps included)"
+        )
         for k in (1, 2, 4):
             t = t0 + k * spec.range_ms // 2
-            lines.append(f"  a tuple at {_clock(t)} sees [{_clock(t - lag - spec.range_ms)}, "
-                         f"{_clock(t - lag)}]")
+            lines.append(
+                f"  a tuple at {_clock(t)} sees [{_clock(t - lag - spec.range_ms)}, "
+                f"{_clock(t - lag)}]"
+            )
         if spec.active_expiration:
-            lines.append(f"  active expiration: a tuple at t expires at t + "
-                         f"{duration_words(spec.range_ms)} (at {_clock(t0 + spec.range_ms)} "
-                         f"for one at {_clock(t0)}), and may emit then")
+            lines.append(
+                f"  active expiration: a tuple at t expires at t + "
+                f"{duration_words(spec.range_ms)} (at {_clock(t0 + spec.range_ms)} "
+                f"for one at {_clock(t0)}), and may emit then"
+            )
     if spec.slide_rows:
-        lines.append(f"  SLIDE {spec.slide_rows}: only the last tuple of every "
-                     f"{spec.slide_rows} rows is output")
+        lines.append(
+            f"  SLIDE {spec.slide_rows}: only the last tuple of every "
+            f"{spec.slide_rows} rows is output"
+        )
     if spec.slide_ms:
-        lines.append(f"  SLIDE {duration_words(spec.slide_ms)}: only the last tuple of each "
-                     f"slot is output, e.g. [{_clock(t0)}, {_clock(t0 + spec.slide_ms)}), "
-                     f"[{_clock(t0 + spec.slide_ms)}, {_clock(t0 + 2 * spec.slide_ms)})")
+        lines.append(
+            f"  SLIDE {duration_words(spec.slide_ms)}: only the last tuple of each "
+            f"slot is output, e.g. [{_clock(t0)}, {_clock(t0 + spec.slide_ms)}), "
+            f"[{_clock(t0 + spec.slide_ms)}, {_clock(t0 + 2 * spec.slide_ms)})"
+        )
     return lines
 
 
@@ -119,8 +146,10 @@ def _select_lines(catalog: Catalog, sel: SelectInfo) -> list[str]:
     if sel.stream is not None:
         lines.append(f"reads stream: {sel.stream.name}")
         for base in _base_streams(catalog, sel.stream.name):
-            lines.append(f"  from source {base.name} (topic '{base.topic}', ordered by "
-                         f"{base.timestamp}, slack {duration_words(base.slack_ms)})")
+            lines.append(
+                f"  from source {base.name} (topic '{base.topic}', ordered by "
+                f"{base.timestamp}, slack {duration_words(base.slack_ms)})"
+            )
     for table in sel.tables:
         lines.append(f"joins table: {table.name}")
     keys = [k.name for k in sel.select.group_by if isinstance(k, ast.Column)]
@@ -134,15 +163,18 @@ def _select_lines(catalog: Catalog, sel: SelectInfo) -> list[str]:
     else:
         lines.append("window: " + "\n".join(window_lines(spec)))
     if sel.aggregates:
-        lines.append("aggregates: " + ", ".join(
-            f"{u.call.name}({'*' if u.call.star else '...'})" for u in sel.aggregates))
+        lines.append(
+            "aggregates: "
+            + ", ".join(f"{u.call.name}({'*' if u.call.star else '...'})" for u in sel.aggregates)
+        )
     return lines
 
 
 def explain(catalog: Catalog, name: str) -> str | None:
     """The explanation of the stream, alert, table or aggregate `name` (None if unknown)."""
     info: QueryInfo | None = next(
-        (q for q in catalog.queries if q.statement.name.name == name), None)
+        (q for q in catalog.queries if q.statement.name.name == name), None
+    )
     if info is not None:
         stmt = info.statement
         kind = "alert" if isinstance(stmt, ast.CreateAlert) else "derived stream"
@@ -166,12 +198,16 @@ def explain(catalog: Catalog, name: str) -> str | None:
             stmt_t = rel.statement
             assert isinstance(stmt_t, ast.CreateTable)
             return f"{name}: reference table from {stmt_t.format} '{stmt_t.path}'\ncolumns: {cols}"
-        return (f"{name}: source stream, topic '{rel.topic}'\ncolumns: {cols}\n"
-                f"ordered by {rel.timestamp}, slack {duration_words(rel.slack_ms)}")
+        return (
+            f"{name}: source stream, topic '{rel.topic}'\ncolumns: {cols}\n"
+            f"ordered by {rel.timestamp}, slack {duration_words(rel.slack_ms)}"
+        )
     uda = catalog.aggregates.get(name.lower())
     if uda is not None:
-        return (f"{uda.name}: Python aggregate {uda.statement.target}"
-                f"({', '.join(uda.params)}) -> {uda.returns}"
-                f"{', ALGEBRAIC' if uda.algebraic else ''}"
-                f"{', blocking' if uda.blocking else ', non-blocking'}")
+        return (
+            f"{uda.name}: Python aggregate {uda.statement.target}"
+            f"({', '.join(uda.params)}) -> {uda.returns}"
+            f"{', ALGEBRAIC' if uda.algebraic else ''}"
+            f"{', blocking' if uda.blocking else ', non-blocking'}"
+        )
     return None

@@ -43,8 +43,9 @@ def rule_files(paths: Iterable[str | Path]) -> list[Path]:
     return files
 
 
-def _analyse(paths: Iterable[str | Path]) -> tuple[list[ast.Statement], Catalog, Plan | None,
-                                                   dict[str, str], list[RuleError]]:
+def _analyse(
+    paths: Iterable[str | Path],
+) -> tuple[list[ast.Statement], Catalog, Plan | None, dict[str, str], list[RuleError]]:
     statements: list[ast.Statement] = []
     texts: dict[str, str] = {}
     errors: list[RuleError] = []

@@ -48,8 +48,20 @@ _TERMINAL_WORDS = {
     "$END": "the end of the file",
 }
 # Tokens that can start an expression: when most of them are expected, say "an expression".
-_OPERATORS = {"ADD_OP", "MUL_OP", "STAR", "COMP_OP", "AND", "OR", "IS", "IN", "NOT", "DOT",
-              "LPAR", "OVER"}
+_OPERATORS = {
+    "ADD_OP",
+    "MUL_OP",
+    "STAR",
+    "COMP_OP",
+    "AND",
+    "OR",
+    "IS",
+    "IN",
+    "NOT",
+    "DOT",
+    "LPAR",
+    "OVER",
+}
 _EXPR_START = {"NAME", "INT", "DECIMAL", "STRING", "TRUE", "FALSE", "NULL", "CASE", "LPAR"}
 
 
@@ -137,8 +149,13 @@ def _timestamp_ms(token: Token) -> int:
 
 def _strip(children: list[Any]) -> list[Any]:
     """Drop keyword tokens, keep names, literals and subtrees."""
-    return [c for c in children if not (isinstance(c, Token) and c.type.isupper()
-                                        and c.type not in ("INT", "STRING", "UNIT"))]
+    return [
+        c
+        for c in children
+        if not (
+            isinstance(c, Token) and c.type.isupper() and c.type not in ("INT", "STRING", "UNIT")
+        )
+    ]
 
 
 class _R2S(NamedTuple):
@@ -187,8 +204,9 @@ class _Build(Transformer[Token, Any]):
     @v_args(meta=True)
     def create_stream(self, meta: Any, children: list[Any]) -> ast.CreateStream:
         name, cols, order_by, (slack, _), source = _strip(children)
-        return ast.CreateStream(name, cols, order_by, slack, _unquote(source),
-                                Pos(meta.line, meta.column), self.file)
+        return ast.CreateStream(
+            name, cols, order_by, slack, _unquote(source), Pos(meta.line, meta.column), self.file
+        )
 
     @v_args(meta=True)
     def create_derived(self, meta: Any, children: list[Any]) -> ast.CreateDerived:
@@ -198,8 +216,9 @@ class _Build(Transformer[Token, Any]):
     @v_args(meta=True)
     def create_table(self, meta: Any, children: list[Any]) -> ast.CreateTable:
         name, cols, fmt, path = _strip(children)
-        return ast.CreateTable(name, cols, fmt, _unquote(path), Pos(meta.line, meta.column),
-                               self.file)
+        return ast.CreateTable(
+            name, cols, fmt, _unquote(path), Pos(meta.line, meta.column), self.file
+        )
 
     def table_format(self, children: list[Token]) -> str:
         return str(children[0]).upper()
@@ -217,8 +236,16 @@ class _Build(Transformer[Token, Any]):
     def create_aggregate(self, meta: Any, children: list[Any]) -> ast.CreateAggregate:
         parts = _strip(children)
         name, params, returns, target = parts[:4]
-        return ast.CreateAggregate(name, params, returns, _unquote(target), _pos(target),
-                                   len(parts) > 4, Pos(meta.line, meta.column), self.file)
+        return ast.CreateAggregate(
+            name,
+            params,
+            returns,
+            _unquote(target),
+            _pos(target),
+            len(parts) > 4,
+            Pos(meta.line, meta.column),
+            self.file,
+        )
 
     @v_args(meta=True)
     def create_alert(self, meta: Any, children: list[Any]) -> ast.CreateAlert:
@@ -226,10 +253,13 @@ class _Build(Transformer[Token, Any]):
         name, severity = parts[0], parts[1]
         message = parts[2] if len(parts) == 4 else None
         return ast.CreateAlert(
-            name, severity,
+            name,
+            severity,
             _unquote(message) if message is not None else None,
             _pos(message) if message is not None else None,
-            parts[-1], Pos(meta.line, meta.column), self.file,
+            parts[-1],
+            Pos(meta.line, meta.column),
+            self.file,
         )
 
     # -- queries
@@ -244,9 +274,16 @@ class _Build(Transformer[Token, Any]):
         r2s, items = parts[0] if isinstance(parts[0], _R2S) else (None, parts[0])
         sources, joins = parts[1]
         clauses = {kind: value for kind, value in parts[2:]}
-        return ast.Select(r2s, items, sources, joins, clauses.get("where"),
-                          clauses.get("group_by", ()), clauses.get("having"),
-                          Pos(meta.line, meta.column))
+        return ast.Select(
+            r2s,
+            items,
+            sources,
+            joins,
+            clauses.get("where"),
+            clauses.get("group_by", ()),
+            clauses.get("having"),
+            Pos(meta.line, meta.column),
+        )
 
     def r2s(self, children: list[Token]) -> str:
         return str(children[0]).upper()
@@ -266,8 +303,9 @@ class _Build(Transformer[Token, Any]):
     def select_star(self, children: list[Token]) -> ast.SelectItem:
         return ast.SelectItem(None, None, _pos(children[0]))
 
-    def from_clause(self, children: list[Any]) -> tuple[tuple[ast.SourceRef, ...],
-                                                         tuple[ast.Expr | None, ...]]:
+    def from_clause(
+        self, children: list[Any]
+    ) -> tuple[tuple[ast.SourceRef, ...], tuple[ast.Expr | None, ...]]:
         sources: list[ast.SourceRef] = []
         joins: list[ast.Expr | None] = []
         for child in children:
@@ -305,8 +343,9 @@ class _Build(Transformer[Token, Any]):
     def cql_window(self, children: list[ast.WindowSpec]) -> ast.WindowSpec:
         return children[0]
 
-    def _window(self, kind: str, origin: str, first: Token, parts: list[Any],
-                **fields: Any) -> ast.WindowSpec:
+    def _window(
+        self, kind: str, origin: str, first: Token, parts: list[Any], **fields: Any
+    ) -> ast.WindowSpec:
         for part in parts:
             if isinstance(part, tuple) and len(part) == 2 and isinstance(part[0], str):
                 fields[part[0]] = part[1]
@@ -320,12 +359,12 @@ class _Build(Transformer[Token, Any]):
 
     def cql_partition_rows(self, children: list[Any]) -> ast.WindowSpec:
         keys, rows = _strip(children)
-        return ast.WindowSpec("partition_rows", "from", _pos(children[0]), partition=keys,
-                              rows=int(rows))
+        return ast.WindowSpec(
+            "partition_rows", "from", _pos(children[0]), partition=keys, rows=int(rows)
+        )
 
     def cql_range(self, children: list[Any]) -> ast.WindowSpec:
-        return self._window("range", "from", children[0], children[2:],
-                            range_ms=children[1][0])
+        return self._window("range", "from", children[0], children[2:], range_ms=children[1][0])
 
     def cql_unbounded(self, children: list[Any]) -> ast.WindowSpec:
         return self._window("unbounded", "from", children[0], children[2:])
@@ -337,8 +376,13 @@ class _Build(Transformer[Token, Any]):
         return ast.WindowSpec("until", "from", _pos(children[0]), upper_ms=children[1].value)
 
     def cql_band(self, children: list[Any]) -> ast.WindowSpec:
-        return ast.WindowSpec("band", "from", _pos(children[0]), lower_ms=children[1].value,
-                              upper_ms=children[3].value)
+        return ast.WindowSpec(
+            "band",
+            "from",
+            _pos(children[0]),
+            lower_ms=children[1].value,
+            upper_ms=children[3].value,
+        )
 
     def slide_rows(self, children: list[Token]) -> tuple[str, Any]:
         return "slide_rows", int(children[1])
@@ -381,8 +425,7 @@ class _Build(Transformer[Token, Any]):
         return ast.WindowSpec("unbounded", "over", _pos(children[0]))
 
     def frame_range(self, children: list[Any]) -> ast.WindowSpec:
-        return self._window("range", "over", children[0], children[3:],
-                            range_ms=children[1][0])
+        return self._window("range", "over", children[0], children[3:], range_ms=children[1][0])
 
     def frame_unbounded(self, children: list[Any]) -> ast.WindowSpec:
         return self._window("unbounded", "over", children[0], children[3:])
@@ -394,8 +437,13 @@ class _Build(Transformer[Token, Any]):
         return ast.WindowSpec("until", "over", _pos(children[0]), upper_ms=children[2].value)
 
     def frame_band(self, children: list[Any]) -> ast.WindowSpec:
-        return ast.WindowSpec("band", "over", _pos(children[0]), lower_ms=children[2].value,
-                              upper_ms=children[4].value)
+        return ast.WindowSpec(
+            "band",
+            "over",
+            _pos(children[0]),
+            lower_ms=children[2].value,
+            upper_ms=children[4].value,
+        )
 
     def mod_slide_rows(self, children: list[Token]) -> tuple[Pos, dict[str, Any]]:
         return _pos(children[0]), {"slide_rows": int(children[1])}

@@ -23,8 +23,9 @@ def test_check_library_default_path(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.startswith("ok: ")
 
 
-def test_check_reports_errors_with_caret(tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_reports_errors_with_caret(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "bad.sql"
     bad.write_text(TRAFFIC + "CREATE STREAM s AS SELECT station, sped FROM traffic;\n")
     assert _run(["rules", "check", str(bad)]) == 1
@@ -50,8 +51,10 @@ def test_explain_congestion(capsys: pytest.CaptureFixture[str]) -> None:
 def test_explain_domain_window(capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(["rules", "explain", "segment_minmax"]) == 0
     out = capsys.readouterr().out
-    assert "extent [01-01 00:56:00, 01-01 01:01:00) is emitted when the watermark reaches " \
-           "01-01 01:01:00" in out
+    assert (
+        "extent [01-01 00:56:00, 01-01 01:01:00) is emitted when the watermark reaches "
+        "01-01 01:01:00" in out
+    )
 
 
 def test_explain_unknown_name(capsys: pytest.CaptureFixture[str]) -> None:

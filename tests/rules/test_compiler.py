@@ -28,24 +28,39 @@ def test_congestion_plan() -> None:
     plan = load_rules([RULES_DIR / "traffic.sql"]).plan
     traffic = plan.streams["traffic"]
     assert (traffic.timestamp, traffic.slack_ms, traffic.topic) == (
-        "ts", 2000, "lookout/traffic/+/readings")
+        "ts",
+        2000,
+        "lookout/traffic/+/readings",
+    )
     assert [(c.name, c.type) for c in traffic.columns] == [
-        ("station", ColumnType.INT), ("lane", ColumnType.INT), ("speed", ColumnType.DOUBLE),
-        ("length", ColumnType.DOUBLE), ("ts", ColumnType.TIMESTAMP)]
+        ("station", ColumnType.INT),
+        ("lane", ColumnType.INT),
+        ("speed", ColumnType.DOUBLE),
+        ("length", ColumnType.DOUBLE),
+        ("ts", ColumnType.TIMESTAMP),
+    ]
     speed_schema = plan.streams["station_speed"]
     assert speed_schema.timestamp == "ts" and speed_schema.topic is None
     assert [(c.name, c.type) for c in speed_schema.columns] == [
-        ("station", ColumnType.INT), ("ts", ColumnType.TIMESTAMP),
-        ("avg_speed", ColumnType.DOUBLE)]
+        ("station", ColumnType.INT),
+        ("ts", ColumnType.TIMESTAMP),
+        ("avg_speed", ColumnType.DOUBLE),
+    ]
 
     queries = {q.sink.name: q for q in plan.queries}
     speed = queries["station_speed"]
     assert (speed.input, speed.sink.kind, speed.pre) == ("traffic", SinkKind.STREAM, ())
     window = speed.window
     assert isinstance(window, OverWindow)
-    assert (window.units, window.preceding, window.partition_by, window.slide_ms,
-            window.slide_rows, window.active_expiration, window.lag) == (
-        FrameUnits.RANGE, 900_000, ("station",), 60_000, None, False, 0)
+    assert (
+        window.units,
+        window.preceding,
+        window.partition_by,
+        window.slide_ms,
+        window.slide_rows,
+        window.active_expiration,
+        window.lag,
+    ) == (FrameUnits.RANGE, 900_000, ("station",), 60_000, None, False, 0)
     (avg,) = window.aggregates
     # Aggregates travel under internal aliases so they never shadow an input column.
     assert (avg.name, avg.alias, avg.factory) == ("avg", "__agg0", None)
@@ -54,13 +69,19 @@ def test_congestion_plan() -> None:
     assert isinstance(project, Project)
     row = {"station": 4, "ts": 60_000, "speed": 3.0, avg.alias: 14.0}
     assert {n: f(row) for n, f in project.columns} == {
-        "station": 4, "ts": 60_000, "avg_speed": 14.0}
+        "station": 4,
+        "ts": 60_000,
+        "avg_speed": 14.0,
+    }
 
     assert plan.streams["congestion"].timestamp == "ts"  # alerts have a schema too
     assert {s.name for s in plan.sources()} == {"traffic"}
     congestion = queries["congestion"]
     assert (congestion.input, congestion.sink.kind, congestion.window) == (
-        "station_speed", SinkKind.ALERT, None)
+        "station_speed",
+        SinkKind.ALERT,
+        None,
+    )
     (where,) = congestion.pre
     assert isinstance(where, Filter)
     assert where.predicate({"avg_speed": 14.9}) is True
@@ -120,12 +141,17 @@ def test_expression_closures(text: str, row: dict[str, Any], value: Any) -> None
 
 def test_non_blocking_uda_with_group_by_runs_unbounded(tmp_path: Path) -> None:
     path = tmp_path / "g.sql"
-    path.write_text(TRAFFIC + "CREATE AGGREGATE grp(t TIMESTAMP) RETURNS BIGINT LANGUAGE PYTHON "
-                    "AS 'rules.udas:PackingGroup';\nCREATE STREAM g AS SELECT station, ts, "
-                    "grp(ts) AS n FROM traffic GROUP BY station;")
+    path.write_text(
+        TRAFFIC + "CREATE AGGREGATE grp(t TIMESTAMP) RETURNS BIGINT LANGUAGE PYTHON "
+        "AS 'rules.udas:PackingGroup';\nCREATE STREAM g AS SELECT station, ts, "
+        "grp(ts) AS n FROM traffic GROUP BY station;"
+    )
     (query,) = load_rules([path]).plan.queries
     window = query.window
     assert isinstance(window, OverWindow)
     assert (window.units, window.preceding, window.partition_by) == (
-        FrameUnits.ROWS, None, ("station",))
+        FrameUnits.ROWS,
+        None,
+        ("station",),
+    )
     assert window.aggregates[0].factory is not None

@@ -19,145 +19,233 @@ STATIONS = "CREATE TABLE stations (id INT, speed_limit DOUBLE) FROM CSV 'station
 CASES = [
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT station, sped FROM traffic;",
-        "3:36", "unknown column 'sped' in 'traffic'; known columns: station, lane, speed, "
-        "length, ts", id="unknown-column"),
+        "3:36",
+        "unknown column 'sped' in 'traffic'; known columns: station, lane, speed, length, ts",
+        id="unknown-column",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT station FROM trafic;",
-        "3:40", "unknown stream 'trafic'; known stream or tables: traffic",
-        id="unknown-stream"),
+        "3:40",
+        "unknown stream 'trafic'; known stream or tables: traffic",
+        id="unknown-stream",
+    ),
     pytest.param(
         TRAFFIC + "CREATE ALERT a SEVERITY info AS\n  SELECT station, ts FROM traffic "
         "WHERE speed > 'fast';",
-        "4:47", "type mismatch: cannot compare DOUBLE with STRING", id="type-mismatch-compare"),
+        "4:47",
+        "type mismatch: cannot compare DOUBLE with STRING",
+        id="type-mismatch-compare",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT ts, station + 'x' AS y FROM traffic;",
-        "3:39", "type mismatch: '+' cannot combine INT and STRING", id="type-mismatch-arith"),
+        "3:39",
+        "type mismatch: '+' cannot combine INT and STRING",
+        id="type-mismatch-arith",
+    ),
     pytest.param(
         RFID + "CREATE STREAM s AS SELECT ts, avg(tagid) OVER (ROWS 3 PRECEDING) AS a "
         "FROM tag_readings;",
-        "3:35", "type mismatch: 'avg' needs a number, not STRING", id="type-mismatch-agg"),
+        "3:35",
+        "type mismatch: 'avg' needs a number, not STRING",
+        id="type-mismatch-agg",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT station FROM traffic WHERE speed;",
-        "3:54", "type mismatch: WHERE needs a true/false condition, not a DOUBLE value",
-        id="type-mismatch-where"),
+        "3:54",
+        "type mismatch: WHERE needs a true/false condition, not a DOUBLE value",
+        id="type-mismatch-where",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT station, avg(speed) AS a FROM traffic\n"
         "  GROUP BY station;",
-        "3:36", "'avg' is a blocking aggregate and 'traffic' is an unbounded stream: give "
-        "it a window", id="blocking-aggregate"),
+        "3:36",
+        "'avg' is a blocking aggregate and 'traffic' is an unbounded stream: give it a window",
+        id="blocking-aggregate",
+    ),
     pytest.param(
         TRAFFIC + STATIONS + "CREATE STREAM s AS SELECT station FROM traffic JOIN "
         "stations [NOW] ON station = id;",
-        "4:63", "'stations' is a table, and only streams can have a window",
-        id="window-on-table"),
+        "4:63",
+        "'stations' is a table, and only streams can have a window",
+        id="window-on-table",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM counts AS SELECT station, count(*) OVER (ROWS 9 PRECEDING) "
         "AS n FROM traffic;\nCREATE STREAM c2 AS SELECT station, n FROM counts [RANGE 1 MINUTE];",
-        "4:52", "stream 'counts' has no timestamp column, so it cannot have a time-based "
-        "RANGE window", id="time-window-without-timestamp"),
+        "4:52",
+        "stream 'counts' has no timestamp column, so it cannot have a time-based RANGE window",
+        id="time-window-without-timestamp",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT ts, count(*) OVER (ROWS 9 PRECEDING ACTIVE "
         "EXPIRATION) AS n FROM traffic;",
-        "3:63", "ACTIVE EXPIRATION needs a time-based window (RANGE t PRECEDING), not ROWS",
-        id="active-expiration-on-rows"),
+        "3:63",
+        "ACTIVE EXPIRATION needs a time-based window (RANGE t PRECEDING), not ROWS",
+        id="active-expiration-on-rows",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT ts, count(*) OVER (PARTITION BY road RANGE 1 "
         "MINUTE PRECEDING) AS n FROM traffic;",
-        "3:59", "unknown column 'road' in PARTITION BY", id="unknown-partition-column"),
+        "3:59",
+        "unknown column 'road' in PARTITION BY",
+        id="unknown-partition-column",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM traffic AS SELECT station FROM traffic;",
-        "3:15", "duplicate name 'traffic': already defined at line 1", id="duplicate-name"),
+        "3:15",
+        "duplicate name 'traffic': already defined at line 1",
+        id="duplicate-name",
+    ),
     pytest.param(
-        "CREATE STREAM t (a INT, a DOUBLE, ts TIMESTAMP) ORDER BY ts SLACK 1 SECOND "
-        "SOURCE 'x';", "1:25", "duplicate column 'a'", id="duplicate-column"),
+        "CREATE STREAM t (a INT, a DOUBLE, ts TIMESTAMP) ORDER BY ts SLACK 1 SECOND SOURCE 'x';",
+        "1:25",
+        "duplicate column 'a'",
+        id="duplicate-column",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT station, lane AS station FROM traffic;",
-        "3:44", "duplicate column name 'station' in the SELECT list", id="duplicate-output"),
+        "3:44",
+        "duplicate column name 'station' in the SELECT list",
+        id="duplicate-output",
+    ),
     pytest.param(
         "CREATE AGGREGATE f(x INT) RETURNS INT LANGUAGE PYTHON AS 'no_such_module:F';",
-        "1:58", "cannot import Python aggregate 'no_such_module:F': No module named "
-        "'no_such_module'", id="uda-import"),
+        "1:58",
+        "cannot import Python aggregate 'no_such_module:F': No module named 'no_such_module'",
+        id="uda-import",
+    ),
     pytest.param(
         "CREATE AGGREGATE f(x INT) RETURNS INT LANGUAGE PYTHON AS "
         "'tests.rules.uda_fixtures:Missing';",
-        "1:58", "cannot import Python aggregate 'tests.rules.uda_fixtures:Missing': module "
-        "'tests.rules.uda_fixtures' has no class 'Missing'", id="uda-no-class"),
+        "1:58",
+        "cannot import Python aggregate 'tests.rules.uda_fixtures:Missing': module "
+        "'tests.rules.uda_fixtures' has no class 'Missing'",
+        id="uda-no-class",
+    ),
     pytest.param(
         "CREATE AGGREGATE f(x INT) RETURNS INT LANGUAGE PYTHON AS "
         "'tests.rules.uda_fixtures:NotAnAggregate';",
-        "1:58", "Python aggregate 'tests.rules.uda_fixtures:NotAnAggregate' must subclass "
-        "engine.core.aggregates.WindowAggregate", id="uda-not-aggregate"),
+        "1:58",
+        "Python aggregate 'tests.rules.uda_fixtures:NotAnAggregate' must subclass "
+        "engine.core.aggregates.WindowAggregate",
+        id="uda-not-aggregate",
+    ),
     pytest.param(
         "CREATE AGGREGATE f(x INT) RETURNS INT LANGUAGE PYTHON AS "
         "'tests.rules.uda_fixtures:NoIterate';",
-        "1:58", "Python aggregate 'tests.rules.uda_fixtures:NoIterate' lacks the iterate "
-        "state", id="uda-lacks-iterate"),
+        "1:58",
+        "Python aggregate 'tests.rules.uda_fixtures:NoIterate' lacks the iterate state",
+        id="uda-lacks-iterate",
+    ),
     pytest.param(
         TRAFFIC + "CREATE AGGREGATE f(x INT) RETURNS INT LANGUAGE PYTHON AS "
         "'tests.rules.uda_fixtures:NoExpire';\nCREATE ALERT a SEVERITY info AS SELECT station, "
         "f(lane) OVER (RANGE 1 MINUTE PRECEDING ACTIVE EXPIRATION) AS v FROM traffic;",
-        "4:49", "'f' is used with ACTIVE EXPIRATION but its Python class lacks the expire "
-        "state", id="uda-lacks-expire"),
+        "4:49",
+        "'f' is used with ACTIVE EXPIRATION but its Python class lacks the expire state",
+        id="uda-lacks-expire",
+    ),
     pytest.param(
         TRAFFIC + "CREATE ALERT a SEVERITY info MESSAGE 'slow at {statoin}'\n"
         "  AS SELECT station, ts FROM traffic;",
-        "3:47", "unknown column 'statoin' in MESSAGE", id="message-field"),
+        "3:47",
+        "unknown column 'statoin' in MESSAGE",
+        id="message-field",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT station, window_end FROM traffic;",
-        "3:36", "unknown column 'window_end'", id="pseudo-column-without-window"),
+        "3:36",
+        "unknown column 'window_end'",
+        id="pseudo-column-without-window",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT lane, window_end, count(*) AS n\n"
         "  FROM traffic [RANGE 1 MINUTE] GROUP BY station;",
-        "3:27", "column 'lane' must appear in GROUP BY or inside an aggregate", id="grouping"),
+        "3:27",
+        "column 'lane' must appear in GROUP BY or inside an aggregate",
+        id="grouping",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT ts, avg(speed) OVER (ROWS 3 PRECEDING) AS a,\n"
         "  max(speed) OVER (ROWS 4 PRECEDING) AS m FROM traffic;",
-        "4:20", "all OVER windows of one SELECT must be the same", id="two-windows"),
+        "4:20",
+        "all OVER windows of one SELECT must be the same",
+        id="two-windows",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT station FROM traffic WHERE avg(speed) > 1;",
-        "3:54", "aggregate 'avg' is not allowed in WHERE", id="aggregate-in-where"),
+        "3:54",
+        "aggregate 'avg' is not allowed in WHERE",
+        id="aggregate-in-where",
+    ),
     pytest.param(
         TRAFFIC + STATIONS + "CREATE STREAM s AS SELECT station FROM traffic JOIN stations "
-        "ON max(speed) > 1;", "4:65", "aggregate 'max' is not allowed in the ON condition of "
-        "'stations'", id="aggregate-in-on"),
+        "ON max(speed) > 1;",
+        "4:65",
+        "aggregate 'max' is not allowed in the ON condition of 'stations'",
+        id="aggregate-in-on",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT station, speed * 2 FROM traffic;",
-        "3:36", "name this column with AS", id="unnamed-column"),
+        "3:36",
+        "name this column with AS",
+        id="unnamed-column",
+    ),
     pytest.param(
         "CREATE STREAM t (a INT, ts STRING) ORDER BY ts SLACK 1 SECOND SOURCE 'x';",
-        "1:45", "type mismatch: ORDER BY column 'ts' is STRING, not TIMESTAMP",
-        id="order-by-not-timestamp"),
+        "1:45",
+        "type mismatch: ORDER BY column 'ts' is STRING, not TIMESTAMP",
+        id="order-by-not-timestamp",
+    ),
     pytest.param(
         "CREATE STREAM t (a INTEGR, ts TIMESTAMP) ORDER BY ts SLACK 1 SECOND SOURCE 'x';",
-        "1:20", "unknown type 'INTEGR'", id="unknown-type"),
+        "1:20",
+        "unknown type 'INTEGR'",
+        id="unknown-type",
+    ),
     pytest.param(
         TRAFFIC + RFID + "CREATE STREAM s AS SELECT station FROM traffic, tag_readings;",
-        "5:49", "this query reads two streams ('traffic' and 'tag_readings'); a stream can "
-        "only be joined with reference tables", id="two-streams"),
+        "5:49",
+        "this query reads two streams ('traffic' and 'tag_readings'); a stream can "
+        "only be joined with reference tables",
+        id="two-streams",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT station, ts FROM traffic\n"
         "  UNION ALL SELECT station FROM traffic;",
-        "4:13", "UNION ALL branches must have the same number of columns: 2 and 1",
-        id="union-arity"),
+        "4:13",
+        "UNION ALL branches must have the same number of columns: 2 and 1",
+        id="union-arity",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT station, ts FROM traffic\n"
         "  UNION ALL SELECT ts, station FROM traffic;",
-        "4:20", "type mismatch: column 'station' is INT in the first branch of UNION ALL and "
-        "TIMESTAMP here", id="union-types"),
+        "4:20",
+        "type mismatch: column 'station' is INT in the first branch of UNION ALL and "
+        "TIMESTAMP here",
+        id="union-types",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT station FROM traffic HAVING station > 1;",
-        "3:55", "HAVING needs GROUP BY or a window in FROM", id="having-without-grouping"),
+        "3:55",
+        "HAVING needs GROUP BY or a window in FROM",
+        id="having-without-grouping",
+    ),
     pytest.param(
         TRAFFIC + STATIONS + "CREATE ALERT speeding SEVERITY warning AS\n"
         "  SELECT station, ts, speed FROM traffic JOIN stations ON station = id\n"
         "  WHERE speed > speed_limit;",
-        "5:47", "the engine cannot run a join with a reference table yet",
-        id="engine-unsupported-join"),
+        "5:47",
+        "the engine cannot run a join with a reference table yet",
+        id="engine-unsupported-join",
+    ),
     pytest.param(
         TRAFFIC + "CREATE STREAM d AS SELECT ts, count(*) OVER (PARTITION BY station RANGE "
         "UNBOUNDED PRECEDING RESET EVERY 1 DAY) AS n FROM traffic;",
-        "3:67", "the engine cannot run a landmark window with RESET EVERY yet",
-        id="engine-unsupported-reset"),
+        "3:67",
+        "the engine cannot run a landmark window with RESET EVERY yet",
+        id="engine-unsupported-reset",
+    ),
 ]
 
 
@@ -177,7 +265,8 @@ def test_duplicate_names_across_files(tmp_path: Path) -> None:
     (tmp_path / "b.sql").write_text("\n" + TRAFFIC)
     errors = check_paths([tmp_path])
     assert [str(e) for e in errors] == [
-        f"{tmp_path / 'b.sql'}:2:15: duplicate name 'traffic': already defined at line 1"]
+        f"{tmp_path / 'b.sql'}:2:15: duplicate name 'traffic': already defined at line 1"
+    ]
 
 
 def test_library_checks_clean() -> None:
@@ -186,8 +275,10 @@ def test_library_checks_clean() -> None:
 
 def test_load_rules_raises_with_all_errors(tmp_path: Path) -> None:
     path = tmp_path / "bad.sql"
-    path.write_text(TRAFFIC + "CREATE STREAM s AS SELECT nope FROM traffic;\n"
-                              "CREATE STREAM t AS SELECT station FROM nowhere;")
+    path.write_text(
+        TRAFFIC + "CREATE STREAM s AS SELECT nope FROM traffic;\n"
+        "CREATE STREAM t AS SELECT station FROM nowhere;"
+    )
     with pytest.raises(RuleCheckError) as info:
         load_rules([path])
     assert [(e.line, e.col) for e in info.value.errors] == [(3, 27), (4, 40)]

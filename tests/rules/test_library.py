@@ -20,19 +20,22 @@ def library() -> RuleSet:
     return load_rules([RULES_DIR])
 
 
-def outputs(rules: RuleSet, sinks: tuple[str, ...], readings: list[tuple[str, dict[str, Any]]],
-            want: str) -> list[tuple[int, dict[str, Any]]]:
+def outputs(
+    rules: RuleSet, sinks: tuple[str, ...], readings: list[tuple[str, dict[str, Any]]], want: str
+) -> list[tuple[int, dict[str, Any]]]:
     """Run only the queries writing `sinks` and return (event time, row) of sink `want`."""
     keep = {s.name for s in rules.plan.sources()} | set(sinks)
-    plan = Plan(streams={n: s for n, s in rules.plan.streams.items() if n in keep},
-                queries=tuple(q for q in rules.plan.queries if q.sink.name in sinks))
+    plan = Plan(
+        streams={n: s for n, s in rules.plan.streams.items() if n in keep},
+        queries=tuple(q for q in rules.plan.queries if q.sink.name in sinks),
+    )
     return [(o.ts, o.row) for o in run(plan, readings).outputs if o.sink == want]
 
 
-def traffic(station: int, speed: float, ts: int, lane: int = 1, length: float = 4.0) -> tuple[
-        str, dict[str, Any]]:
-    return "traffic", {"station": station, "lane": lane, "speed": speed, "length": length,
-                       "ts": ts}
+def traffic(
+    station: int, speed: float, ts: int, lane: int = 1, length: float = 4.0
+) -> tuple[str, dict[str, Any]]:
+    return "traffic", {"station": station, "lane": lane, "speed": speed, "length": length, "ts": ts}
 
 
 def tag(tagid: str, tagtype: str, door: str, ts: int) -> tuple[str, dict[str, Any]]:
@@ -66,13 +69,16 @@ def test_silent_detector(library: RuleSet) -> None:
     readings.sort(key=lambda r: r[1]["ts"])
     got = outputs(library, ("silent_detector",), readings, "silent_detector")
     # Station 1 is silent from 2 min: alarm at 7 min; station 2's last (10 min) at 15 min.
-    assert got == [(7 * M, {"station": 1, "last_reading": 2 * M}),
-                   (15 * M + 1, {"station": 2, "last_reading": 10 * M + 1})]
+    assert got == [
+        (7 * M, {"station": 1, "last_reading": 2 * M}),
+        (15 * M + 1, {"station": 2, "last_reading": 10 * M + 1}),
+    ]
 
 
 def test_stopped_vehicle(library: RuleSet) -> None:
-    readings = [traffic(3, s, i * 10 * S, lane=2) for i, s in
-                enumerate([12.0, 0.5, 0.2, 0.0, 0.4, 9.0])]
+    readings = [
+        traffic(3, s, i * 10 * S, lane=2) for i, s in enumerate([12.0, 0.5, 0.2, 0.0, 0.4, 9.0])
+    ]
     readings += [traffic(3, 0.0, i * 10 * S + 1, lane=1) for i in range(3)]
     readings.sort(key=lambda r: r[1]["ts"])
     got = outputs(library, ("lane_reports", "stopped_vehicle"), readings, "stopped_vehicle")
@@ -81,25 +87,24 @@ def test_stopped_vehicle(library: RuleSet) -> None:
 
 def test_larceny(library: RuleSet) -> None:
     readings = [
-        tag("i1", "item", "A", 0),      # nobody authorised at door A: alarm at 5 s
-        tag("i2", "item", "B", 0),      # cleared by p2, 3 s later at door B
+        tag("i1", "item", "A", 0),  # nobody authorised at door A: alarm at 5 s
+        tag("i2", "item", "B", 0),  # cleared by p2, 3 s later at door B
         tag("p1", "ap", "C", 1 * S),
         tag("p2", "ap", "B", 3 * S),
         tag("i3", "item", "C", 4 * S),  # covered by p1, 3 s earlier at door C
         tag("c1", "case", "Z", 60 * S),
     ]
     got = outputs(library, ("larceny",), readings, "larceny")
-    assert got == [(5 * S, {"tagid": "i1", "door": "A", "tagtime": 0,
-                            "alarm": "larceny alarm"})]
+    assert got == [(5 * S, {"tagid": "i1", "door": "A", "tagtime": 0, "alarm": "larceny alarm"})]
 
 
 def test_missed_shipping(library: RuleSet) -> None:
     readings = [
         tag("t1", "item", "receiving", 0),
         tag("t2", "item", "receiving", 1 * S),
-        tag("t3", "case", "shipping", 2 * S),    # shipping only: nothing to miss
-        tag("t2", "item", "receiving", 5 * M),   # a repeat: the 30 minutes restart
-        tag("t1", "item", "shipping", 10 * M),   # t1 made it in time
+        tag("t3", "case", "shipping", 2 * S),  # shipping only: nothing to miss
+        tag("t2", "item", "receiving", 5 * M),  # a repeat: the 30 minutes restart
+        tag("t1", "item", "shipping", 10 * M),  # t1 made it in time
     ]
     got = outputs(library, ("missed_shipping",), readings, "missed_shipping")
     assert got == [(35 * M, {"tagid": "t2", "last_door": "receiving"})]
@@ -117,30 +122,53 @@ def test_segment_minmax(library: RuleSet) -> None:
     minmax = next(q for q in library.plan.queries if q.sink.name == "segment_minmax").window
     assert isinstance(minmax, ExtentWindow)
     assert (minmax.range_ms, minmax.slide_ms, minmax.group_by) == (5 * M, M, ("station",))
-    readings = [traffic(1, speed, ts) for speed, ts in [(10.0, 30 * S), (30.0, 90 * S),
-                                                        (20.0, 150 * S)]]
+    readings = [
+        traffic(1, speed, ts) for speed, ts in [(10.0, 30 * S), (30.0, 90 * S), (20.0, 150 * S)]
+    ]
     got = outputs(library, ("segment_minmax",), readings, "segment_minmax")
     # Extents [e - 5 min, e) for every whole minute e holding a reading.
     assert [(ts // M, row["max_speed"], row["min_speed"]) for ts, row in got] == [
-        (1, 10.0, 10.0), (2, 30.0, 10.0), (3, 30.0, 10.0), (4, 30.0, 10.0), (5, 30.0, 10.0),
-        (6, 30.0, 20.0), (7, 20.0, 20.0)]
+        (1, 10.0, 10.0),
+        (2, 30.0, 10.0),
+        (3, 30.0, 10.0),
+        (4, 30.0, 10.0),
+        (5, 30.0, 10.0),
+        (6, 30.0, 20.0),
+        (7, 20.0, 20.0),
+    ]
     assert all(row["window_end"] == ts for ts, row in got)
 
 
 def test_door_day_totals(library: RuleSet) -> None:
     day = 1440 * M
-    readings = [tag("x", "item", door, ts) for door, ts in
-                [("A", 10), ("B", 20), ("A", 30), ("A", day + 5)]]
+    readings = [
+        tag("x", "item", door, ts) for door, ts in [("A", 10), ("B", 20), ("A", 30), ("A", day + 5)]
+    ]
     got = outputs(library, ("door_day_totals",), readings, "door_day_totals")
-    assert got == [(day, {"door": "A", "window_end": day, "readings": 2}),
-                   (day, {"door": "B", "window_end": day, "readings": 1}),
-                   (2 * day, {"door": "A", "window_end": 2 * day, "readings": 1})]
+    assert got == [
+        (day, {"door": "A", "window_end": day, "readings": 2}),
+        (day, {"door": "B", "window_end": day, "readings": 1}),
+        (2 * day, {"door": "A", "window_end": 2 * day, "readings": 1}),
+    ]
 
 
 def test_daily_door_counts_reset_at_midnight(library: RuleSet) -> None:
     day = 1440 * M
-    readings = [tag("x", "item", door, ts) for door, ts in
-                [("A", day - 2 * S), ("A", day - S), ("B", day - 500), ("A", day), ("A", day + 5)]]
+    readings = [
+        tag("x", "item", door, ts)
+        for door, ts in [
+            ("A", day - 2 * S),
+            ("A", day - S),
+            ("B", day - 500),
+            ("A", day),
+            ("A", day + 5),
+        ]
+    ]
     got = outputs(library, ("door_days", "daily_door_counts"), readings, "daily_door_counts")
     assert [(row["door"], row["day"], row["readings"]) for _, row in got] == [
-        ("A", 0, 1), ("A", 0, 2), ("B", 0, 1), ("A", day, 1), ("A", day, 2)]
+        ("A", 0, 1),
+        ("A", 0, 2),
+        ("B", 0, 1),
+        ("A", day, 1),
+        ("A", day, 2),
+    ]

@@ -31,10 +31,17 @@ def test_traffic_is_design_section_3() -> None:
     assert isinstance(traffic, ast.CreateStream)
     assert traffic.name.name == "traffic"
     assert [(c.name.name, c.type.name) for c in traffic.columns] == [
-        ("station", "INT"), ("lane", "INT"), ("speed", "DOUBLE"), ("length", "DOUBLE"),
-        ("ts", "TIMESTAMP")]
+        ("station", "INT"),
+        ("lane", "INT"),
+        ("speed", "DOUBLE"),
+        ("length", "DOUBLE"),
+        ("ts", "TIMESTAMP"),
+    ]
     assert (traffic.order_by.name, traffic.slack_ms, traffic.source) == (
-        "ts", 2000, "lookout/traffic/+/readings")
+        "ts",
+        2000,
+        "lookout/traffic/+/readings",
+    )
     speed = statements[1]
     assert isinstance(speed, ast.CreateDerived) and speed.name.name == "station_speed"
     call = speed.query.selects[0].items[2].expr
@@ -83,10 +90,14 @@ def test_over_window_forms() -> None:
 def test_cql_window_forms() -> None:
     assert _from("NOW").kind == "now"
     assert (_from("ROWS 1000 SLIDE 100").rows, _from("ROWS 1000 SLIDE 100").slide_rows) == (
-        1000, 100)
+        1000,
+        100,
+    )
     assert _from("PARTITION BY station ROWS 1").partition[0].name == "station"
-    assert (_from("RANGE 5 MINUTES SLIDE 1 MINUTE").range_ms, _from("RANGE 1 DAY").slide_ms) \
-        == (300_000, None)
+    assert (_from("RANGE 5 MINUTES SLIDE 1 MINUTE").range_ms, _from("RANGE 1 DAY").slide_ms) == (
+        300_000,
+        None,
+    )
     assert _from("RANGE 5 MINUTES LAG 30 SECONDS").lag_ms == 30_000
     assert _from("RANGE UNBOUNDED RESET EVERY 1 DAY").reset_ms == 86_400_000
     assert _from("SINCE TIMESTAMP '2026-01-01'").kind == "since"
@@ -113,10 +124,12 @@ def test_relation_to_stream_union_and_join() -> None:
 
 
 def test_expressions() -> None:
-    text = ("CREATE STREAM e AS SELECT -speed * 2 + 1 AS a, "
-            "CASE WHEN speed > 10 THEN 'fast' ELSE 'slow' END AS b, "
-            "lane NOT IN (1, 2) AND speed IS NOT NULL OR NOT (lane <> 3) AS c, "
-            "ts - INTERVAL 5 MINUTES AS d, 'it''s' AS q FROM traffic")
+    text = (
+        "CREATE STREAM e AS SELECT -speed * 2 + 1 AS a, "
+        "CASE WHEN speed > 10 THEN 'fast' ELSE 'slow' END AS b, "
+        "lane NOT IN (1, 2) AND speed IS NOT NULL OR NOT (lane <> 3) AS c, "
+        "ts - INTERVAL 5 MINUTES AS d, 'it''s' AS q FROM traffic"
+    )
     statements, errors = parse_text(text)
     assert errors == []
     items = statements[0].query.selects[0].items
@@ -130,34 +143,62 @@ def test_expressions() -> None:
 
 
 def test_create_table_and_aggregate() -> None:
-    text = ("CREATE TABLE stations (id INT, limit_ms DOUBLE) FROM CSV 'data/stations.csv';\n"
-            "CREATE AGGREGATE mx(x DOUBLE) RETURNS DOUBLE LANGUAGE PYTHON AS 'm:C' ALGEBRAIC;")
+    text = (
+        "CREATE TABLE stations (id INT, limit_ms DOUBLE) FROM CSV 'data/stations.csv';\n"
+        "CREATE AGGREGATE mx(x DOUBLE) RETURNS DOUBLE LANGUAGE PYTHON AS 'm:C' ALGEBRAIC;"
+    )
     (table, agg), errors = parse_text(text)
     assert errors == []
     assert isinstance(table, ast.CreateTable) and (table.format, table.path) == (
-        "CSV", "data/stations.csv")
+        "CSV",
+        "data/stations.csv",
+    )
     assert isinstance(agg, ast.CreateAggregate) and agg.algebraic and agg.target == "m:C"
 
 
 @pytest.mark.parametrize(
     ("text", "where", "reason"),
     [
-        ("CREATE STREAM x (a INT) ORDER BY a SLACK 2 SECONDS;", "1:51",
-         "syntax error: unexpected ';'; expected SOURCE"),
-        ("CREATE STREAM y AS\n  SELECT a, FROM b;", "2:13",
-         "syntax error: unexpected 'FROM'; expected one of an expression or '*'"),
-        ("CREATE ALERT a SEVERITY high AS SELECT a FROM b;", "1:25",
-         "syntax error: unexpected 'high'; expected one of CRITICAL, INFO or WARNING"),
-        ("CREATE STREAM y AS SELECT avg(a) OVER (RANGE 5 PRECEDING) AS v FROM b;", "1:48",
-         "syntax error: unexpected 'PRECEDING'; expected a time unit"),
-        ("CREATE STREAM y AS SELECT a FROM b WHERE a = $;", "1:46",
-         "syntax error: unexpected character '$'; expected an expression"),
-        ("CREATE STREAM y AS SELECT a FROM b WHERE a >", "1:45",
-         "syntax error: unexpected the end of the file; expected an expression"),
-        ("CREATE STREAM y AS SELECT a FROM b [RANGE SINCE TIMESTAMP 'soon']", "1:43",
-         "syntax error: unexpected 'SINCE'; expected one of a whole number or UNBOUNDED"),
-        ("CREATE STREAM y AS SELECT a FROM b [SINCE TIMESTAMP 'soon']", "1:53",
-         "'soon' is not an ISO-8601 timestamp"),
+        (
+            "CREATE STREAM x (a INT) ORDER BY a SLACK 2 SECONDS;",
+            "1:51",
+            "syntax error: unexpected ';'; expected SOURCE",
+        ),
+        (
+            "CREATE STREAM y AS\n  SELECT a, FROM b;",
+            "2:13",
+            "syntax error: unexpected 'FROM'; expected one of an expression or '*'",
+        ),
+        (
+            "CREATE ALERT a SEVERITY high AS SELECT a FROM b;",
+            "1:25",
+            "syntax error: unexpected 'high'; expected one of CRITICAL, INFO or WARNING",
+        ),
+        (
+            "CREATE STREAM y AS SELECT avg(a) OVER (RANGE 5 PRECEDING) AS v FROM b;",
+            "1:48",
+            "syntax error: unexpected 'PRECEDING'; expected a time unit",
+        ),
+        (
+            "CREATE STREAM y AS SELECT a FROM b WHERE a = $;",
+            "1:46",
+            "syntax error: unexpected character '$'; expected an expression",
+        ),
+        (
+            "CREATE STREAM y AS SELECT a FROM b WHERE a >",
+            "1:45",
+            "syntax error: unexpected the end of the file; expected an expression",
+        ),
+        (
+            "CREATE STREAM y AS SELECT a FROM b [RANGE SINCE TIMESTAMP 'soon']",
+            "1:43",
+            "syntax error: unexpected 'SINCE'; expected one of a whole number or UNBOUNDED",
+        ),
+        (
+            "CREATE STREAM y AS SELECT a FROM b [SINCE TIMESTAMP 'soon']",
+            "1:53",
+            "'soon' is not an ISO-8601 timestamp",
+        ),
     ],
 )
 def test_syntax_errors_are_located(text: str, where: str, reason: str) -> None:
