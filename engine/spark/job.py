@@ -85,18 +85,13 @@ class EngineJob:
                     "rows_dropped_by_watermark": state[0].get("numRowsDroppedByWatermark"),
                 }
             )
-        out = self.landing.last_output
+        now_ms = int(time.time() * 1000)
         return {
-            "updated_at_ms": int(time.time() * 1000),
+            "updated_at_ms": now_ms,
             "queries": queries,
-            "last_landing_batch": {
-                "readings": {stream: len(rows) for stream, rows in out.readings.items()},
-                "late": len(out.late),
-                "duplicates": out.duplicates,
-                "heartbeats": len(out.heartbeats),
-                "quarantined": len(out.quarantine),
-                "max_event_ms": out.max_event_ms,
-            },
+            "streams": self.landing.stream_health(now_ms),
+            "quarantined": self.landing.totals["quarantined"],
+            "heartbeats": self.landing.totals["heartbeats"],
         }
 
     def write_health(self) -> None:

@@ -15,6 +15,7 @@ seen reading ids) is rebuilt from the tables themselves.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -45,6 +46,8 @@ class LandingJob:
         self.sources = list(sources)
         self.sequencer = LandingSequencer(self.sources)
         self.last_output = LandingOutput()
+        # Counted since this process started (the tables hold the full history).
+        self.totals: Counter[str] = Counter()
 
     def ensure_tables(self) -> None:
         """Create every table this job writes, so readers and rule queries can start."""
@@ -139,6 +142,32 @@ class LandingJob:
         ]
         self._append("_stream_progress", tables.STREAM_PROGRESS, progress, batch_id)
         self.last_output = out
+        for stream, rows in out.readings.items():
+            self.totals[f"readings.{stream}"] += len(rows)
+        for stream, count in out.duplicates.items():
+            self.totals[f"duplicates.{stream}"] += count
+        for row in out.late:
+            self.totals[f"late.{row['stream']}"] += 1
+        self.totals["quarantined"] += len(out.quarantine)
+        self.totals["heartbeats"] += len(out.heartbeats)
+
+    def stream_health(self, now_ms: int) -> list[dict]:
+        """Per stream: highest event time, slack watermark, lag behind the wall clock."""
+        health = []
+        for name, sequencer in self.sequencer.streams.items():
+            max_ts = sequencer.clock.max_ts
+            health.append(
+                {
+                    "stream": name,
+                    "max_event_ms": max_ts,
+                    "watermark_ms": None if max_ts is None else sequencer.clock.watermark,
+                    "lag_ms": None if max_ts is None else now_ms - max_ts,
+                    "readings": self.totals[f"readings.{name}"],
+                    "late": self.totals[f"late.{name}"],
+                    "duplicates": self.totals[f"duplicates.{name}"],
+                }
+            )
+        return health
 
     def _append(self, table: str, schema, rows: list[dict], batch_id: int) -> None:  # type: ignore[no-untyped-def]
         tables.append_once(self.config.table(table), schema, rows, f"{WRITER}-{table}", batch_id)

@@ -47,6 +47,7 @@ OUTPUT_SCHEMA = "sink STRING, ts LONG, key STRING, row STRING"
 _TS_MS = "lookout_event_ms"
 _STAGE = "lookout_stage"
 _KEY = "lookout_key"
+_HEARTBEAT = "lookout_heartbeat"
 _STATE = T.StructType([T.StructField("snapshot", T.BinaryType())])
 
 
@@ -210,42 +211,55 @@ def start_rules_query(
                 sink = plan.streams[q.sink.name]
                 tables.ensure_table(config.table(sink.name), tables.stream_schema(sink))
     tables.ensure_table(config.table("alerts"), tables.ALERTS)
-    source = spark.readStream.format("delta").load(config.table(input_table(plan, stream)))
+    is_source = stream in {s.name for s in plan.sources()}
+    rows = spark.readStream.format("delta").load(config.table(input_table(plan, stream)))
     columns = [
         F.unix_millis(F.col(c.name)).alias(c.name)
         if c.type == ColumnType.TIMESTAMP and c.name != ts
         else F.col(c.name)
         for c in schema.columns
     ]
-    if "source" in source.columns:
+    if is_source:
         columns += [F.col("source"), F.col("seq")]
     else:  # a derived stream: tie order by nothing but time
         columns += [F.lit("").alias("source"), F.lit(0).cast("long").alias("seq")]
+    rows = rows.select(*columns, F.lit(False).alias(_HEARTBEAT))
+    if is_source:
+        # Heartbeats join the stream only to move Spark's watermark when readings pause;
+        # they are routed to no stage below.
+        beats = (
+            spark.readStream.format("delta")
+            .load(config.table("heartbeats"))
+            .where(F.col("stream") == stream)
+            .select(F.col("ts").alias(ts), F.lit(True).alias(_HEARTBEAT))
+        )
+        rows = rows.unionByName(beats, allowMissingColumns=True)
     # One row per (stage, row): each stage groups by its own key columns.
     routes = F.explode(
-        F.array(
-            *[
-                F.struct(
-                    F.lit(stage.name).alias(_STAGE),
-                    (F.to_json(F.struct(*stage.key)) if stage.key else F.lit("")).alias(_KEY),
-                )
-                for stage in stages
-            ]
+        F.when(
+            ~F.col(_HEARTBEAT),
+            F.array(
+                *[
+                    F.struct(
+                        F.lit(stage.name).alias(_STAGE),
+                        (F.to_json(F.struct(*stage.key)) if stage.key else F.lit("")).alias(_KEY),
+                    )
+                    for stage in stages
+                ]
+            ),
         )
     ).alias("route")
-    prepared = (
-        source.select(*columns, F.unix_millis(F.col(ts)).alias(_TS_MS), routes)
-        .select("*", f"route.{_STAGE}", f"route.{_KEY}")
-        .drop("route")
-    )
-    slack = schema.slack_ms if stream in {s.name for s in plan.sources()} else 0
+    slack = schema.slack_ms if is_source else 0
     name = f"rules-{stream}"
-    outputs = (
-        prepared.withWatermark(ts, f"{slack + 1} milliseconds")
-        .groupBy(_STAGE, _KEY)
-        .transformWithStateInPandas(
-            StageProcessor({s.name: s for s in stages}), OUTPUT_SCHEMA, "Append", "EventTime"
-        )
+    # The watermark is set before the routing, so heartbeats count in it.
+    prepared = (
+        rows.withWatermark(ts, f"{slack + 1} milliseconds")
+        .select(*rows.columns, F.unix_millis(F.col(ts)).alias(_TS_MS), routes)
+        .select("*", f"route.{_STAGE}", f"route.{_KEY}")
+        .drop("route", _HEARTBEAT)
+    )
+    outputs = prepared.groupBy(_STAGE, _KEY).transformWithStateInPandas(
+        StageProcessor({s.name: s for s in stages}), OUTPUT_SCHEMA, "Append", "EventTime"
     )
     return (
         outputs.writeStream.foreachBatch(OutputWriter(config, plan, alerts, name, stages))
