@@ -57,3 +57,15 @@ CREATE ALERT stopped_vehicle SEVERITY critical
   MESSAGE 'station {station} lane {lane}: vehicle stopped (4 reports under 1 m/s)'
   AS SELECT station, lane, ts, max_speed FROM lane_reports
      WHERE reports = 4 AND max_speed < 1.0;
+
+-- speeding: a reading faster than its station's limit, from the station registry
+-- (a reference table: rules/stations.csv, one row per station with its road segment
+-- and speed limit in m/s; 36.1 m/s = 130 km/h). A stream-table join: each reading
+-- looks its station up; a station missing from the registry is never speeding.
+CREATE TABLE stations (station INT, segment STRING, speed_limit DOUBLE)
+  FROM CSV 'stations.csv';
+CREATE ALERT speeding SEVERITY warning
+  MESSAGE 'station {station} ({segment}) lane {lane}: {speed} m/s, limit {speed_limit} m/s'
+  AS SELECT t.station, s.segment, t.lane, t.ts, t.speed, s.speed_limit
+     FROM traffic t JOIN stations s ON t.station = s.station
+     WHERE t.speed > s.speed_limit;

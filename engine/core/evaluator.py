@@ -38,6 +38,7 @@ from engine.core.plan import (
     R2S,
     ExtentWindow,
     Filter,
+    LookupJoin,
     OverWindow,
     Query,
     Stage,
@@ -87,15 +88,18 @@ class Output:
     seq: int = 0
 
 
-def apply_ops(ops: Iterable[StatelessOp], row: Row) -> Row | None:
-    """Run stateless ops on a row; None if a filter dropped it."""
+def apply_ops(ops: Iterable[StatelessOp], row: Row) -> list[Row]:
+    """Run stateless ops on a row: the rows that come out (a filter may drop it, a
+    lookup join may give several)."""
+    rows = [row]
     for op in ops:
         if isinstance(op, Filter):
-            if not op.predicate(row):
-                return None
+            rows = [r for r in rows if op.predicate(r)]
+        elif isinstance(op, LookupJoin):
+            rows = [joined for r in rows for joined in op.matches(r)]
         else:
-            row = {name: expr(row) for name, expr in op.columns}
-    return row
+            rows = [{name: expr(r) for name, expr in op.columns} for r in rows]
+    return rows
 
 
 class KeyedEvaluator:
@@ -144,9 +148,10 @@ class KeyedEvaluator:
             )
         if not self.source:
             self.source = derived_source(self.stage.name, tuple(row.get(c) for c in self.stage.key))
-        kept = apply_ops(self.stage.query.pre, row)
-        if kept is not None:
-            self.pending.append((ts, row["source"], row["seq"], next(self._tiebreak), kept))
+        source, seq = row["source"], row["seq"]
+        # Several rows of one tuple (a lookup join's matches) keep the table's row order.
+        for kept in apply_ops(self.stage.query.pre, row):
+            self.pending.append((ts, source, seq, next(self._tiebreak), kept))
 
     def advance(self, watermark: int) -> list[Output]:
         """Process every buffered tuple and timer strictly below ``watermark``."""
@@ -193,8 +198,7 @@ class KeyedEvaluator:
 
     def _emit(self, query: Query, ts: int, row: Row, out: list[Output]) -> None:
         """Run ``query``'s post ops and deliver the result."""
-        final = apply_ops(query.post, row)
-        if final is not None:
+        for final in apply_ops(query.post, row):
             self._deliver(query, ts, final, out)
 
     def _relation_change(self, ts: int, results: list[Result], out: list[Output]) -> None:
@@ -202,7 +206,7 @@ class KeyedEvaluator:
         if self.change is not None and self.change[0] < ts:
             self._commit(out)
         post = self.stage.query.post
-        rows = [r for r in (apply_ops(post, row) for _, row in results) if r is not None]
+        rows = [r for _, row in results for r in apply_ops(post, row)]
         self.change = (ts, rows)
 
     def _commit(self, out: list[Output]) -> None:
@@ -229,8 +233,7 @@ class KeyedEvaluator:
         out.append(Output(query.sink.name, ts, final, self.source, self.emitted))
         self.emitted += 1
         for consumer in self._consumers.get(query.sink.name, ()):
-            kept = apply_ops(consumer.pre, final)
-            if kept is not None:
+            for kept in apply_ops(consumer.pre, final):
                 self._emit(consumer, ts, kept, out)
 
     def next_wakeup(self) -> int | None:

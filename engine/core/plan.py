@@ -11,8 +11,9 @@ Contract (read by ``rules/language`` and ``engine/spark``; changes here are addi
   evaluates text.
 * A :class:`Plan` is the set of stream schemas (sources and derived streams) plus the
   compiled queries, one per ``CREATE STREAM ... AS`` / ``CREATE ALERT ... AS``
-  statement. A :class:`Query` reads one stream, applies stateless ``pre`` ops (the SQL
-  ``WHERE``), at most one window (:class:`OverWindow` for ``agg OVER (...)``,
+  statement. A :class:`Query` reads one stream, applies stateless ``pre`` ops (joins
+  with reference tables as :class:`LookupJoin`, then the SQL ``WHERE``), at most one
+  window (:class:`OverWindow` for ``agg OVER (...)``,
   :class:`ExtentWindow` for ``FROM s [RANGE r SLIDE s] GROUP BY ...``), then stateless
   ``post`` ops (the ``SELECT`` list as a :class:`Project`, ``HAVING`` as a
   :class:`Filter`), optionally a CQL relation-to-stream operator (:class:`R2S`), and
@@ -106,7 +107,54 @@ class Project:
     columns: tuple[tuple[str, Expr], ...]
 
 
-StatelessOp = Filter | Project
+@dataclass(frozen=True)
+class LookupJoin:
+    """``JOIN table ON stream_expr = table.col [AND ...]``: a stream-table equi-join with
+    a reference table (``CREATE TABLE ... FROM CSV | DELTA``), inner or ``left``.
+
+    The table's ``rows`` (values in ``columns`` order, as loaded by the compiler) travel
+    inside the plan, so a stage pickled to a worker needs no file access. For each input
+    row, ``keys`` (``(stream-side expr, table column)`` pairs) select the matching table
+    rows; the output is the input row plus, per match, the table's columns under
+    ``"<label>.<column>"`` (label = the FROM alias, else the table name), one output row
+    per match. A NULL key matches nothing (SQL). With ``left``, an unmatched row is kept
+    once, the table's columns NULL; without, it is dropped.
+    """
+
+    table: str
+    label: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+    keys: tuple[tuple[Expr, str], ...]
+    left: bool = False
+    _index: dict[tuple[Any, ...], list[dict[str, Any]]] = field(
+        init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        # Built once per plan (and again where a pickled stage is loaded): a dict lookup
+        # per input row instead of a scan of the table.
+        positions = [self.columns.index(c) for _, c in self.keys]
+        index: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for values in self.rows:
+            key = tuple(values[i] for i in positions)
+            if None not in key:
+                named = {f"{self.label}.{c}": v for c, v in zip(self.columns, values, strict=True)}
+                index.setdefault(key, []).append(named)
+        object.__setattr__(self, "_index", index)
+
+    def matches(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The joined rows for one input row (see the class docstring)."""
+        key = tuple(expr(row) for expr, _ in self.keys)
+        found = self._index.get(key) if None not in key else None
+        if found:
+            return [{**row, **named} for named in found]
+        if self.left:
+            return [{**row, **{f"{self.label}.{c}": None for c in self.columns}}]
+        return []
+
+
+StatelessOp = Filter | Project | LookupJoin
 
 
 class FrameUnits(StrEnum):

@@ -177,7 +177,7 @@ class SourceRef:
 @dataclass(frozen=True)
 class Select:
     """One SELECT block; `joins[i]` is the ON condition of `sources[i]` (None for
-    the first source and for comma joins)."""
+    the first source and for comma joins) and `left[i]` whether it is a LEFT JOIN."""
 
     r2s: R2S | None
     items: tuple[SelectItem, ...]
@@ -187,6 +187,7 @@ class Select:
     group_by: tuple[Expr, ...]
     having: Expr | None
     pos: Pos
+    left: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,7 @@ class CreateTable:
     path: str
     pos: Pos
     file: str = field(default="<string>", compare=False)
+    path_pos: Pos | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -340,7 +340,7 @@ class Checker:
                 if not _compatible(a, b):
                     self.error(
                         file,
-                        _expr_pos(expr),
+                        expr_pos(expr),
                         f"type mismatch: column '{name}' is {a} in the first branch "
                         f"of UNION ALL and {b} here",
                     )
@@ -410,7 +410,7 @@ class Checker:
         ctx.clause = "GROUP BY"
         for key in sel.group_by:
             if not isinstance(key, ast.Column):
-                self.error(file, _expr_pos(key), "GROUP BY takes column names")
+                self.error(file, expr_pos(key), "GROUP BY takes column names")
             else:
                 ctx.type_of(key)
 
@@ -418,7 +418,7 @@ class Checker:
         self._outputs(file, info, ctx)
         if sel.having is not None:
             if not sel.group_by and info.window is None:
-                self.error(file, _expr_pos(sel.having), "HAVING needs GROUP BY or a window in FROM")
+                self.error(file, expr_pos(sel.having), "HAVING needs GROUP BY or a window in FROM")
             ctx.expect_boolean(sel.having, "HAVING")
         info.aggregates = ctx.aggregates
         self._aggregate_rules(file, info)
@@ -487,7 +487,7 @@ class Checker:
         if overs and info.select.group_by:
             self.error(
                 file,
-                _expr_pos(info.select.group_by[0]),
+                expr_pos(info.select.group_by[0]),
                 "GROUP BY cannot be combined with OVER windows; use PARTITION BY",
             )
         for spec in overs[1:]:
@@ -538,7 +538,7 @@ class Checker:
         """With a domain window, plain output columns must be grouped (or the extent)."""
         keys = {k.name for k in info.select.group_by if isinstance(k, ast.Column)}
         for name, _, expr in info.outputs:
-            for col in _plain_columns(expr):
+            for col in plain_columns(expr):
                 if col.name not in keys and col.name not in PSEUDO_COLUMNS:
                     self.error(
                         file,
@@ -616,7 +616,7 @@ def _window_key(spec: ast.WindowSpec) -> tuple[object, ...]:
     )
 
 
-def _plain_columns(expr: ast.Expr | None) -> Iterator[ast.Column]:
+def plain_columns(expr: ast.Expr | None) -> Iterator[ast.Column]:
     """Column references outside aggregate calls."""
     if expr is None:
         return
@@ -626,29 +626,29 @@ def _plain_columns(expr: ast.Expr | None) -> Iterator[ast.Column]:
         if expr.name in BUILTINS or expr.over is not None:
             return
         for arg in expr.args:
-            yield from _plain_columns(arg)
+            yield from plain_columns(arg)
     elif isinstance(expr, ast.Unary | ast.IsNull):
-        yield from _plain_columns(expr.operand)
+        yield from plain_columns(expr.operand)
     elif isinstance(expr, ast.Binary):
-        yield from _plain_columns(expr.left)
-        yield from _plain_columns(expr.right)
+        yield from plain_columns(expr.left)
+        yield from plain_columns(expr.right)
     elif isinstance(expr, ast.InList):
-        yield from _plain_columns(expr.operand)
+        yield from plain_columns(expr.operand)
         for item in expr.items:
-            yield from _plain_columns(item)
+            yield from plain_columns(item)
     elif isinstance(expr, ast.Case):
         for cond, value in expr.whens:
-            yield from _plain_columns(cond)
-            yield from _plain_columns(value)
-        yield from _plain_columns(expr.otherwise)
+            yield from plain_columns(cond)
+            yield from plain_columns(value)
+        yield from plain_columns(expr.otherwise)
 
 
-def _expr_pos(expr: ast.Expr) -> Pos:
+def expr_pos(expr: ast.Expr) -> Pos:
     """Where an expression starts (a binary node's pos is its operator)."""
     while isinstance(expr, ast.Binary):
         expr = expr.left
     if isinstance(expr, ast.IsNull | ast.InList):
-        return _expr_pos(expr.operand)
+        return expr_pos(expr.operand)
     return expr.pos
 
 
@@ -685,7 +685,7 @@ class _Ctx:
         typ = self.type_of(expr)
         if typ is not None and typ not in ("BOOLEAN", "NULL"):
             self.err(
-                _expr_pos(expr),
+                expr_pos(expr),
                 f"type mismatch: {where} needs a true/false condition, not a {typ} value",
             )
 
@@ -777,7 +777,7 @@ class _Ctx:
             for side, typ in ((expr.left, left), (expr.right, right)):
                 if typ not in ("BOOLEAN", "NULL"):
                     self.err(
-                        _expr_pos(side), f"type mismatch: {op} needs true/false values, not {typ}"
+                        expr_pos(side), f"type mismatch: {op} needs true/false values, not {typ}"
                     )
             return "BOOLEAN"
         if op in ("=", "<>", "<", "<=", ">", ">="):
@@ -812,7 +812,7 @@ class _Ctx:
             if result is None:
                 result = typ
             elif not _compatible(result, typ):
-                self.err(_expr_pos(value), f"type mismatch: CASE branches give {result} and {typ}")
+                self.err(expr_pos(value), f"type mismatch: CASE branches give {result} and {typ}")
             elif result in NUMERIC and typ in NUMERIC:
                 result = _numeric_result(result, typ)
         return result or "NULL"
@@ -865,7 +865,7 @@ class _Ctx:
         known = [t for t in types if t != "NULL"]
         for typ, arg in zip(types, call.args, strict=True):
             if known and typ != "NULL" and not _compatible(known[0], typ):
-                self.err(_expr_pos(arg), f"type mismatch: '{name}' mixes {known[0]} and {typ}")
+                self.err(expr_pos(arg), f"type mismatch: '{name}' mixes {known[0]} and {typ}")
                 return None
         if known and all(t in NUMERIC for t in known):
             result = known[0]
@@ -906,7 +906,7 @@ class _Ctx:
             return None
         if call.name in NUMERIC_AGGREGATES and typ not in NUMERIC | {"NULL"}:
             self.err(
-                _expr_pos(call.args[0]), f"type mismatch: '{call.name}' needs a number, not {typ}"
+                expr_pos(call.args[0]), f"type mismatch: '{call.name}' needs a number, not {typ}"
             )
             return None
         return "DOUBLE" if call.name in ("avg", "var", "stddev") else typ
@@ -923,7 +923,7 @@ class _Ctx:
         for arg, typ, want in zip(call.args, types, uda.params, strict=True):
             if typ is not None and not _compatible(want, typ):
                 self.err(
-                    _expr_pos(arg), f"type mismatch: '{uda.name}' expects {want} here, got {typ}"
+                    expr_pos(arg), f"type mismatch: '{uda.name}' expects {want} here, got {typ}"
                 )
         return uda.returns
 

@@ -16,8 +16,16 @@ from typing import Any
 from engine.core import plan
 from rules.language import ast
 from rules.language.ast import Pos
-from rules.language.checker import Catalog, QueryInfo, SelectInfo
+from rules.language.checker import (
+    Catalog,
+    QueryInfo,
+    Relation,
+    SelectInfo,
+    expr_pos,
+    plain_columns,
+)
 from rules.language.errors import RuleError, make_error
+from rules.language.tables import TableLoadError, load_table, resolve
 
 Row = Mapping[str, Any]
 Fn = Callable[[Row], Any]
@@ -97,19 +105,29 @@ _SCALARS: dict[str, Callable[..., Any]] = {
 }
 
 
-def compile_expr(expr: ast.Expr, aggregates: Mapping[ast.Call, str] | None = None) -> Fn:
+RowKeys = Mapping[tuple[str | None, str], str]
+"""Where a column reference reads in the row: (qualifier, name) -> row key. A stream's
+columns are under their names, a joined table's under ``"<label>.<column>"``
+(:class:`engine.core.plan.LookupJoin`); references not listed read their own name."""
+
+
+def compile_expr(
+    expr: ast.Expr, aggregates: Mapping[ast.Call, str] | None = None, keys: RowKeys | None = None
+) -> Fn:
     """A closure computing `expr` on a row, SQL NULL (None) propagating.
 
-    Aggregate calls listed in `aggregates` read the column their value travels under.
+    Aggregate calls listed in `aggregates` read the column their value travels under;
+    column references read the row key `keys` gives them (default: their name).
     """
     aggs = aggregates or {}
+    row_keys = keys or {}
 
     def build(node: ast.Expr) -> Fn:
         if isinstance(node, ast.Literal):
             value = node.value
             return lambda row: value
         if isinstance(node, ast.Column):
-            name = node.name
+            name = row_keys.get((node.qualifier, node.name), node.name)
             return lambda row: row.get(name)
         if isinstance(node, ast.Unary):
             inner = build(node.operand)
@@ -223,7 +241,7 @@ def _over_window(spec: ast.WindowSpec, aggs: tuple[plan.AggCall, ...]) -> plan.O
 
 
 def _extent_window(
-    sel: SelectInfo, spec: ast.WindowSpec, aggs: tuple[plan.AggCall, ...]
+    group_by: tuple[str, ...], spec: ast.WindowSpec, aggs: tuple[plan.AggCall, ...]
 ) -> plan.ExtentWindow:
     if spec.kind != "range" or spec.lag_ms is not None:
         what = (
@@ -239,12 +257,89 @@ def _extent_window(
         aggregates=aggs,
         range_ms=spec.range_ms,
         slide_ms=spec.slide_ms or spec.range_ms,  # no SLIDE: a tumble
-        group_by=tuple(k.name for k in sel.select.group_by if isinstance(k, ast.Column)),
+        group_by=group_by,
     )
 
 
-def compile_query(info: QueryInfo) -> plan.Query:
-    """One CREATE STREAM ... AS / CREATE ALERT statement as a plan Query."""
+def _row_keys(sel: SelectInfo) -> dict[tuple[str | None, str], str]:
+    """The row key of every column reference of a SELECT's scope (see `RowKeys`)."""
+    assert sel.stream is not None
+    stream = sel.stream
+    keys: dict[tuple[str | None, str], str] = {}
+    for src in sel.select.sources:
+        if src.name.name == stream.name:
+            keys.update({(src.label, c): c for c in stream.columns})
+            keys.update({(None, c): c for c in stream.columns})
+    tables = iter(sel.tables)
+    for src in sel.select.sources:
+        if src.name.name != stream.name:
+            for c in next(tables).columns:
+                keys[(src.label, c)] = f"{src.label}.{c}"
+                # Unqualified: the checker reported names of several sources as
+                # ambiguous, so the stream's entry is never overwritten in use.
+                keys.setdefault((None, c), f"{src.label}.{c}")
+    return keys
+
+
+def _conjuncts(expr: ast.Expr) -> list[ast.Expr]:
+    if isinstance(expr, ast.Binary) and expr.op == "AND":
+        return _conjuncts(expr.left) + _conjuncts(expr.right)
+    return [expr]
+
+
+def _lookup_join(
+    src: ast.SourceRef,
+    on: ast.Expr | None,
+    left: bool,
+    table: Relation,
+    rows: tuple[tuple[Any, ...], ...],
+    keys: RowKeys,
+    joined: set[str],
+) -> plan.LookupJoin:
+    """`JOIN table ON a = table.x AND ...` as a lookup join. `joined` holds the labels
+    whose columns are in the row by now (the stream's and the earlier tables')."""
+    if on is None:
+        raise Unsupported(src.name.pos, "a join without ON (list the key equalities)")
+    label = src.label
+
+    def owner(col: ast.Column) -> str:
+        key = keys.get((col.qualifier, col.name), col.name)
+        return key.partition(".")[0] if "." in key else ""
+
+    pairs: list[tuple[Fn, str]] = []
+    for cond in _conjuncts(on):
+        sides = (cond.left, cond.right) if isinstance(cond, ast.Binary) else ()
+        if not sides or cond.op != "=":  # type: ignore[union-attr]
+            raise Unsupported(
+                expr_pos(cond), f"this ON condition (only equalities with '{label}' columns)"
+            )
+        mine = [s for s in sides if isinstance(s, ast.Column) and owner(s) == label]
+        if len(mine) != 1:
+            raise Unsupported(
+                expr_pos(cond), f"this ON condition (one side must be a column of '{label}')"
+            )
+        other = sides[1] if mine[0] is sides[0] else sides[0]
+        for col in plain_columns(other):
+            if owner(col) and owner(col) not in joined:
+                raise Unsupported(
+                    col.pos, f"a join key read from '{owner(col)}', joined after '{label}'"
+                )
+        pairs.append((compile_expr(other, keys=keys), mine[0].name))
+    return plan.LookupJoin(table.name, label, tuple(table.columns), rows, tuple(pairs), left)
+
+
+def _stream_key(col: ast.Expr, keys: RowKeys) -> str:
+    """A grouping key: a stream column (the runtime partitions the input by it)."""
+    assert isinstance(col, ast.Column)  # the checker reported other GROUP BY keys
+    key = keys.get((col.qualifier, col.name), col.name)
+    if "." in key:  # a joined table's column (stream columns are plain identifiers)
+        raise Unsupported(col.pos, "grouping by a reference table's column")
+    return key
+
+
+def compile_query(info: QueryInfo, tables: Mapping[str, tuple[tuple[Any, ...], ...]]) -> plan.Query:
+    """One CREATE STREAM ... AS / CREATE ALERT statement as a plan Query; `tables` are
+    the loaded rows of the reference tables."""
     stmt = info.statement
     if len(info.selects) > 1:
         raise Unsupported(info.selects[1].select.pos, "UNION ALL")
@@ -252,23 +347,27 @@ def compile_query(info: QueryInfo) -> plan.Query:
     select = sel.select
     if select.r2s is not None:
         raise Unsupported(select.pos, f"{select.r2s}(...)")
-    if sel.tables:
-        raise Unsupported(select.sources[1].name.pos, "a join with a reference table")
     assert sel.stream is not None  # the checker reported a FROM without a stream
+    if select.sources[0].name.name != sel.stream.name:
+        raise Unsupported(
+            select.sources[0].name.pos, "a table before the stream in FROM (name the stream first)"
+        )
+    keys = _row_keys(sel)
     alias_of = {use.call: use.alias for use in sel.aggregates}
     agg_calls = tuple(
         plan.AggCall(
             name=use.call.name,
-            args=tuple(compile_expr(a) for a in use.call.args),
+            args=tuple(compile_expr(a, keys=keys) for a in use.call.args),
             alias=use.alias,
             factory=use.uda.cls if use.uda is not None else None,
         )
         for use in sel.aggregates
     )
+    group_by = tuple(_stream_key(k, keys) for k in select.group_by)
     window: plan.OverWindow | plan.ExtentWindow | None = None
     over = next((u.call.over for u in sel.aggregates if u.call.over is not None), None)
     if sel.window is not None:
-        window = _extent_window(sel, sel.window, agg_calls)
+        window = _extent_window(group_by, sel.window, agg_calls)
     elif over is not None:
         window = _over_window(over, agg_calls)
     elif agg_calls:
@@ -278,22 +377,30 @@ def compile_query(info: QueryInfo) -> plan.Query:
             aggregates=agg_calls,
             units=plan.FrameUnits.ROWS,
             preceding=None,
-            partition_by=tuple(k.name for k in select.group_by if isinstance(k, ast.Column)),
+            partition_by=group_by,
         )
-    pre: tuple[plan.StatelessOp, ...] = ()
+    pre: list[plan.StatelessOp] = []
+    joined = {select.sources[0].label}
+    tables_used = iter(sel.tables)
+    for src, on, left in zip(select.sources[1:], select.joins[1:], select.left[1:], strict=True):
+        table = next(tables_used)
+        pre.append(_lookup_join(src, on, left, table, tables.get(table.name, ()), keys, joined))
+        joined.add(src.label)
     if select.where is not None:
-        pre = (plan.Filter(compile_expr(select.where)),)
+        pre.append(plan.Filter(compile_expr(select.where, keys=keys)))
     post: list[plan.StatelessOp] = []
     if select.having is not None:
-        post.append(plan.Filter(compile_expr(select.having, alias_of)))
+        post.append(plan.Filter(compile_expr(select.having, alias_of, keys)))
     post.append(
-        plan.Project(tuple((name, compile_expr(expr, alias_of)) for name, _, expr in sel.outputs))
+        plan.Project(
+            tuple((name, compile_expr(expr, alias_of, keys)) for name, _, expr in sel.outputs)
+        )
     )
     kind = plan.SinkKind.ALERT if isinstance(stmt, ast.CreateAlert) else plan.SinkKind.STREAM
     return plan.Query(
         sink=plan.Sink(stmt.name.name, kind),
         input=sel.stream.name,
-        pre=pre,
+        pre=tuple(pre),
         window=window,
         post=tuple(post),
     )
@@ -319,9 +426,21 @@ def compile_catalog(catalog: Catalog, texts: dict[str, str]) -> tuple[plan.Plan,
             streams[name] = plan.StreamSchema(name, columns, first.timestamp)
     queries: list[plan.Query] = []
     errors: list[RuleError] = []
+    tables: dict[str, tuple[tuple[Any, ...], ...]] = {}
+    for rel in catalog.relations.values():
+        if rel.kind == "table":
+            stmt = rel.statement
+            assert isinstance(stmt, ast.CreateTable)
+            path = resolve(stmt.path, stmt.file)
+            try:
+                tables[rel.name] = load_table(stmt.format, path, rel.columns)
+            except TableLoadError as exc:
+                text, where = texts.get(stmt.file, ""), stmt.path_pos or stmt.pos
+                message = f"cannot load table '{rel.name}': {exc}"
+                errors.append(make_error(stmt.file, text, where, message))
     for info in catalog.queries:
         try:
-            queries.append(compile_query(info))
+            queries.append(compile_query(info, tables))
         except Unsupported as exc:
             file = info.statement.file
             errors.append(

@@ -217,7 +217,7 @@ class _Build(Transformer[Token, Any]):
     def create_table(self, meta: Any, children: list[Any]) -> ast.CreateTable:
         name, cols, fmt, path = _strip(children)
         return ast.CreateTable(
-            name, cols, fmt, _unquote(path), Pos(meta.line, meta.column), self.file
+            name, cols, fmt, _unquote(path), Pos(meta.line, meta.column), self.file, _pos(path)
         )
 
     def table_format(self, children: list[Token]) -> str:
@@ -272,7 +272,7 @@ class _Build(Transformer[Token, Any]):
         parts = _strip(children)
         # The projection is a plain select list, or (operator, list) for ISTREAM(...) etc.
         r2s, items = parts[0] if isinstance(parts[0], _R2S) else (None, parts[0])
-        sources, joins = parts[1]
+        sources, joins, left = parts[1]
         clauses = {kind: value for kind, value in parts[2:]}
         return ast.Select(
             r2s,
@@ -283,6 +283,7 @@ class _Build(Transformer[Token, Any]):
             clauses.get("group_by", ()),
             clauses.get("having"),
             Pos(meta.line, meta.column),
+            left,
         )
 
     def r2s(self, children: list[Token]) -> str:
@@ -305,21 +306,29 @@ class _Build(Transformer[Token, Any]):
 
     def from_clause(
         self, children: list[Any]
-    ) -> tuple[tuple[ast.SourceRef, ...], tuple[ast.Expr | None, ...]]:
+    ) -> tuple[tuple[ast.SourceRef, ...], tuple[ast.Expr | None, ...], tuple[bool, ...]]:
         sources: list[ast.SourceRef] = []
         joins: list[ast.Expr | None] = []
+        left: list[bool] = []
         for child in children:
             if isinstance(child, ast.SourceRef):
                 sources.append(child)
                 joins.append(None)
-            elif isinstance(child, tuple):  # a JOIN ... ON ...
+                left.append(False)
+            elif isinstance(child, tuple):  # a [LEFT | INNER] JOIN ... ON ...
                 sources.append(child[0])
                 joins.append(child[1])
-        return tuple(sources), tuple(joins)
+                left.append(child[2])
+        return tuple(sources), tuple(joins), tuple(left)
 
-    def join(self, children: list[Any]) -> tuple[ast.SourceRef, ast.Expr]:
-        source, on = _strip(children)
-        return source, on
+    def join(self, children: list[Any]) -> tuple[ast.SourceRef, ast.Expr, bool]:
+        parts = _strip(children)
+        is_left = isinstance(parts[0], str) and parts[0] == "LEFT"
+        source, on = parts[-2:]
+        return source, on, is_left
+
+    def join_kind(self, children: list[Token]) -> str:
+        return str(children[0]).upper()
 
     def source_ref(self, children: list[Any]) -> ast.SourceRef:
         name = children[0]

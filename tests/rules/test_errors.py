@@ -235,9 +235,9 @@ CASES = [
         TRAFFIC + STATIONS + "CREATE ALERT speeding SEVERITY warning AS\n"
         "  SELECT station, ts, speed FROM traffic JOIN stations ON station = id\n"
         "  WHERE speed > speed_limit;",
-        "5:47",
-        "the engine cannot run a join with a reference table yet",
-        id="engine-unsupported-join",
+        "3:61",
+        "cannot load table 'stations': cannot read '",
+        id="table-file-missing",
     ),
     pytest.param(
         TRAFFIC + "CREATE STREAM d AS SELECT ts, count(*) OVER (PARTITION BY station RANGE "

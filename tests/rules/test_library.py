@@ -172,3 +172,21 @@ def test_daily_door_counts_reset_at_midnight(library: RuleSet) -> None:
         ("A", day, 1),
         ("A", day, 2),
     ]
+
+
+def test_speeding_against_the_station_registry(library: RuleSet) -> None:
+    # rules/stations.csv: stations 1-20, limit 36.1 m/s. Exactly at the limit is not
+    # speeding; station 99 is not in the registry, so it has no limit.
+    readings = [
+        traffic(1, 40.0, 1 * S, lane=2),
+        traffic(1, 36.1, 2 * S),
+        traffic(5, 36.2, 3 * S),
+        traffic(99, 50.0, 4 * S),
+    ]
+    got = outputs(library, ("speeding",), readings, "speeding")
+    assert got == [
+        (1 * S, {"station": 1, "segment": "A1 km 002-004", "lane": 2, "ts": 1 * S,
+                 "speed": 40.0, "speed_limit": 36.1}),
+        (3 * S, {"station": 5, "segment": "A1 km 010-012", "lane": 1, "ts": 3 * S,
+                 "speed": 36.2, "speed_limit": 36.1}),
+    ]  # fmt: skip
