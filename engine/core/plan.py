@@ -286,6 +286,16 @@ class Query:
     window: OverWindow | ExtentWindow | None = None
     post: tuple[StatelessOp, ...] = ()
     r2s: R2S | None = None
+    branch: int = 0
+    """``SELECT ... UNION ALL SELECT ...`` compiles to one query per branch, all writing
+    the same sink (their ``post`` gives the first branch's column names); ``branch`` is
+    the SELECT's index. The sink's rows are the union, and a stage reading it processes
+    them in (ts, source, seq) order: the sort-merge by timestamp of ESL's UNION ALL."""
+
+    @property
+    def name(self) -> str:
+        """Unique per query: the sink's name, with ``#<branch>`` for later branches."""
+        return self.sink.name if self.branch == 0 else f"{self.sink.name}#{self.branch}"
 
     @property
     def key(self) -> tuple[str, ...]:
@@ -314,8 +324,8 @@ class Stage:
 
     @property
     def name(self) -> str:
-        """The stage is named after its root query's sink."""
-        return self.query.sink.name
+        """The stage is named after its root query (:attr:`Query.name`)."""
+        return self.query.name
 
     @property
     def input(self) -> str:
@@ -341,13 +351,16 @@ class Plan:
         return (s for s in self.streams.values() if s.name not in written)
 
     def stages(self) -> tuple[Stage, ...]:
-        """Cut the plan into stages: stateless queries join the stage that feeds them."""
-        producer = {q.sink.name: q for q in self.queries}
+        """Cut the plan into stages: stateless queries join the stage that feeds them,
+        unless several queries feed it (UNION ALL): then they are a stage of their own."""
+        producers: dict[str, list[Query]] = {}
+        for q in self.queries:
+            producers.setdefault(q.sink.name, []).append(q)
 
         def root(q: Query) -> Query:
-            # Walk up through stateless queries over derived streams.
-            while q.window is None and q.input in producer:
-                q = producer[q.input]
+            # Walk up through stateless queries over derived streams with one producer.
+            while q.window is None and len(producers.get(q.input, ())) == 1:
+                q = producers[q.input][0]
             return q
 
         def timestamp(stream: str) -> str:

@@ -97,9 +97,10 @@ def run(plan: Plan, readings: Iterable[tuple[str, Row]], batch: int = 10_000) ->
                     outputs.append((o.ts, i, _sort_key(key), o.seq, o))
             produced.extend(outputs)
             # Everything the stage emits from now on has ts >= watermark (outputs keep
-            # their input's time, or fire at timers >= it): its sinks' watermark.
+            # their input's time, or fire at timers >= it): its sinks' watermark, the
+            # lowest of their producers' for a UNION ALL.
             for q in (stage.query, *stage.downstream):
-                watermarks[q.sink.name] = watermark
+                watermarks[q.sink.name] = min(watermarks.get(q.sink.name, watermark), watermark)
             for *_, o in outputs:
                 for j in by_input.get(o.sink, ()):
                     ts = stages[j].timestamp

@@ -336,13 +336,25 @@ class Checker:
                     f"{len(first.outputs)} and {len(other.outputs)}",
                 )
                 continue
-            for (name, a, _), (_, b, expr) in zip(first.outputs, other.outputs, strict=True):
+            for (name, a, _), (other_name, b, expr) in zip(
+                first.outputs, other.outputs, strict=True
+            ):
                 if not _compatible(a, b):
                     self.error(
                         file,
                         expr_pos(expr),
                         f"type mismatch: column '{name}' is {a} in the first branch "
                         f"of UNION ALL and {b} here",
+                    )
+                elif name == first.timestamp and other_name != other.timestamp:
+                    # The union's rows are merged by event time, so the column that
+                    # carries it must carry it in every branch.
+                    self.error(
+                        file,
+                        expr_pos(expr),
+                        f"column '{name}' is the event time of the first branch of UNION "
+                        f"ALL, so here it must be this branch's timestamp column"
+                        + (f" '{other.timestamp}'" if other.timestamp else ""),
                     )
 
     def _message(self, stmt: ast.CreateAlert, columns: set[str]) -> None:

@@ -337,13 +337,25 @@ def _stream_key(col: ast.Expr, keys: RowKeys) -> str:
     return key
 
 
-def compile_query(info: QueryInfo, tables: Mapping[str, tuple[tuple[Any, ...], ...]]) -> plan.Query:
-    """One CREATE STREAM ... AS / CREATE ALERT statement as a plan Query; `tables` are
-    the loaded rows of the reference tables."""
+def compile_query(
+    info: QueryInfo, tables: Mapping[str, tuple[tuple[Any, ...], ...]]
+) -> list[plan.Query]:
+    """One CREATE STREAM ... AS / CREATE ALERT statement as plan Queries, one per UNION
+    ALL branch (all writing the statement's sink under the first branch's column
+    names); `tables` are the loaded rows of the reference tables."""
+    names = [name for name, _, _ in info.selects[0].outputs]
+    return [_compile_select(info, i, names, tables) for i in range(len(info.selects))]
+
+
+def _compile_select(
+    info: QueryInfo,
+    branch: int,
+    names: list[str],
+    tables: Mapping[str, tuple[tuple[Any, ...], ...]],
+) -> plan.Query:
+    """SELECT block `branch` of a statement; its columns are called `names`."""
     stmt = info.statement
-    if len(info.selects) > 1:
-        raise Unsupported(info.selects[1].select.pos, "UNION ALL")
-    sel = info.selects[0]
+    sel = info.selects[branch]
     select = sel.select
     if select.r2s is not None:
         raise Unsupported(select.pos, f"{select.r2s}(...)")
@@ -391,9 +403,13 @@ def compile_query(info: QueryInfo, tables: Mapping[str, tuple[tuple[Any, ...], .
     post: list[plan.StatelessOp] = []
     if select.having is not None:
         post.append(plan.Filter(compile_expr(select.having, alias_of, keys)))
+    # A later UNION ALL branch's columns take the first branch's names, by position.
     post.append(
         plan.Project(
-            tuple((name, compile_expr(expr, alias_of, keys)) for name, _, expr in sel.outputs)
+            tuple(
+                (name, compile_expr(expr, alias_of, keys))
+                for name, (_, _, expr) in zip(names, sel.outputs, strict=True)
+            )
         )
     )
     kind = plan.SinkKind.ALERT if isinstance(stmt, ast.CreateAlert) else plan.SinkKind.STREAM
@@ -403,6 +419,7 @@ def compile_query(info: QueryInfo, tables: Mapping[str, tuple[tuple[Any, ...], .
         pre=tuple(pre),
         window=window,
         post=tuple(post),
+        branch=branch,
     )
 
 
@@ -440,7 +457,7 @@ def compile_catalog(catalog: Catalog, texts: dict[str, str]) -> tuple[plan.Plan,
                 errors.append(make_error(stmt.file, text, where, message))
     for info in catalog.queries:
         try:
-            queries.append(compile_query(info, tables))
+            queries.extend(compile_query(info, tables))
         except Unsupported as exc:
             file = info.statement.file
             errors.append(
