@@ -4,15 +4,15 @@ and checking or saving an edited file with the same checker as `lookout rules ch
 from __future__ import annotations
 
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from rules.language import ast
 from rules.language.checker import Catalog, check_statements
+from rules.language.compiler import compile_catalog
 from rules.language.errors import RuleError
 from rules.language.explain import explain
-from rules.language.loader import check_paths, rule_files
+from rules.language.loader import rule_files
 from rules.language.parser import parse_text
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -64,14 +64,17 @@ def read_book(folder: Path) -> Book:
     if not folder.is_dir():
         return Book([], [])
     for path in rule_files([folder]):
-        texts[path.name] = path.read_text(encoding="utf-8")
-        parsed, syntax = parse_text(texts[path.name], path.name)
+        # Full paths, so table files named relative to a rule file resolve.
+        texts[str(path)] = path.read_text(encoding="utf-8")
+        parsed, syntax = parse_text(texts[str(path)], str(path))
         statements.extend(parsed)
         errors.extend(syntax)
     # Explain what can be explained even if some statements have errors (as the CLI does).
     catalog, check_errors = check_statements(statements, texts)
     errors.extend(check_errors)
-    return Book(_rules(statements, texts, catalog), errors)
+    shown = [RuleError(Path(e.file).name, e.line, e.col, e.message, e.source_line)
+             for e in errors]
+    return Book(_rules(statements, texts, catalog), shown)
 
 
 def _rules(statements: list[ast.Statement], texts: dict[str, str],
@@ -86,7 +89,7 @@ def _rules(statements: list[ast.Statement], texts: dict[str, str],
             Rule(
                 name=name,
                 kind=KINDS.get(type(stmt), "statement"),
-                file=stmt.file,
+                file=Path(stmt.file).name,
                 line=stmt.pos.line,
                 text=statement_text(lines, stmt.pos.line - 1, end),
                 explanation=explain(catalog, name) or "",
@@ -98,17 +101,25 @@ def _rules(statements: list[ast.Statement], texts: dict[str, str],
 
 def check_file(folder: Path, name: str, text: str) -> list[RuleError]:
     """Errors of the rule folder with `<name>.sql` replaced by `text` (errors in that file
-    name it `<name>.sql`)."""
-    target = f"{name}.sql"
-    others = [p for p in rule_files([folder]) if p.name != target] if folder.is_dir() else []
-    with tempfile.TemporaryDirectory(prefix="lookout-rule-") as tmp:
-        edited = Path(tmp) / target
-        edited.write_text(text, encoding="utf-8")
-        errors = check_paths([*others, edited])
+    name it `<name>.sql`). Nothing is written: the edited text is checked as if it were
+    in the folder, so relative table paths in it resolve as they will there."""
+    target = folder / f"{name}.sql"
+    texts: dict[str, str] = {}
+    statements: list[ast.Statement] = []
+    errors: list[RuleError] = []
+    others = [p for p in rule_files([folder]) if p.name != target.name] if folder.is_dir() else []
+    for path, source in [*((p, p.read_text(encoding="utf-8")) for p in others), (target, text)]:
+        texts[str(path)] = source
+        parsed, syntax = parse_text(source, str(path))
+        statements.extend(parsed)
+        errors.extend(syntax)
+    # The same steps as `lookout rules check` (rules.language.loader).
+    catalog, check_errors = check_statements(statements, texts)
+    errors.extend(check_errors)
+    if not errors:
+        errors.extend(compile_catalog(catalog, texts)[1])
     return [
-        RuleError(target if e.file == str(edited) else Path(e.file).name, e.line, e.col,
-                  e.message, e.source_line)
-        for e in errors
+        RuleError(Path(e.file).name, e.line, e.col, e.message, e.source_line) for e in errors
     ]
 
 

@@ -271,10 +271,14 @@ def write_health(root: Path, now_ms: int) -> None:
                                   ("stage-congestion", 12.0, None),
                                   ("stage-larceny", 4.5, 17))
     ]
-    engine = {"updated_at_ms": now_ms, "queries": queries,
-              "last_landing_batch": {"readings": {"traffic": 620, "tag_readings": 9},
-                                     "late": {"traffic": 0}, "duplicates": {"traffic": 1},
-                                     "heartbeats": {"traffic": 8}, "quarantined": 0}}
+    streams = [
+        {"stream": name, "max_event_ms": now_ms - lag, "watermark_ms": now_ms - lag - 2000,
+         "lag_ms": lag, "readings": readings, "late": late, "duplicates": duplicates}
+        for name, lag, readings, late, duplicates in (("traffic", 400, 19_593, 2, 5),
+                                                      ("tag_readings", 900, 333, 1, 0))
+    ]
+    engine = {"updated_at_ms": now_ms, "queries": queries, "streams": streams,
+              "quarantined": 3, "heartbeats": 3_600}
     ingest = {"ingester": "0", "messages": 51_230, "readings": 1_020_400, "heartbeats": 3_600,
               "quarantined": 3, "files": 1_800, "connected": True,
               "last_landing_lag_ms": 35.0, "started_at_ms": now_ms - 3_600_000,

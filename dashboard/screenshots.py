@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dashboard.sample import write_health, write_sample
-from dashboard.testing import PAGES, chromium, served
+from dashboard.testing import PAGES, chromium, copy_rules, served
 
 BAD_RULE = ("CREATE ALERT very_slow SEVERITY critical\n"
             "  MESSAGE 'station {station}: {speed} m/s'\n"
@@ -56,10 +56,7 @@ def capture(out: Path) -> None:
     """Serve the sample and screenshot each page into `out`."""
     work = Path(tempfile.mkdtemp(prefix="lookout-shots-"))
     try:
-        root, rules = work / "lakehouse", work / "rules"
-        rules.mkdir()
-        for path in (Path(__file__).resolve().parent.parent / "rules").glob("*.sql"):
-            shutil.copy(path, rules / path.name)
+        root, rules = work / "lakehouse", copy_rules(work / "rules")
         write_sample(root)
         os.environ["LOOKOUT_LAKEHOUSE_PATH"] = str(root)
         from dashboard.data import acknowledge, query

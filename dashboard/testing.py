@@ -9,6 +9,7 @@ port in a subprocess; `chromium()` opens Debian's headless Chromium through Play
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -27,6 +28,15 @@ CHROMIUM_ARGS = [
 ]
 PAGES = {"alerts": "", "traffic": "traffic", "rfid": "rfid", "rules": "rules",
          "health": "health"}
+
+
+def copy_rules(dest: Path) -> Path:
+    """Copy the shipped rule files and the data files they name (`*.sql`, `*.csv`)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for pattern in ("*.sql", "*.csv"):
+        for path in (APP.parent.parent / "rules").glob(pattern):
+            shutil.copy(path, dest / path.name)
+    return dest
 
 
 def free_port() -> int:

@@ -87,9 +87,20 @@ def _stream_row(table: str, late: dict[str, int]) -> dict[str, Any] | None:
             "newest event": newest, "event lag (s)": lag, "late": late.get(stream, 0)}
 
 
+def engine_streams() -> dict[str, dict[str, Any]]:
+    """The engine's view of each source stream (watermark, lag, counts), by name."""
+    record = health("engine") or {}
+    return {s["stream"]: s for s in record.get("streams") or [] if "stream" in s}
+
+
+def _ms_time(ms: int | None) -> pd.Timestamp | None:
+    return None if ms is None else pd.Timestamp(ms, unit="ms", tz="UTC")
+
+
 @panel
 def streams() -> None:
-    """Per source stream: readings, rate, newest event time and lag, late readings."""
+    """Per source stream: readings, rate, newest event, the engine's watermark and lag,
+    late readings and duplicates."""
     tables = sorted(p.parent.name for p in lakehouse().glob("readings_*/_delta_log"))
     if not tables:
         empty("No readings table yet.")
@@ -99,11 +110,26 @@ def streams() -> None:
         counts = query("SELECT stream, count(*) AS n FROM late_readings GROUP BY stream",
                        "late_readings")
         late = {} if counts is None else dict(zip(counts["stream"], counts["n"], strict=True))
-    rows = [row for t in tables if (row := _stream_row(t, late)) is not None]
+    engine = engine_streams()
+    rows = []
+    for table in tables:
+        row = _stream_row(table, late)
+        if row is None:
+            continue
+        seen = engine.get(row["stream"], {})
+        lag_ms = seen.get("lag_ms")
+        row |= {"watermark": _ms_time(seen.get("watermark_ms")),
+                "engine lag (s)": None if lag_ms is None else lag_ms / 1000,
+                "duplicates": seen.get("duplicates")}
+        rows.append(row)
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
                  column_config={"readings/s (last minute landed)":
                                 st.column_config.NumberColumn(format="%.1f"),
-                                "event lag (s)": st.column_config.NumberColumn(format="%.1f")})
+                                "event lag (s)": st.column_config.NumberColumn(format="%.1f"),
+                                "engine lag (s)": st.column_config.NumberColumn(format="%.1f")})
+    st.caption("event lag: wall clock minus the newest event time in the table; watermark "
+               "and engine lag: from the engine's last report (newest event time seen minus "
+               "the stream's slack; wall clock minus that newest event time).")
 
 
 @panel

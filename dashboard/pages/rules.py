@@ -3,6 +3,8 @@ a rule file like `lookout rules check` and saves it into the rules folder when v
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import streamlit as st
 
@@ -12,6 +14,19 @@ from dashboard.ui import panel
 from rules.language.errors import RuleError
 
 NEW = "(new file)"
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _book(folder: str, stamps: tuple[tuple[str, int, int], ...]) -> Book:
+    # `stamps` (name, mtime, size of each file) is the cache key: an edit means a re-read.
+    return read_book(Path(folder))
+
+
+def book_of(folder: Path) -> Book:
+    """The rule folder parsed, checked and explained (cached until a file changes)."""
+    files = sorted(folder.glob("*.sql")) if folder.is_dir() else []
+    stamps = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in files)
+    return _book(str(folder), stamps)
 
 
 def alert_counts() -> dict[str, int]:
@@ -93,7 +108,7 @@ def main() -> None:
     st.title("Rules")
     folder = rules_dir()
     st.caption(f"Rule folder: `{folder}`")
-    book = read_book(folder)
+    book = book_of(folder)
     if book.errors:
         st.warning(f"The rule folder has {len(book.errors)} error(s); the engine will refuse "
                    "to start until they are fixed:")

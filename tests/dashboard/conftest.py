@@ -7,7 +7,6 @@ at door 4, so each page has something definite to show.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,18 +14,13 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from dashboard.sample import write_sample
-
-REPO = Path(__file__).resolve().parents[2]
-APP = REPO / "dashboard" / "app.py"
+from dashboard.testing import APP, copy_rules
 
 
 @pytest.fixture
 def rules_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A copy of the shipped rule files that the Rules page may write into."""
-    folder = tmp_path / "rules"
-    folder.mkdir()
-    for path in (REPO / "rules").glob("*.sql"):
-        shutil.copy(path, folder / path.name)
+    folder = copy_rules(tmp_path / "rules")
     monkeypatch.setenv("LOOKOUT_RULES_DIR", str(folder))
     return folder
 

@@ -209,6 +209,9 @@ def test_health_up_streams_quarantine_and_tables(lakehouse: Path, open_page: Ope
     assert queries["lag_s"].max() < 60
     assert dict(zip(streams["stream"], streams["late"], strict=True)) == {
         "traffic": 2, "tag_readings": 1}
+    assert dict(zip(streams["stream"], streams["duplicates"], strict=True)) == {
+        "traffic": 5, "tag_readings": 0}
+    assert streams["engine lag (s)"].max() < 1
     assert "missing field 'ts'" in set(quarantine["reason"])
     assert {"alerts", "readings_traffic", "quarantine"} <= set(tables["table"])
 
