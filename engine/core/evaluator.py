@@ -135,6 +135,7 @@ class KeyedEvaluator:
         # order, which Timsort handles in linear time. tiebreak keeps dicts out of compares.
         self.pending: list[tuple[int, str, int, int, Row]] = []
         self._tiebreak = itertools.count()
+        self.pre = stage.query.pre
         self._consumers: dict[str, list[Query]] = {}
         for q in stage.downstream:
             self._consumers.setdefault(q.input, []).append(q)
@@ -150,7 +151,8 @@ class KeyedEvaluator:
             self.source = derived_source(self.stage.name, tuple(row.get(c) for c in self.stage.key))
         source, seq = row["source"], row["seq"]
         # Several rows of one tuple (a lookup join's matches) keep the table's row order.
-        for kept in apply_ops(self.stage.query.pre, row):
+        rows = apply_ops(self.pre, row) if self.pre else (row,)
+        for kept in rows:
             self.pending.append((ts, source, seq, next(self._tiebreak), kept))
 
     def advance(self, watermark: int) -> list[Output]:
@@ -161,16 +163,20 @@ class KeyedEvaluator:
         pending.sort()
         n, i = len(pending), 0
         query = self.stage.query
+        # Locals: this loop runs once per distinct timestamp.
+        next_timer, arrive, r2s = op.next_timer, op.arrive, self.r2s
         while True:
-            arrival = pending[i][0] if i < n and pending[i][0] < watermark else None
-            timer = op.next_timer()
+            arrival = pending[i][0] if i < n else None
+            if arrival is not None and arrival >= watermark:
+                arrival = None
+            timer = next_timer()
             if timer is not None and timer >= watermark:
                 timer = None
             if arrival is not None and (timer is None or arrival <= timer):
                 j = i + 1
                 while j < n and pending[j][0] == arrival:
                     j += 1
-                results = op.arrive([(arrival, entry[4]) for entry in pending[i:j]])
+                results = arrive([(arrival, entry[4]) for entry in pending[i:j]])
                 i = j
             elif timer is not None:
                 results = op.fire(timer)
@@ -183,7 +189,7 @@ class KeyedEvaluator:
                     continue
             else:
                 break
-            if self.r2s is not None:
+            if r2s is not None:
                 if results:  # an OVER relation changes where its window emits
                     self._relation_change(results[0][0], results, out)
                 continue

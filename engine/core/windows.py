@@ -111,6 +111,20 @@ class _Aggregating:
         self.buffer: deque[tuple[int, int, Row | None, tuple[tuple[Any, ...], ...]]] = deque()
         self.added = 0  # tuples ever added: their uids
         self.fresh = True  # the next tuple gets INITIALIZE
+        self._bind()
+
+    def _bind(self) -> None:
+        """Hot-path shortcuts (per tuple, every attribute lookup counts): the argument
+        reader and, when all aggregates are incremental, their bound methods."""
+        if all(len(c.args) == 1 for c in self.calls):
+            firsts = [c.args[0] for c in self.calls]
+            self._read_args = lambda row: tuple([(e(row),) for e in firsts])
+        else:
+            every = [c.args for c in self.calls]
+            self._read_args = lambda row: tuple([tuple([e(row) for e in a]) for a in every])
+        if self.all_incremental:
+            self._accumulate = [a.accumulate for a in self.aggs]  # type: ignore[attr-defined]
+            self._retract = [a.retract for a in self.aggs]  # type: ignore[attr-defined]
 
     def _restart(self) -> None:
         """Empty the window and start every aggregate afresh (a landmark reset)."""
@@ -118,17 +132,19 @@ class _Aggregating:
         self.views = [None if inc else BufferView() for inc in self.incremental]
         self.buffer.clear()
         self.fresh = True
+        self._bind()
 
     def _add(self, ts: int, row: Row, keep_row: bool, expires: bool) -> list[list[Any]]:
         """Feed one tuple to every aggregate, then to the buffers; return the ESL-shaped
         aggregates' emissions per call (empty lists for the incremental ones)."""
-        args = tuple([tuple([e(row) for e in c.args]) for c in self.calls])
+        args = self._read_args(row)
         self.added += 1
         if expires:  # an UNBOUNDED frame never expires: no need to remember the tuple
             self.buffer.append((self.added, ts, row if keep_row else None, args))
         if self.all_incremental:  # the common case, kept lean
-            for agg, a in zip(self.aggs, args, strict=True):
-                agg.accumulate(*a)  # type: ignore[attr-defined]
+            # Equal lengths by construction; strict checking would cost on every tuple.
+            for accumulate, a in zip(self._accumulate, args, strict=False):
+                accumulate(*a)
             return self.no_emissions
         emitted: list[list[Any]] = []
         for agg, inc, view, a in zip(self.aggs, self.incremental, self.views, args, strict=True):
@@ -157,8 +173,8 @@ class _Aggregating:
         the values emitted per call (incremental: the value after the retraction)."""
         uid, _, row, args = self.buffer.popleft()
         if self.all_incremental and row is None:  # passive expiry: nobody reads values
-            for agg, a in zip(self.aggs, args, strict=True):
-                agg.retract(*a)  # type: ignore[attr-defined]
+            for retract, a in zip(self._retract, args, strict=False):
+                retract(*a)
             return row, self.no_emissions
         emitted: list[list[Any]] = []
         for agg, inc, view, a in zip(self.aggs, self.incremental, self.views, args, strict=True):
@@ -191,6 +207,10 @@ class _Aggregating:
         self.views = [None if v is None else BufferView(deque(v)) for v in views]
 
 
+def _as_is(emitted: list[list[Any]]) -> list[list[Any]]:
+    return emitted
+
+
 class OverOperator(_Aggregating):
     """A data-driven window (``agg OVER (...)``) for one partition.
 
@@ -213,35 +233,51 @@ class OverOperator(_Aggregating):
         self.range = window.preceding if window.units is FrameUnits.RANGE else None
         self.lag = window.lag
         self.banded = window.since_ms is not None or window.until_ms is not None
+        self.keep_rows = window.active_expiration  # expiring tuples' columns are output
+        self.expires = window.preceding is not None
+        # The common RANGE case, settled straight off the buffer's front: passive
+        # expiry, no lag (None otherwise).
+        self.passive_range = self.range if not window.active_expiration and not self.lag else None
         self.waiting: deque[tuple[int, Row]] = deque()
         self.arrived = 0
         self.period: int | None = None
         self.pending: tuple[int, Row, list[list[Any]]] | None = None
         self.pending_close: int | None = None
+        # A RANGE yield's incremental values are read only when its slot's outputs are
+        # sure to be needed (a later slot begins, the slot closes, a snapshot, passive
+        # expiry from outside): most tuples of a slot are replaced before that. Until
+        # then the window must not change, which `_value_pending` guards.
+        self.unvalued = False
 
     def arrive(self, group: list[Arrival]) -> list[Result]:
         """Process one peer group (equal ts) in order; return the kept outputs."""
         w = self.window
         ts = group[0][0]
+        if self.unvalued and ts > self.pending_close:  # type: ignore[operator]
+            self._value_pending()  # its slot is over: the window is about to change
         if w.reset_every_ms is not None and ts // w.reset_every_ms != self.period:
             self.period = ts // w.reset_every_ms
             self._restart()
+        # (row, emissions per call): ROWS tuples read the aggregates' values as they
+        # enter; RANGE peers all read the values after the last peer, so those are
+        # filled in (by `_values`) only for the outputs kept.
         per_tuple: list[tuple[Row, list[list[Any]]]] = []
+        values = self._values
         if w.units is FrameUnits.ROWS:
             for _, row in group:
-                per_tuple.append((row, self._values(self._enter_row(ts, row))))
+                per_tuple.append((row, values(self._enter_row(ts, row))))
+            values = _as_is
         else:
-            self.settle(ts)
-            for _, row in group:
-                if self.lag:
+            self._settle(ts)
+            if self.lag:
+                for _, row in group:
                     self.waiting.append((ts, row))
                     per_tuple.append((row, [[] for _ in self.calls]))
-                else:
-                    per_tuple.append((row, self._enter(ts, row)))
-            while self.waiting and self.waiting[0][0] + self.lag <= ts:
-                self._enter(*self.waiting.popleft())
-            # RANGE frames include peers: every peer reads the value after the last one.
-            per_tuple = [(row, self._values(em)) for row, em in per_tuple]
+                while self.waiting and self.waiting[0][0] + self.lag <= ts:
+                    self._enter(*self.waiting.popleft())
+            else:
+                enter = self._enter
+                per_tuple = [(row, enter(ts, row)) for _, row in group]
         self.arrived += len(group)
         if self.relation and not w.slide_rows:
             per_tuple = per_tuple[-1:]
@@ -251,14 +287,15 @@ class OverOperator(_Aggregating):
                 r
                 for i, (row, em) in enumerate(per_tuple, start=first)
                 if i % w.slide_rows == 0
-                for r in _combine(ts, row, self.calls, em)
+                for r in _combine(ts, row, self.calls, values(em))
             ]
         if w.slide_ms:
-            row, em = per_tuple[-1]
-            self.pending = (ts, row, em)  # outputs built only for the slot's last tuple
+            # Outputs are built only for the slot's last tuple, when the slot closes.
+            self.pending = (ts, *per_tuple[-1])
+            self.unvalued = values is not _as_is
             self.pending_close = (ts // w.slide_ms + 1) * w.slide_ms - 1
             return []
-        return [r for row, em in per_tuple for r in _combine(ts, row, self.calls, em)]
+        return [r for row, em in per_tuple for r in _combine(ts, row, self.calls, values(em))]
 
     def _enter(self, ts: int, row: Row) -> list[list[Any]]:
         """Add a tuple to the frame unless it falls outside the fixed bounds."""
@@ -267,7 +304,7 @@ class OverOperator(_Aggregating):
             (w.since_ms is None or w.since_ms <= ts) and (w.until_ms is None or ts <= w.until_ms)
         ):
             return [[] for _ in self.calls]
-        return self._add(ts, row, w.active_expiration, w.preceding is not None)
+        return self._add(ts, row, self.keep_rows, self.expires)
 
     def _enter_row(self, ts: int, row: Row) -> list[list[Any]]:
         """ROWS frames: the tuple ``lag`` rows back enters, the overflow leaves."""
@@ -297,6 +334,7 @@ class OverOperator(_Aggregating):
         """Close the time slot ending at ``instant`` or run the active expirations due at
         it; each expiring tuple's outputs are stamped ``instant``."""
         if not self.window.active_expiration:
+            self._value_pending()
             assert self.pending is not None
             out = _combine(*self.pending[:2], self.calls, self.pending[2])
             self.pending, self.pending_close = None, None
@@ -310,19 +348,32 @@ class OverOperator(_Aggregating):
                 out = (rows if self.buffer else []) if self.relation else out + rows
         return out
 
+    def _value_pending(self) -> None:
+        """Read the pending yield's incremental values now (see ``unvalued``)."""
+        if self.unvalued:
+            assert self.pending is not None
+            ts, row, em = self.pending
+            self.pending, self.unvalued = (ts, row, self._values(em)), False
+
     def settle(self, watermark: int) -> None:
         """Run the silent RANGE events below ``watermark`` in instant order: lagged tuples
         entering the frame, then (passive expiry) tuples leaving it. No future tuple's
         frame can tell the difference, and idle partitions let go of old tuples."""
-        if self.window.units is FrameUnits.ROWS or (self.range is None and not self.lag):
+        self._value_pending()
+        self._settle(watermark)
+
+    def _settle(self, watermark: int) -> None:
+        """``settle`` without reading the pending yield (``arrive`` replaces it)."""
+        if self.window.units is FrameUnits.ROWS:
             return  # ROWS frames move by arrivals only
-        leaves = self.range is not None and not self.window.active_expiration
-        if not self.lag:  # the common case: only leaves, straight off the buffer's front
-            if leaves:
-                horizon = watermark - self.range  # type: ignore[operator]
-                while self.buffer and self.buffer[0][1] < horizon:
-                    self._expire_oldest()
+        if self.passive_range is not None:  # the common case: only leaves
+            horizon, buffer = watermark - self.passive_range, self.buffer
+            while buffer and buffer[0][1] < horizon:
+                self._expire_oldest()
             return
+        if not self.lag:
+            return  # an unbounded frame, or tuples leave by active expiration (timers)
+        leaves = self.range is not None and not self.window.active_expiration
         while True:
             enter = self.waiting[0][0] + self.lag if self.waiting else None
             leave = self._expiry_instant() if leaves else None
@@ -335,6 +386,7 @@ class OverOperator(_Aggregating):
 
     def get_state(self) -> Any:
         """The frame's state plus the lag queue, counters and the pending yield."""
+        self._value_pending()  # the values as they were when it arrived
         return (
             super().get_state(),
             list(self.waiting),
