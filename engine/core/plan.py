@@ -178,6 +178,11 @@ class AggCall:
     args: tuple[Expr, ...]
     alias: str
     factory: Callable[[], WindowAggregate] | None = None
+    algebraic: bool = False
+    """Declared ``ALGEBRAIC`` (``CREATE AGGREGATE ... ALGEBRAIC``): its partials merge,
+    so row slides may run it on panes (ESL §5.1). Built-ins are algebraic by their
+    class (count, sum, avg, min, max, var, stddev); a Python aggregate only when
+    declared so (the checker makes sure its class has ``merge``)."""
 
 
 @dataclass(frozen=True)

@@ -606,7 +606,14 @@ def pane_eligible(window: OverWindow) -> bool:
         and window.reset_every_ms is None
     ):
         return False
-    return all(getattr(_aggregate_class(c), "algebraic", False) for c in window.aggregates)
+    return all(_algebraic(c) for c in window.aggregates)
+
+
+def _algebraic(call: AggCall) -> bool:
+    """Whether the call's partials merge: declared ALGEBRAIC (UDA), or a built-in that is."""
+    if call.factory is not None:
+        return call.algebraic
+    return bool(getattr(_aggregate_class(call), "algebraic", False))
 
 
 def _aggregate_class(call: AggCall) -> type:

@@ -254,6 +254,17 @@ class Checker:
         params = tuple(self._type(stmt.file, p.type) or "STRING" for p in stmt.params)
         returns = self._type(stmt.file, stmt.returns) or "STRING"
         cls = self._import_uda(stmt)
+        if (
+            stmt.algebraic
+            and cls is not None
+            and not (issubclass(cls, IncrementalAggregate) and _overrides(cls, "merge"))
+        ):
+            self.error(
+                stmt.file,
+                stmt.target_pos,
+                f"'{stmt.target}' is declared ALGEBRAIC but has no merge: an algebraic "
+                "aggregate is an IncrementalAggregate whose partials merge (ESL §5.1)",
+            )
         if self._claim(stmt.file, stmt.name, "aggregate"):
             self.catalog.aggregates[stmt.name.name.lower()] = Aggregate(
                 stmt.name.name, params, returns, cls, stmt.algebraic, stmt

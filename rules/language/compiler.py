@@ -372,6 +372,7 @@ def _compile_select(
             args=tuple(compile_expr(a, keys=keys) for a in use.call.args),
             alias=use.alias,
             factory=use.uda.cls if use.uda is not None else None,
+            algebraic=use.uda is not None and use.uda.algebraic,
         )
         for use in sel.aggregates
     )

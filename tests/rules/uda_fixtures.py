@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from engine.core.aggregates import InWindow, WindowAggregate
+from engine.core.aggregates import IncrementalAggregate, InWindow, WindowAggregate
 
 
 class NoIterate(WindowAggregate):
@@ -26,3 +26,46 @@ class NoExpire(WindowAggregate):
 
 class NotAnAggregate:
     """Does not subclass WindowAggregate."""
+
+
+class MergingSum(IncrementalAggregate):
+    """A sum whose partials merge: may be declared ALGEBRAIC."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+
+    def accumulate(self, x: Any) -> None:
+        """Add a value."""
+        self.total += x
+
+    def retract(self, x: Any) -> None:
+        """Take a value out."""
+        self.total -= x
+
+    def get_value(self) -> Any:
+        """The sum."""
+        return self.total
+
+    def merge(self, other: IncrementalAggregate) -> None:
+        """Absorb a partial over later tuples."""
+        assert isinstance(other, MergingSum)
+        self.total += other.total
+
+
+class NoMerge(IncrementalAggregate):
+    """Incremental, but without merge: cannot be ALGEBRAIC."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+
+    def accumulate(self, x: Any) -> None:
+        """Add a value."""
+        self.total += x
+
+    def retract(self, x: Any) -> None:
+        """Take a value out."""
+        self.total -= x
+
+    def get_value(self) -> Any:
+        """The sum."""
+        return self.total
