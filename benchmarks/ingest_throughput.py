@@ -12,6 +12,9 @@ Two loads, each measured two ways:
   can; the rate is from the first message received to the last landed. On a small
   machine the publisher, the broker and ingest share the cores, so this is lower.
 
+The landing thread's CPU time per reading is printed as well: on a machine shared
+with other work, it tells what ingest would do with a core to itself.
+
 Every run then reads all landed files and checks that each published (source, seq)
 landed (zero loss); it prints duplicates too (there should be none without failures).
 
@@ -123,6 +126,7 @@ def measure(load: str, how: str, messages: int, batch: int, work: Path) -> dict[
         while ingester.stats.messages < messages:
             time.sleep(0.005)
         elapsed = time.perf_counter() - start
+        cpu_s = ingester.stats.landing_cpu_s
         ingester.stop()
         thread.join()
         if publisher is not None:
@@ -137,6 +141,7 @@ def measure(load: str, how: str, messages: int, batch: int, work: Path) -> dict[
         "messages_per_s": messages / elapsed,
         "readings_per_s": total / elapsed,
         "seconds": elapsed,
+        "landing_cpu_us_per_reading": cpu_s / (messages * batch) * 1e6,
         "lost": total - len(set(landed) & set(range(total))),
         "duplicates": sum(landed.values()) - len(landed),
     }
@@ -164,7 +169,8 @@ def main() -> None:
                 print(
                     f"{load:8s} {how:6s} {count:>8,} msgs: {r['messages_per_s']:>9,.0f} msg/s "
                     f"{r['readings_per_s']:>10,.0f} readings/s in {r['seconds']:5.1f} s, "
-                    f"lost {r['lost']}, duplicates {r['duplicates']}",
+                    f"lost {r['lost']}, duplicates {r['duplicates']}; landing thread "
+                    f"{r['landing_cpu_us_per_reading']:.1f} us CPU/reading",
                     flush=True,
                 )
 

@@ -51,6 +51,8 @@ class IngestStats:
     """Counters the dashboard's health page shows (written as JSON about every second).
 
     Totals since start, except `landing_lag_ms_max` (since the previous health write).
+    `landing_cpu_s` is the CPU time spent validating, landing and acknowledging: against
+    the wall clock it says how close the landing thread is to saturation.
     `redelivered` counts messages the broker flagged as sent before: each may be landed
     twice, and the engine's dedupe by (source, seq) removes the copy.
     """
@@ -68,6 +70,7 @@ class IngestStats:
     subscribed: bool = False
     pending: int = 0
     last_error: str = ""
+    landing_cpu_s: float = 0.0
     last_landing_lag_ms: float = 0.0
     landing_lag_ms_max: float = 0.0
     started_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
@@ -235,7 +238,9 @@ class Ingester:
             if len(self._pending) < self.config.flush_messages and wait_s > 0:
                 self._wake.wait(wait_s)
             batch, self._pending = self._pending, []
+        cpu = time.thread_time()
         self._land(batch)
+        self.stats.landing_cpu_s += time.thread_time() - cpu
         self.write_health()
         return len(batch)
 
