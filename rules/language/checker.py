@@ -134,7 +134,7 @@ def _overrides(cls: type, method: str) -> bool:
     return False
 
 
-def _describe(spec: ast.WindowSpec) -> str:
+def describe(spec: ast.WindowSpec) -> str:
     return {
         "rows": "ROWS",
         "partition_rows": "PARTITION BY ... ROWS",
@@ -420,7 +420,7 @@ class Checker:
             )
         if info.window is not None and info.stream is not None:
             self._window(file, info.window, info.stream)
-        pseudo = info.window is not None and info.window.kind == "range"
+        pseudo = info.window is not None and info.window.kind in ("range", "now")
 
         ctx = _Ctx(self, file, scope, pseudo)
         for src, on in zip(sel.sources, sel.joins, strict=True):
@@ -582,7 +582,7 @@ class Checker:
                 file,
                 spec.pos,
                 f"stream '{stream.name}' has no timestamp column, so it cannot have a "
-                f"time-based {_describe(spec)} window; select its timestamp where it "
+                f"time-based {describe(spec)} window; select its timestamp where it "
                 "is derived",
             )
         # `ROWS 0 PRECEDING` is the current row alone; a CQL `[ROWS 0]` is empty.
@@ -601,7 +601,7 @@ class Checker:
                 file,
                 spec.modifier_pos or spec.pos,
                 f"ACTIVE EXPIRATION needs a time-based window (RANGE t PRECEDING), not "
-                f"{_describe(spec)}: only tuples of a logical window expire on their "
+                f"{describe(spec)}: only tuples of a logical window expire on their "
                 "own (ESL §5.2)",
             )
         if (

@@ -21,6 +21,7 @@ from rules.language.checker import (
     QueryInfo,
     Relation,
     SelectInfo,
+    describe,
     expr_pos,
     plain_columns,
 )
@@ -223,10 +224,9 @@ def _column_type(typ: str) -> plan.ColumnType:
 
 
 def _over_window(spec: ast.WindowSpec, aggs: tuple[plan.AggCall, ...]) -> plan.OverWindow:
-    if spec.kind in ("since", "until", "band"):
-        raise Unsupported(spec.pos, f"a fixed-bound {spec.kind.upper()} window")
-    if spec.reset_ms is not None:
-        raise Unsupported(spec.pos, "a landmark window with RESET EVERY")
+    """``agg OVER (...)``: every frame form maps onto OverWindow's fields (ROWS / RANGE
+    t / UNBOUNDED [RESET EVERY p] / SINCE a / UNTIL b / BETWEEN a AND b, SLIDE, LAG,
+    ACTIVE EXPIRATION)."""
     units = plan.FrameUnits.ROWS if spec.kind == "rows" else plan.FrameUnits.RANGE
     return plan.OverWindow(
         aggregates=aggs,
@@ -237,28 +237,82 @@ def _over_window(spec: ast.WindowSpec, aggs: tuple[plan.AggCall, ...]) -> plan.O
         slide_ms=spec.slide_ms,
         active_expiration=spec.active_expiration,
         lag=spec.lag_ms or 0,
+        reset_every_ms=spec.reset_ms,
+        since_ms=spec.lower_ms,
+        until_ms=spec.upper_ms,
     )
 
 
-def _extent_window(
-    group_by: tuple[str, ...], spec: ast.WindowSpec, aggs: tuple[plan.AggCall, ...]
-) -> plan.ExtentWindow:
-    if spec.kind != "range" or spec.lag_ms is not None:
-        what = (
-            "a LAG on a FROM window"
-            if spec.lag_ms is not None
-            else f"the CQL window [{spec.kind.upper().replace('_', ' ')}]"
+def _from_window(
+    sel: SelectInfo,
+    spec: ast.WindowSpec,
+    group_by: tuple[str, ...],
+    aggs: tuple[plan.AggCall, ...],
+) -> plan.OverWindow | plan.ExtentWindow | None:
+    """A CQL window in FROM (``S [...]``).
+
+    Without a relation-to-stream operator, ``[RANGE r [SLIDE s]]`` is the WID extent
+    window (no SLIDE: a tumble), each extent's result emitted once (DESIGN §4). Under
+    ISTREAM / DSTREAM / RSTREAM the query's result is CQL's relation at every instant
+    (CQL §5-6), computed by an OVER window read as a relation (plan.R2S):
+    ``[RANGE r]`` tuples in ``[t - r, t]`` (leaving by active expiration at ``t + r``),
+    ``[ROWS n]`` the last n tuples, ``[PARTITION BY k ROWS n]`` the last n per k,
+    ``[RANGE UNBOUNDED]`` all so far; ``[NOW]`` is the tuples of the instant.
+    """
+    r2s = sel.select.r2s
+    kind = spec.kind
+    if kind == "now":
+        if not aggs:
+            if r2s == "DSTREAM":
+                raise Unsupported(sel.select.pos, "DSTREAM(...) of a [NOW] window")
+            return None  # ISTREAM / RSTREAM (S [NOW]) is S itself
+        return plan.ExtentWindow(aggs, range_ms=1, slide_ms=1, group_by=group_by)
+    if kind == "range" and (r2s is None or spec.slide_ms is not None):
+        if spec.lag_ms is not None:
+            raise Unsupported(spec.pos, "a LAG on a FROM window")
+        if not aggs:
+            raise Unsupported(spec.pos, "a FROM window without aggregates (a CQL relation)")
+        assert spec.range_ms is not None
+        return plan.ExtentWindow(
+            aggregates=aggs,
+            range_ms=spec.range_ms,
+            slide_ms=spec.slide_ms or spec.range_ms,  # no SLIDE: a tumble
+            group_by=group_by,
         )
+    what = f"the CQL window [{describe(spec)}]"
+    if kind in ("since", "until", "band") or spec.lag_ms is not None or spec.slide_rows:
         raise Unsupported(spec.pos, what)
+    if r2s is None:
+        raise Unsupported(
+            spec.pos, f"{what} without ISTREAM, DSTREAM or RSTREAM (its result is a relation)"
+        )
     if not aggs:
-        raise Unsupported(spec.pos, "a FROM window without aggregates (a CQL relation)")
-    assert spec.range_ms is not None
-    return plan.ExtentWindow(
-        aggregates=aggs,
-        range_ms=spec.range_ms,
-        slide_ms=spec.slide_ms or spec.range_ms,  # no SLIDE: a tumble
-        group_by=group_by,
-    )
+        raise Unsupported(spec.pos, f"{what} without aggregates (a relation of tuples)")
+    for col in (c for _, _, expr in sel.outputs for c in plain_columns(expr)):
+        if col.name in ("window_start", "window_end"):
+            raise Unsupported(col.pos, f"{col.name} over {what} (extents need a SLIDE)")
+    if kind == "range":
+        return plan.OverWindow(
+            aggs, plan.FrameUnits.RANGE, spec.range_ms, group_by, active_expiration=True
+        )
+    if kind == "unbounded":
+        return plan.OverWindow(
+            aggs, plan.FrameUnits.RANGE, None, group_by, reset_every_ms=spec.reset_ms
+        )
+    assert spec.rows is not None
+    keys = tuple(p.name for p in spec.partition)
+    if set(group_by) != set(keys):
+        raise Unsupported(spec.pos, f"{what} with GROUP BY other than its partition columns")
+    return plan.OverWindow(aggs, plan.FrameUnits.ROWS, spec.rows - 1, keys)
+
+
+def _r2s(select: ast.Select, window: plan.OverWindow | plan.ExtentWindow | None) -> plan.R2S | None:
+    """ISTREAM / DSTREAM / RSTREAM over the query's relation (see plan.R2S)."""
+    if select.r2s is None:
+        return None
+    if window is None and select.r2s == "DSTREAM":
+        raise Unsupported(select.pos, "DSTREAM(...) without a window (nothing ever leaves)")
+    return plan.R2S(select.r2s)
 
 
 def _row_keys(sel: SelectInfo) -> dict[tuple[str | None, str], str]:
@@ -357,8 +411,6 @@ def _compile_select(
     stmt = info.statement
     sel = info.selects[branch]
     select = sel.select
-    if select.r2s is not None:
-        raise Unsupported(select.pos, f"{select.r2s}(...)")
     assert sel.stream is not None  # the checker reported a FROM without a stream
     if select.sources[0].name.name != sel.stream.name:
         raise Unsupported(
@@ -380,7 +432,7 @@ def _compile_select(
     window: plan.OverWindow | plan.ExtentWindow | None = None
     over = next((u.call.over for u in sel.aggregates if u.call.over is not None), None)
     if sel.window is not None:
-        window = _extent_window(group_by, sel.window, agg_calls)
+        window = _from_window(sel, sel.window, group_by, agg_calls)
     elif over is not None:
         window = _over_window(over, agg_calls)
     elif agg_calls:
@@ -420,6 +472,7 @@ def _compile_select(
         pre=tuple(pre),
         window=window,
         post=tuple(post),
+        r2s=_r2s(select, window),
         branch=branch,
     )
 

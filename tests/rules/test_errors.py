@@ -240,11 +240,11 @@ CASES = [
         id="table-file-missing",
     ),
     pytest.param(
-        TRAFFIC + "CREATE STREAM d AS SELECT ts, count(*) OVER (PARTITION BY station RANGE "
-        "UNBOUNDED PRECEDING RESET EVERY 1 DAY) AS n FROM traffic;",
-        "3:67",
-        "the engine cannot run a landmark window with RESET EVERY yet",
-        id="engine-unsupported-reset",
+        TRAFFIC + "CREATE STREAM d AS SELECT count(*) AS n "
+        "FROM traffic [SINCE TIMESTAMP '2026-01-01 00:00:00'];",
+        "3:55",
+        "the engine cannot run the CQL window [SINCE] yet",
+        id="engine-unsupported-cql-since",
     ),
 ]
 
