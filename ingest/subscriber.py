@@ -34,7 +34,7 @@ from paho.mqtt.client import PUBACK
 
 from ingest.heartbeats import SilenceHeartbeats
 from ingest.landing import LandingWriter
-from ingest.validate import Validator
+from ingest.validate import Rejection, Validated, Validator
 from lookout.config import IngestConfig, MqttConfig
 
 log = logging.getLogger("lookout.ingest")
@@ -248,7 +248,7 @@ class Ingester:
         now_ms = int(self.clock() * 1000)
         silence = self.silence
         for message in batch:
-            result = self.validator.validate(message.topic, message.payload, now_ms)
+            result = self._validate(message, now_ms)
             stream = result.stream
             if result.readings:
                 self.writer.add_readings(
@@ -282,6 +282,19 @@ class Ingester:
             lag = self.clock() * 1000 - batch[0].received_ms
             self.stats.last_landing_lag_ms = lag
             self.stats.landing_lag_ms_max = max(self.stats.landing_lag_ms_max, lag)
+
+    def _validate(self, message: _Message, now_ms: int) -> Validated:
+        """Validate one message; a bug in validation quarantines it instead of crashing.
+
+        Crashing would be worse than wrong: the message, never acknowledged, would be
+        redelivered to every restart and stop ingest for good (a poison message).
+        """
+        try:
+            return self.validator.validate(message.topic, message.payload, now_ms)
+        except Exception as err:
+            log.exception("validation failed on a message of %s", message.topic)
+            reason = f"ingest could not validate this payload: {type(err).__name__}: {err}"
+            return Validated(None, rejections=[Rejection(message.topic, reason, message.payload)])
 
     def _flush_until_landed(self) -> None:
         """Land the writer's buffers, retrying while the storage fails (nothing is acked)."""

@@ -21,6 +21,7 @@ import pytest
 
 from ingest.service import build_ingester
 from ingest.subscriber import Ingester
+from ingest.validate import Validated, Validator
 from lookout.broker import Broker
 from lookout.config import Config, IngestConfig, MqttConfig
 from rules.language.loader import load_rules
@@ -134,3 +135,24 @@ def test_heartbeats_pass_through_among_the_readings(ingester: Ingester, broker: 
     assert [line.get("_kind") for line in lines] == [None, "heartbeat", None]
     assert lines[1]["ts"] == beat["ts"] and lines[1]["source"] == "loop-1"
     assert ingester.stats.heartbeats == 1
+
+
+def test_a_message_that_breaks_validation_is_quarantined_not_fatal(
+    ingester: Ingester, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in validation must not make a poison message: redelivered to every restart,
+    it would stop ingest for good. It is quarantined with the error, and ingest goes on."""
+    validate = Validator.validate
+
+    def broken_on_boom(self: Validator, topic: str, payload: bytes, now_ms: int) -> Validated:
+        if payload == b'"boom"':
+            raise RuntimeError("a bug")
+        return validate(self, topic, payload, now_ms)
+
+    monkeypatch.setattr(Validator, "validate", broken_on_boom)
+    publish_all(broker, [(TOPIC, b'"boom"'), (TOPIC, good(30))])
+    landing = ingester.writer.root
+    wait_for(lambda: landed_lines(landing, "_quarantine"), 20, "quarantine")
+    wait_for(lambda: landed_keys(landing), 20, "the good reading")
+    (line,) = landed_lines(landing, "_quarantine")
+    assert line["reason"] == "ingest could not validate this payload: RuntimeError: a bug"
