@@ -4,7 +4,7 @@
 
 Writes `<page>.png` for each page: the sample of `dashboard.sample` (with one alert
 acknowledged), station 3 opened on the Traffic page, item-0110's path on the RFID page,
-the congestion rule opened on the Rules page, and `rules-editor.png`: a rule with an
+the congestion rule shown on the Rules page, and `rules-editor.png`: a rule with an
 error checked in the editor.
 """
 
@@ -36,7 +36,9 @@ def _prepare(name: str, tab: Any) -> None:
         tab.get_by_label("Tag id").press("Enter")
         tab.get_by_text("door 1 → 2").first.wait_for()
     elif name == "rules":
-        tab.get_by_text("congestion (").first.click()
+        tab.get_by_role("combobox", name="Show rule").click()
+        tab.get_by_role("option", name="congestion", exact=True).click()
+        tab.get_by_text("alert congestion").first.wait_for()
 
 
 def _check_bad_rule(tab: Any) -> None:

@@ -98,12 +98,3 @@ def chromium() -> Iterator[Any]:
         finally:
             browser.close()
 
-
-def wait_idle(page: Any, timeout_ms: float = 30_000) -> None:
-    """Wait until the app has drawn and no script run is in progress."""
-    page.wait_for_selector('[data-testid="stApp"]', timeout=timeout_ms)
-    page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"] button') "
-        "&& !document.querySelector('[data-testid=\"stSkeleton\"]')",
-        timeout=timeout_ms,
-    )

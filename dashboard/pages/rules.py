@@ -39,7 +39,7 @@ def alert_counts() -> dict[str, int]:
 
 @panel
 def rule_list(book: Book) -> None:
-    """Each statement, grouped by file: its text and its explanation."""
+    """A table of every statement, then the chosen one's text and explanation."""
     if not book.rules:
         st.info(f"No rules in `{rules_dir()}` yet. Write one below and save it.")
         return
@@ -50,14 +50,19 @@ def rule_list(book: Book) -> None:
           "file": f"{r.file}:{r.line}"} for r in book.rules]
     )
     st.dataframe(summary, hide_index=True, width="stretch")
-    for rule in book.rules:
-        title = f"{rule.kind} **{rule.name}** ({rule.file}:{rule.line})"
-        if rule.kind == "alert":
-            title += f" — {counts.get(rule.name, 0):,} alerts"
-        with st.expander(title):
-            left, right = st.columns(2)
-            left.code(rule.text, language="sql", wrap_lines=True)
-            right.code(rule.explanation or "(no explanation)", language=None, wrap_lines=True)
+    # One rule at a time: drawing every rule's text and explanation made the page slow.
+    alerts = [r.name for r in book.rules if r.kind == "alert"]
+    names = [r.name for r in book.rules]
+    chosen = st.selectbox("Show rule", names, key="rule_shown",
+                          index=names.index(alerts[0]) if alerts else 0)
+    rule = next(r for r in book.rules if r.name == chosen)
+    heading = f"{rule.kind} **{rule.name}** ({rule.file}:{rule.line})"
+    if rule.kind == "alert":
+        heading += f" — {counts.get(rule.name, 0):,} alerts"
+    st.markdown(heading)
+    left, right = st.columns(2)
+    left.code(rule.text, language="sql", wrap_lines=True)
+    right.code(rule.explanation or "(no explanation)", language=None, wrap_lines=True)
 
 
 def _show_errors(name: str, text: str, errors: list[RuleError]) -> None:

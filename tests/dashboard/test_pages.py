@@ -157,10 +157,13 @@ def test_rules_list_text_explanation_and_alert_count(lakehouse: Path, open_page:
     summary = app.dataframe[0].value.set_index("rule")
     assert summary.loc["congestion", "alerts"] == 37  # 40 minus the three other alerts
     assert summary.loc["larceny", "alerts"] == 1
-    assert "congestion" in [e.label.split("**")[1] for e in app.expander if "**" in e.label]
+    app.selectbox(key="rule_shown").select("congestion").run()
     code = texts(app)
+    assert "alert **congestion** (traffic.sql:16) — 37 alerts" in code
     assert "CREATE ALERT congestion SEVERITY warning" in code
-    assert "range" in code.lower() and "15 minutes" in code  # the explanation's window
+    assert "reads stream: station_speed" in code  # the explanation
+    app.selectbox(key="rule_shown").select("station_speed").run()
+    assert "15 minutes" in texts(app).split("station_speed: derived stream")[1]  # its window
 
 
 def test_saving_an_invalid_then_a_valid_rule(lakehouse: Path, rules_folder: Path,
