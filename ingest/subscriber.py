@@ -297,15 +297,21 @@ class Ingester:
             return Validated(None, rejections=[Rejection(message.topic, reason, message.payload)])
 
     def _flush_until_landed(self) -> None:
-        """Land the writer's buffers, retrying while the storage fails (nothing is acked)."""
+        """Land the writer's buffers, retrying while the storage fails (nothing is acked).
+
+        When asked to stop meanwhile, give up with the error: the broker still holds
+        every message that was not landed and redelivers it to the next start.
+        """
         while True:
             try:
                 self.stats.files += len(self.writer.flush())
                 return
             except OSError as err:
                 self.stats.last_error = f"landing failed: {err}"
-                log.error("%s; retrying in %.0f s", self.stats.last_error, LANDING_RETRY_S)
                 self.write_health(force=True)
+                if self._stopping.is_set():
+                    raise
+                log.error("%s; retrying in %.0f s", self.stats.last_error, LANDING_RETRY_S)
                 time.sleep(LANDING_RETRY_S)
 
     def _acknowledge(self, batch: list[_Message]) -> None:

@@ -121,3 +121,23 @@ def test_two_shared_subscription_ingesters_land_each_reading_once(
     by_ingester = {name: [f for f in files if f"-{name}-" in f.name] for name in ("a", "b")}
     assert all(by_ingester.values()), "one ingester got no share of the load"
     assert first.health["messages"] + second.health["messages"] == 10_000
+
+
+def test_landing_storage_failure_holds_the_acks_until_it_recovers(
+    tmp_path: Path, broker: Broker
+) -> None:
+    """The landing folder cannot be written (here: a file sits where it should be):
+    ingest acknowledges nothing, reports the error, retries, and lands everything once
+    the storage is back."""
+    lakehouse = tmp_path / "lakehouse"
+    landing = lakehouse / "_landing"
+    lakehouse.mkdir()
+    landing.write_text("not a folder")
+    ingest = IngestProcess(broker, lakehouse).wait_subscribed()
+    publish_all(broker, readings(1_000))
+    wait_for(lambda: "landing failed" in ingest.health.get("last_error", ""), 20, "the error")
+    assert ingest.health["messages"] == 0
+    landing.unlink()
+    wait_for(lambda: len(landed_keys(landing)) == 1_000, 20, "every reading after recovery")
+    assert ingest.terminate() == 0
+    assert set(landed_keys(landing)) == expected(1_000)
