@@ -118,8 +118,11 @@ class LandingWriter:
         """
         removed = []
         for tmp in self.root.glob(f"stream=*/.part-*-{self.ingester_id}-*.tmp"):
-            tmp.unlink(missing_ok=True)
-            removed.append(tmp)
+            # .part-<ns>-<id>-<token>-<n>.jsonl.tmp: the id may itself hold dashes
+            ingester = tmp.name.split("-", 2)[2].rsplit("-", 2)[0]
+            if ingester == self.ingester_id:
+                tmp.unlink(missing_ok=True)
+                removed.append(tmp)
         return removed
 
 

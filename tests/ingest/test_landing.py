@@ -59,10 +59,12 @@ def test_orphans_of_this_ingester_are_removed(tmp_path: Path) -> None:
     folder.mkdir()
     mine = folder / ".part-00000000000000000001-a-abcdef-00000001.jsonl.tmp"
     theirs = folder / ".part-00000000000000000001-b-abcdef-00000001.jsonl.tmp"
-    mine.write_text("half")
-    theirs.write_text("half")
+    dashed = folder / ".part-00000000000000000001-x-a-abcdef-00000001.jsonl.tmp"
+    for path in (mine, theirs, dashed):
+        path.write_text("half")
     assert LandingWriter(tmp_path, "a").remove_orphans() == [mine]
-    assert theirs.exists() and not mine.exists()
+    assert theirs.exists() and dashed.exists() and not mine.exists()
+    assert LandingWriter(tmp_path, "x-a").remove_orphans() == [dashed]
 
 
 @given(
