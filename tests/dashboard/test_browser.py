@@ -106,7 +106,7 @@ def test_every_page_acknowledge_and_rules(page: Any, lakehouse: Path,
     assert [a["note"] for a in acks] == ["crew dispatched"]
 
     # An invalid rule is refused with its line:col; a valid one is saved.
-    visit(page, "rules", "congestion", "Write or edit a rule file")
+    visit(page, "rules", "alert larceny", "Write or edit a rule file")
     save_rule(page, "slow_traffic",
               "CREATE ALERT slow SEVERITY warning\n  AS SELECT station, ts FROM trafic;\n",
               page.get_by_text("nothing was saved"))
