@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import orjson
@@ -190,20 +190,18 @@ class _Field:
     non_negative: bool
 
     def check(self, value: Any) -> Any:
-        """The normalised value, or ValueError with the reason."""
-        kind = type(value)
-        if kind is self.fast_type and (kind is str or self.low <= value <= self.high):
-            return value
+        """The normalised value, or ValueError with the reason (the slow path)."""
         value = _coerce(self.name, self.sql_type, value)
         if self.non_negative and value < 0:
             raise ValueError(f"field '{self.name}' is negative ({value})")
         return value
 
 
-def _fields(
+@lru_cache(maxsize=256)
+def _normalizer(
     stream: StreamSchema, non_negative: frozenset[str], require_identity: bool
-) -> tuple[tuple[_Field, ...], tuple[_Field, ...]]:
-    """(required, optional) fields of a reading of `stream`."""
+) -> tuple[Callable[[Any], dict[str, Any]], tuple[_Field, ...]]:
+    """(the compiled check of the required fields, the optional fields) for `stream`."""
 
     def make(column: Column) -> _Field:
         fast_type, low, high = _FAST.get(column.type, (type(None), 0, 0))
@@ -213,7 +211,9 @@ def _fields(
 
     own = tuple(make(c) for c in stream.columns)
     identity = tuple(make(c) for c in IDENTITY_COLUMNS)
-    return (own + identity, ()) if require_identity else (own, identity)
+    if require_identity:
+        return _compile(own + identity), ()
+    return _compile(own), identity
 
 
 def normalize_reading(
@@ -227,8 +227,8 @@ def normalize_reading(
     Raises ValueError naming the field and what is wrong with it. Without
     `require_identity` (recorded files for replay), `source` and `seq` may be absent.
     """
-    required, optional = _fields(stream, non_negative, require_identity)
-    reading = _compile(required)(item)
+    normalize, optional = _normalizer(stream, non_negative, require_identity)
+    reading = normalize(item)
     for spec in optional:
         if spec.name in item:
             reading[spec.name] = spec.check(item[spec.name])
@@ -292,9 +292,6 @@ class Validator:
     catch_all: str = "lookout/#"
     # topic -> (stream, is a heartbeat topic); a cache, not configuration.
     _routes: dict[str, tuple[StreamSchema | None, bool]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
-    _normalizers: dict[str, Callable[[Any], dict[str, Any]]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -369,7 +366,11 @@ class Validator:
         items = document if batch else [document]
         low, high = now_ms - self.max_clock_distance_ms, now_ms + self.max_clock_distance_ms
         ts_name = target.timestamp
-        normalize = partial(self._heartbeat, target) if is_heartbeat else self._normalizer(target)
+        normalize = (
+            partial(self._heartbeat, target)
+            if is_heartbeat
+            else _normalizer(target, self.non_negative, True)[0]
+        )
         accepted = result.heartbeats if is_heartbeat else result.readings
         for index, item in enumerate(items):
             try:
@@ -382,13 +383,6 @@ class Validator:
                 where = f"reading #{index} of the batch: " if batch else ""
                 reject(f"{where}{err}", orjson.dumps(item) if batch else payload)
         return result
-
-    def _normalizer(self, stream: StreamSchema) -> Callable[[Any], dict[str, Any]]:
-        normalize = self._normalizers.get(stream.name)
-        if normalize is None:
-            fields = _fields(stream, self.non_negative, True)[0]
-            normalize = self._normalizers[stream.name] = _compile(fields)
-        return normalize
 
     def _clock_reason(self, ts: int, now_ms: int) -> str:
         days = abs(ts - now_ms) // 86_400_000
