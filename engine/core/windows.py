@@ -116,7 +116,10 @@ class _Aggregating:
     def _bind(self) -> None:
         """Hot-path shortcuts (per tuple, every attribute lookup counts): the argument
         reader and, when all aggregates are incremental, their bound methods."""
-        if all(len(c.args) == 1 for c in self.calls):
+        if len(self.calls) == 1 and len(self.calls[0].args) == 1:
+            only = self.calls[0].args[0]
+            self._read_args = lambda row: ((only(row),),)
+        elif all(len(c.args) == 1 for c in self.calls):
             firsts = [c.args[0] for c in self.calls]
             self._read_args = lambda row: tuple([(e(row),) for e in firsts])
         else:
@@ -167,6 +170,18 @@ class _Aggregating:
             [agg.get_value()] if inc else em  # type: ignore[attr-defined]
             for agg, inc, em in zip(self.aggs, self.incremental, emitted, strict=True)
         ]
+
+    def _drop_before(self, horizon: int) -> None:
+        """Passive expiry: remove every tuple with ts < ``horizon`` (nobody reads values)."""
+        buffer = self.buffer
+        if self.all_incremental:  # inlined `_expire_oldest`: one call less per tuple
+            retracts = self._retract
+            while buffer and buffer[0][1] < horizon:
+                for retract, a in zip(retracts, buffer.popleft()[3], strict=False):
+                    retract(*a)
+            return
+        while buffer and buffer[0][1] < horizon:
+            self._expire_oldest()
 
     def _expire_oldest(self) -> tuple[Row | None, list[list[Any]]]:
         """Remove the oldest tuple, running ``retract``/``expire``; return its row and
@@ -367,9 +382,7 @@ class OverOperator(_Aggregating):
         if self.window.units is FrameUnits.ROWS:
             return  # ROWS frames move by arrivals only
         if self.passive_range is not None:  # the common case: only leaves
-            horizon, buffer = watermark - self.passive_range, self.buffer
-            while buffer and buffer[0][1] < horizon:
-                self._expire_oldest()
+            self._drop_before(watermark - self.passive_range)
             return
         if not self.lag:
             return  # an unbounded frame, or tuples leave by active expiration (timers)
@@ -447,8 +460,7 @@ class ExtentOperator(_Aggregating):
         """Close the extent ending at ``instant + 1``."""
         end = instant + 1
         start = end - self.window.range_ms
-        while self.buffer and self.buffer[0][1] < start:
-            self._expire_oldest()
+        self._drop_before(start)
         self.closed = end
         self.showing = bool(self.buffer)
         if not self.buffer:
