@@ -136,13 +136,14 @@ class KeyedEvaluator:
         self.pending: list[tuple[int, str, int, int, Row]] = []
         self._tiebreak = itertools.count()
         self.pre = stage.query.pre
+        self.ts_column = stage.timestamp
         self._consumers: dict[str, list[Query]] = {}
         for q in stage.downstream:
             self._consumers.setdefault(q.input, []).append(q)
 
     def insert(self, row: Row) -> None:
         """Buffer one input tuple (processed by a later ``advance``)."""
-        ts = row[self.stage.timestamp]
+        ts = row[self.ts_column]
         if ts < self.watermark:
             raise ValueError(
                 f"late tuple: ts {ts} < watermark {self.watermark} (the runtime must divert it)"
@@ -174,9 +175,12 @@ class KeyedEvaluator:
                 timer = None
             if arrival is not None and (timer is None or arrival <= timer):
                 j = i + 1
-                while j < n and pending[j][0] == arrival:
-                    j += 1
-                results = arrive([(arrival, entry[4]) for entry in pending[i:j]])
+                if j < n and pending[j][0] == arrival:
+                    while j < n and pending[j][0] == arrival:
+                        j += 1
+                    results = arrive([(arrival, entry[4]) for entry in pending[i:j]])
+                else:  # the usual group of one, without a slice
+                    results = arrive([(arrival, pending[i][4])])
                 i = j
             elif timer is not None:
                 results = op.fire(timer)
