@@ -150,7 +150,8 @@ def fig7(quick: bool) -> None:
 
 
 def congestion(quick: bool) -> None:
-    """The congestion rule's window over one station's readings, one per second."""
+    """The congestion rule's window over one station's readings, one per second. The
+    box is shared, so each run is repeated: best and median of 5 (CPU time)."""
     print("\nCongestion window: avg OVER (RANGE 15 MINUTES PRECEDING SLIDE 1 MINUTE)")
     window = OverWindow(
         (AggCall("avg", (column("speed"),), "v"),),
@@ -159,15 +160,18 @@ def congestion(quick: bool) -> None:
         ("station",),
         slide_ms=60_000,
     )
-    ev = KeyedEvaluator(stage_for(window))
     n = 100_000 if quick else 500_000
-    t0 = time.process_time()
-    for lo in range(0, n, BATCH):
-        for i in range(lo, lo + BATCH):
-            ev.insert({"ts": i * 1_000, "station": 1, "source": "s", "seq": i, "speed": 9.0})
-        ev.advance((lo + BATCH) * 1_000)
-    elapsed = time.process_time() - t0
-    print(f"{n:,} readings: {n / elapsed:,.0f} tuples/s (CPU)")
+    rates = []
+    for _ in range(5):
+        ev = KeyedEvaluator(stage_for(window))
+        t0 = time.process_time()
+        for lo in range(0, n, BATCH):
+            for i in range(lo, lo + BATCH):
+                ev.insert({"ts": i * 1_000, "station": 1, "source": "s", "seq": i, "speed": 9.0})
+            ev.advance((lo + BATCH) * 1_000)
+        rates.append(n / (time.process_time() - t0))
+    rates.sort()
+    print(f"{n:,} readings: best {rates[-1]:,.0f}, median {rates[2]:,.0f} tuples/s (CPU)")
 
 
 def main() -> None:
