@@ -332,7 +332,7 @@ class Checker:
                 stmt.name.name,
                 "stream",
                 {n: t for n, t, _ in first.outputs},
-                first.timestamp if all(s.timestamp == first.timestamp for s in selects) else None,
+                _union_timestamp(selects),
                 stmt,
             )
 
@@ -620,6 +620,20 @@ class Checker:
                     f"unknown column '{key.name}' in PARTITION BY; "
                     f"'{stream.name}' has {', '.join(cols)}",
                 )
+
+
+def _union_timestamp(selects: list[SelectInfo]) -> str | None:
+    """The derived stream's timestamp column: the first branch's, if every branch
+    carries its own event time in that position (`_union` reports those that do not)."""
+    names = [[name for name, _, _ in s.outputs] for s in selects]
+    first = selects[0].timestamp
+    if first is None:
+        return None
+    index = names[0].index(first)
+    for sel, cols in zip(selects, names, strict=True):
+        if len(cols) <= index or cols[index] != sel.timestamp:
+            return None
+    return first
 
 
 def _window_key(spec: ast.WindowSpec) -> tuple[object, ...]:

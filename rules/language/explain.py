@@ -50,12 +50,26 @@ def _base_streams(catalog: Catalog, name: str) -> list[Relation]:
     ]
 
 
-def window_lines(spec: ast.WindowSpec) -> list[str]:
-    """The window in words, then its scope at sample instants."""
+def window_lines(spec: ast.WindowSpec, relation: bool = False) -> list[str]:
+    """The window in words, then its scope at sample instants; `relation`: the query
+    reads it through ISTREAM / DSTREAM / RSTREAM (CQL's relation at every instant)."""
     keys = ", ".join(p.name for p in spec.partition)
     per = f" per {keys}" if keys else ""
     t0 = _ORIGIN_MS
     lines: list[str] = []
+    if spec.kind == "range" and spec.origin == "from" and relation and not spec.slide_ms:
+        assert spec.range_ms is not None
+        r = spec.range_ms
+        lines.append(
+            f"CQL time-based sliding window: at every instant t, the tuples in "
+            f"[t - {duration_words(r)}, t]; the relation changes when a tuple arrives "
+            f"and {duration_words(r)} + 1 ms after it, when it leaves"
+        )
+        lines.append(
+            f"  a tuple at {_clock(t0)} is in the relation from {_clock(t0)} "
+            f"to {_clock(t0 + r)} inclusive"
+        )
+        return lines
     if spec.kind == "range" and spec.origin == "from":
         assert spec.range_ms is not None
         slide = spec.slide_ms or spec.range_ms
@@ -161,7 +175,8 @@ def _select_lines(catalog: Catalog, sel: SelectInfo) -> list[str]:
     if spec is None:
         lines.append("window: none (one output per input tuple)")
     else:
-        lines.append("window: " + "\n".join(window_lines(spec)))
+        relation = sel.select.r2s is not None
+        lines.append("window: " + "\n".join(window_lines(spec, relation)))
     if sel.aggregates:
         lines.append(
             "aggregates: "

@@ -110,3 +110,18 @@ def test_union_branches_must_carry_event_time_alike(tmp_path: Path) -> None:
         f"{path}:8:79: column 'ts' is the event time of the first branch of UNION ALL, so "
         "here it must be this branch's timestamp column"
     ]
+
+
+def test_a_time_window_over_the_union(tmp_path: Path) -> None:
+    # Every branch carries its event time in `ts`'s position, so the union has a
+    # timestamp column and takes time-based windows (here a CQL [RANGE r] relation).
+    rule_set = load(
+        tmp_path,
+        "CREATE STREAM counts AS SELECT RSTREAM(count(*) AS n) FROM both_ways [RANGE 2 SECONDS];",
+    )
+    assert rule_set.plan.streams["both_ways"].timestamp == "ts"
+    got = [(ts, row["n"]) for ts, row in sink(rule_set, "counts")]
+    # Rows in [t - 2 s, t]: 1 at 1 s, 2 at 2 s, 4 at 3 s (both branches' 3 s rows);
+    # the 1 s row leaves at 3.001 s, the 2 s row at 4.001 s, the 3 s rows at 5.001 s
+    # (R empty: RSTREAM writes nothing), and the 6 s row makes 1.
+    assert got == [(1 * S, 1), (2 * S, 2), (3 * S, 4), (3 * S + 1, 3), (4 * S + 1, 2), (6 * S, 1)]
