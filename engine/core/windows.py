@@ -296,7 +296,10 @@ class OverOperator(_Aggregating):
                     self._enter(*self.waiting.popleft())
             elif self.banded:
                 per_tuple = [(row, self._enter(ts, row)) for _, row in group]
-            else:  # `_enter` without its bounds check, one call less per tuple
+            elif len(group) == 1:  # `_enter` without its bounds check or a comprehension
+                row = group[0][1]
+                per_tuple = [(row, self._add(ts, row, self.keep_rows, self.expires))]
+            else:
                 add, keep, expires = self._add, self.keep_rows, self.expires
                 per_tuple = [(row, add(ts, row, keep, expires)) for _, row in group]
         self.arrived += len(group)
