@@ -102,6 +102,14 @@ def stream_schema(schema: StreamSchema) -> pa.Schema:
     return pa.schema([(c.name, ARROW_TYPES[c.type]) for c in schema.columns])
 
 
+def derived_schema(schema: StreamSchema) -> pa.Schema:
+    """Schema of a derived stream's table: its SELECT list plus the tie order (`source`,
+    `seq`) its rows carry into the stages that read it."""
+    return pa.schema(
+        [*stream_schema(schema), pa.field("source", pa.string()), pa.field("seq", pa.int64())]
+    )
+
+
 def readings_schema(schema: StreamSchema) -> pa.Schema:
     """Schema of `readings_<stream>`: the declared columns plus provenance."""
     provenance = [

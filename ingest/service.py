@@ -59,22 +59,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def run(
+    config: Config,
+    rule_paths: Sequence[str] | None,
+    ingester_id: str = "0",
+    share_group: str | None = None,
+    heartbeat_after_s: float | None = None,
+) -> int:
+    """Run one ingester until SIGTERM or SIGINT, then flush, acknowledge and return 0
+    (2 when the rules do not check)."""
+    try:
+        rule_set = load_rules(list(rule_paths or config.rule_paths))
+    except RuleCheckError as err:
+        for error in err.errors:
+            print(error.format(), file=sys.stderr)
+        return 2
+    ingester = build_ingester(config, rule_set, ingester_id, share_group, heartbeat_after_s)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: ingester.stop())
+    ingester.run()
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one ingester until SIGTERM or SIGINT, then flush, acknowledge and exit 0."""
+    """`python -m ingest`: parse the options and `run`."""
     parser = argparse.ArgumentParser(prog="python -m ingest", description=__doc__)
     parser.add_argument("--config", default=None, help="lookout.toml (default: ./lookout.toml)")
     add_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    config = load_config(args.config)
-    try:
-        rule_set = load_rules(list(args.rules or config.rule_paths))
-    except RuleCheckError as err:
-        for error in err.errors:
-            print(error.format(), file=sys.stderr)
-        return 2
-    ingester = build_ingester(config, rule_set, args.id, args.share, args.heartbeat_after)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: ingester.stop())
-    ingester.run()
-    return 0
+    return run(load_config(args.config), args.rules, args.id, args.share, args.heartbeat_after)

@@ -17,9 +17,9 @@ def _engine(args: argparse.Namespace) -> int:
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    from lookout.services import run_ingest
+    from ingest.service import run
 
-    return run_ingest(load_config(args.config), args.rules, args.id, args.share)
+    return run(load_config(args.config), args.rules, args.id, args.share, args.heartbeat_after)
 
 
 def _dashboard(args: argparse.Namespace) -> int:
@@ -42,6 +42,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command registered."""
+    from ingest.service import add_arguments as add_ingest_arguments
     from rules.language.cli import register as register_rules
     from simulators.cli import register as register_simulate
 
@@ -64,9 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.set_defaults(func=_engine)
 
     ingest = commands.add_parser("ingest", help="subscribe to MQTT and land readings")
-    ingest.add_argument("--rules", nargs="*", default=None, help="rule files or folders")
-    ingest.add_argument("--id", default="0", help="this ingester's id (unique per process)")
-    ingest.add_argument("--share", default=None, help="MQTT shared-subscription group")
+    add_ingest_arguments(ingest)
     ingest.set_defaults(func=_ingest)
 
     dashboard = commands.add_parser("dashboard", help="serve the Streamlit dashboard")

@@ -139,7 +139,7 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
             started.append(part)
         _say("waiting for ingest to subscribe (logs in .lookout/logs/)")
         _wait_for(
-            lambda: (_health(config, "ingest-0") or {}).get("connected"), "ingest", started, 60
+            lambda: (_health(config, "ingest-0") or {}).get("subscribed"), "ingest", started, 60
         )
         _say("waiting for the Spark engine to start its queries (first run downloads Delta)")
         _wait_for(lambda: _health(config, "engine") is not None, "the engine", started, 900)

@@ -1,8 +1,5 @@
-"""The long-running parts (`lookout engine`, `ingest`, `dashboard`) with clean shutdown.
-
-Each loads the rules, runs until SIGINT/SIGTERM, then stops in order: ingest flushes and
-acknowledges what it holds, the engine stops its queries between batches.
-"""
+"""The long-running parts `lookout engine` and `lookout dashboard` (ingest's is
+`ingest.service.run`), with clean shutdown on SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
@@ -15,7 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.alerts import AlertSpec
-from ingest.validate import Validator
 from lookout.config import Config
 from rules.language import ast
 from rules.language.loader import RuleCheckError, RuleSet, load_rules
@@ -37,15 +33,6 @@ def alert_specs(rule_set: RuleSet) -> dict[str, AlertSpec]:
         for s in rule_set.statements
         if isinstance(s, ast.CreateAlert)
     }
-
-
-def build_validator(config: Config, rule_set: RuleSet) -> Validator:
-    """The payload validator for the rule set's source streams, with configured limits."""
-    return Validator(
-        list(rule_set.plan.sources()),
-        max_payload_bytes=config.ingest.max_payload_bytes,
-        max_clock_distance_ms=config.ingest.max_clock_distance_days * 86_400_000,
-    )
 
 
 def _stop_on_signals(stop: threading.Event) -> None:
@@ -80,31 +67,6 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None) -> int:
     return 0
 
 
-def run_ingest(
-    config: Config, rule_paths: Sequence[str] | None, ingester_id: str, share_group: str | None
-) -> int:
-    """Run one ingester until a signal arrives, then flush and acknowledge."""
-    from ingest.subscriber import Ingester
-
-    rule_set = _rules_or_report(config, rule_paths)
-    if rule_set is None:
-        return 2
-    ingester = Ingester(
-        build_validator(config, rule_set),
-        landing_root=config.landing,
-        health_dir=Path(config.lakehouse) / "_health",
-        mqtt_config=config.mqtt,
-        ingest_config=config.ingest,
-        ingester_id=ingester_id,
-        share_group=share_group,
-    )
-    stop = threading.Event()
-    _stop_on_signals(stop)
-    threading.Thread(target=lambda: (stop.wait(), ingester.stop()), daemon=True).start()
-    ingester.run()
-    return 0
-
-
 def dashboard_command(config: Config) -> list[str]:
     """The streamlit command line serving the dashboard on the configured address."""
     return [
@@ -121,6 +83,11 @@ def dashboard_command(config: Config) -> list[str]:
         "true",
         "--browser.gatherUsageStats",
         "false",
+        # No deploy button, and never a stack trace on an operator's screen.
+        "--client.toolbarMode",
+        "viewer",
+        "--client.showErrorDetails",
+        "none",
     ]
 
 
@@ -131,6 +98,8 @@ def run_dashboard(config: Config) -> int:
         **os.environ,
         "LOOKOUT_LAKEHOUSE_PATH": config.lakehouse,
         "LOOKOUT_DASHBOARD_REFRESH_SECONDS": str(config.dashboard.refresh_seconds),
+        # The rule editor saves where the engine reads rules.
+        "LOOKOUT_RULES_DIR": str(Path(config.rule_paths[0]).resolve()),
     }
     command = dashboard_command(config)
     os.execve(command[0], command, env)

@@ -6,16 +6,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
 
 from engine.spark.job import EngineJob
+from ingest.service import build_ingester
 from ingest.subscriber import Ingester
 from lookout.broker import Broker
 from lookout.config import Config
-from lookout.services import alert_specs, build_validator
+from lookout.services import alert_specs
 from rules.language.loader import RuleSet
 
 
@@ -61,19 +61,12 @@ def wait_for(
 @contextmanager
 def running_ingest(config: Config, rule_set: RuleSet, ingester_id: str = "0") -> Iterator[Ingester]:
     """An ingester in a background thread; on exit it flushes, acks and disconnects."""
-    ingester = Ingester(
-        build_validator(config, rule_set),
-        landing_root=config.landing,
-        health_dir=Path(config.lakehouse) / "_health",
-        mqtt_config=config.mqtt,
-        ingest_config=config.ingest,
-        ingester_id=ingester_id,
-    )
+    ingester = build_ingester(config, rule_set, ingester_id)
     thread = threading.Thread(target=ingester.run, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: ingester.stats.connected, 20, "ingest to connect")
-        time.sleep(0.3)  # SUBACK: the subscription must exist before anything is published
+        # The subscription must exist (SUBACK) before anything is published.
+        wait_for(lambda: ingester.stats.subscribed, 20, "ingest to subscribe")
         yield ingester
     finally:
         ingester.stop()

@@ -41,7 +41,7 @@ from engine.core.evaluator import KeyedEvaluator, Output
 from engine.core.plan import ColumnType, Plan, SinkKind, Stage, StreamSchema
 from lookout.config import Config
 
-OUTPUT_SCHEMA = "sink STRING, ts LONG, key STRING, row STRING"
+OUTPUT_SCHEMA = "sink STRING, ts LONG, key STRING, row STRING, source STRING, seq LONG"
 # Spark hands pandas positional names (`_3`) for columns whose name starts with `_`,
 # so the adapter's own columns are prefixed `lookout_` instead.
 _TS_MS = "lookout_event_ms"
@@ -118,6 +118,8 @@ def _frame(outputs: list[Output], key: str) -> pd.DataFrame:
             "ts": [o.ts for o in outputs],
             "key": [key] * len(outputs),
             "row": [orjson.dumps(o.row).decode() for o in outputs],
+            "source": [o.source for o in outputs],
+            "seq": [o.seq for o in outputs],
         }
     )
 
@@ -153,10 +155,10 @@ class OutputWriter:
                 alerts += alert_rows(self.alerts.get(sink, AlertSpec(sink, "warning")), records)
             else:
                 schema = self.plan.streams[sink]
-                rows = [stream_row(schema, orjson.loads(r["row"])) for r in records]
+                rows = [stream_row(schema, r) for r in records]
                 tables.append_once(
                     self.config.table(sink),
-                    tables.stream_schema(schema),
+                    tables.derived_schema(schema),
                     rows,
                     f"lookout-{self.name}-{sink}",
                     batch_id,
@@ -170,14 +172,18 @@ class OutputWriter:
         )
 
 
-def stream_row(schema: StreamSchema, row: Mapping[str, Any]) -> dict[str, Any]:
-    """A derived stream's output row as its table stores it (timestamps as datetimes)."""
-    return {
+def stream_row(schema: StreamSchema, record: Mapping[str, Any]) -> dict[str, Any]:
+    """A derived stream's output as its table stores it: the SELECT list (timestamps as
+    datetimes) and the (source, seq) tie order that stages reading the stream use."""
+    row = orjson.loads(record["row"])
+    stored = {
         c.name: tables.to_timestamp(row.get(c.name))
         if c.type == ColumnType.TIMESTAMP
         else row.get(c.name)
         for c in schema.columns
     }
+    stored.update(source=record["source"], seq=record["seq"])
+    return stored
 
 
 def input_table(plan: Plan, stream: str) -> str:
@@ -209,7 +215,7 @@ def start_rules_query(
         for q in (stage.query, *stage.downstream):
             if q.sink.kind == SinkKind.STREAM:
                 sink = plan.streams[q.sink.name]
-                tables.ensure_table(config.table(sink.name), tables.stream_schema(sink))
+                tables.ensure_table(config.table(sink.name), tables.derived_schema(sink))
     tables.ensure_table(config.table("alerts"), tables.ALERTS)
     is_source = stream in {s.name for s in plan.sources()}
     rows = spark.readStream.format("delta").load(config.table(input_table(plan, stream)))
@@ -219,10 +225,8 @@ def start_rules_query(
         else F.col(c.name)
         for c in schema.columns
     ]
-    if is_source:
-        columns += [F.col("source"), F.col("seq")]
-    else:  # a derived stream: tie order by nothing but time
-        columns += [F.lit("").alias("source"), F.lit(0).cast("long").alias("seq")]
+    # Readings and derived rows alike carry their (source, seq) tie order.
+    columns += [F.col("source"), F.col("seq")]
     rows = rows.select(*columns, F.lit(False).alias(_HEARTBEAT))
     if is_source:
         # Heartbeats join the stream only to move Spark's watermark when readings pause;
