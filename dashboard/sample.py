@@ -1,7 +1,8 @@
 """A demo-like lakehouse written without Spark, to preview and test the dashboard.
 
 `python -m dashboard.sample DIR` writes every table the dashboard reads (with the
-schemas of `engine/spark/tables.py`) and the health files, ending at the current time:
+schemas of `engine/tables.py` and the shipped rules) and the health files, ending at
+the current time:
 eight traffic stations (3 and 7 congested, 5 silent for the last ten minutes), four
 RFID doors with packing groups and a theft alarm, some late and quarantined readings.
 `--readings` and `--alerts` scale it up for the load benchmark.
@@ -19,66 +20,23 @@ import orjson
 import pyarrow as pa
 from deltalake import write_deltalake
 
-TS = pa.timestamp("us", tz="UTC")
+from engine import tables
+from rules.language.loader import RULES_DIR, load_rules
+
+TS = tables.TIMESTAMP
 STATIONS = 8
 CONGESTED = (3, 7)
 SILENT = 5
 DOORS = ("1", "2", "3", "4")
 
-ALERTS = pa.schema(
-    [
-        ("alert_id", pa.string()),
-        ("rule", pa.string()),
-        ("severity", pa.string()),
-        ("key", pa.string()),
-        ("event_time", TS),
-        ("detected_at", TS),
-        ("message", pa.string()),
-        ("payload", pa.string()),
-    ]
-)
-PROVENANCE = [
-    ("source", pa.string()),
-    ("seq", pa.int64()),
-    ("topic", pa.string()),
-    ("received_at", TS),
-]
-READINGS_TRAFFIC = pa.schema(
-    [
-        ("station", pa.int32()),
-        ("lane", pa.int32()),
-        ("speed", pa.float64()),
-        ("length", pa.float64()),
-        ("ts", TS),
-        *PROVENANCE,
-    ]
-)
-READINGS_TAGS = pa.schema(
-    [("tagid", pa.string()), ("tagtype", pa.string()), ("door", pa.string()), ("ts", TS),
-     *PROVENANCE]
-)
-LATE_READINGS = pa.schema(
-    [
-        ("stream", pa.string()),
-        ("source", pa.string()),
-        ("seq", pa.int64()),
-        ("ts", TS),
-        ("watermark", TS),
-        ("late_by_ms", pa.int64()),
-        ("reading", pa.string()),
-        ("topic", pa.string()),
-        ("received_at", TS),
-    ]
-)
-QUARANTINE = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("reason", pa.string()),
-        ("payload", pa.string()),
-        ("payload_b64", pa.string()),
-        ("received_at", TS),
-    ]
-)
+# The tables' own schemas, from the engine and the shipped rules.
+_SOURCES = load_rules([RULES_DIR]).plan.streams
+ALERTS = tables.ALERTS
+LATE_READINGS = tables.LATE_READINGS
+QUARANTINE = tables.QUARANTINE
+READINGS_TRAFFIC = tables.readings_schema(_SOURCES["traffic"])
+READINGS_TAGS = tables.readings_schema(_SOURCES["tag_readings"])
+# Derived streams: only the columns the pages read (the real tables add source, seq).
 STATION_SPEED = pa.schema([("station", pa.int32()), ("ts", TS), ("avg_speed", pa.float64())])
 PACKING_GROUPS = pa.schema(
     [("tagid", pa.string()), ("door", pa.string()), ("ts", TS), ("group_no", pa.int64())]
@@ -118,8 +76,7 @@ def traffic_readings(end_ms: int, rows: int, seed: int = 7) -> pa.Table:
             "ts": _ts(ts),
             "source": source,
             "seq": np.arange(n, dtype="int64"),
-            "topic": np.char.add(np.char.add("lookout/traffic/", station.astype(str)),
-                                 "/readings"),
+            "topic": np.char.add(np.char.add("lookout/traffic/", station.astype(str)), "/readings"),
             "received_at": _ts(ts + 40),
         },
         schema=READINGS_TRAFFIC,
@@ -131,26 +88,59 @@ def _alert_rows(end_ms: int, count: int, rng: np.random.Generator) -> list[dict[
     vehicle and a theft; older congestion alerts repeat to reach `count` rows."""
     rows: list[dict[str, object]] = []
 
-    def add(rule: str, severity: str, key: str, event_ms: int, message: str,
-            payload: dict[str, object]) -> None:
+    def add(
+        rule: str, severity: str, key: str, event_ms: int, message: str, payload: dict[str, object]
+    ) -> None:
         digest = hashlib.sha256(f"{rule}|{key}|{event_ms}|{len(rows)}".encode()).hexdigest()
-        rows.append({"alert_id": digest[:32], "rule": rule, "severity": severity, "key": key,
-                     "event_time": event_ms, "detected_at": event_ms + 900, "message": message,
-                     "payload": orjson.dumps(payload).decode()})
+        rows.append(
+            {
+                "alert_id": digest[:32],
+                "rule": rule,
+                "severity": severity,
+                "key": key,
+                "event_time": event_ms,
+                "detected_at": event_ms + 900,
+                "message": message,
+                "payload": orjson.dumps(payload).decode(),
+            }
+        )
 
-    add("silent_detector", "warning", f"station={SILENT}", end_ms - 300_000,
-        f"station {SILENT}: no reading since 10 minutes ago", {"station": SILENT})
-    add("stopped_vehicle", "critical", "station=2, lane=1", end_ms - 2_400_000,
-        "station 2 lane 1: vehicle stopped (4 reports under 1 m/s)", {"station": 2, "lane": 1})
-    add("larceny", "critical", "door=4", end_ms - 420_000,
+    add(
+        "silent_detector",
+        "warning",
+        f"station={SILENT}",
+        end_ms - 300_000,
+        f"station {SILENT}: no reading since 10 minutes ago",
+        {"station": SILENT},
+    )
+    add(
+        "stopped_vehicle",
+        "critical",
+        "station=2, lane=1",
+        end_ms - 2_400_000,
+        "station 2 lane 1: vehicle stopped (4 reports under 1 m/s)",
+        {"station": 2, "lane": 1},
+    )
+    add(
+        "larceny",
+        "critical",
+        "door=4",
+        end_ms - 420_000,
         "item item-0042 left through door 4 without an authorised person",
-        {"tagid": "item-0042", "door": "4"})
+        {"tagid": "item-0042", "door": "4"},
+    )
     minute = 0
     while len(rows) < count:
         for s in CONGESTED:
             speed = round(float(rng.normal(10, 2)), 1)
-            add("congestion", "warning", f"station={s}", end_ms - 60_000 * (minute + 1),
-                f"station {s}: {speed} m/s over 15 minutes", {"station": s, "avg_speed": speed})
+            add(
+                "congestion",
+                "warning",
+                f"station={s}",
+                end_ms - 60_000 * (minute + 1),
+                f"station {s}: {speed} m/s over 15 minutes",
+                {"station": s, "avg_speed": speed},
+            )
         minute += 1
     return rows[:count]
 
@@ -233,23 +223,37 @@ def side_tables(end_ms: int) -> dict[str, pa.Table]:
             "ts": _ts([end_ms - 900_000, end_ms - 600_000, end_ms - 300_000]),
             "watermark": _ts([end_ms - 895_000, end_ms - 590_000, end_ms - 297_000]),
             "late_by_ms": pa.array([5000, 10000, 3000], type=pa.int64()),
-            "reading": ['{"station": 2, "speed": 25.1}', '{"station": 6, "speed": 31.0}',
-                        '{"tagid": "item-0007", "door": "3"}'],
-            "topic": ["lookout/traffic/2/readings", "lookout/traffic/6/readings",
-                      "lookout/rfid/3/readings"],
+            "reading": [
+                '{"station": 2, "speed": 25.1}',
+                '{"station": 6, "speed": 31.0}',
+                '{"tagid": "item-0007", "door": "3"}',
+            ],
+            "topic": [
+                "lookout/traffic/2/readings",
+                "lookout/traffic/6/readings",
+                "lookout/rfid/3/readings",
+            ],
             "received_at": _ts([end_ms - 890_000, end_ms - 580_000, end_ms - 296_000]),
         },
         schema=LATE_READINGS,
     )
     quarantine = pa.table(
         {
-            "topic": ["lookout/traffic/4/readings", "lookout/traffic/1/readings",
-                      "lookout/rfid/2/readings"],
-            "reason": ["not JSON: unexpected character at byte 0",
-                       "field 'speed': expected a number, got 'fast'",
-                       "missing field 'ts'"],
-            "payload": ["\x00\x01garbage", '{"station": 1, "speed": "fast", "ts": 0}',
-                        '{"tagid": "item-9", "door": "2"}'],
+            "topic": [
+                "lookout/traffic/4/readings",
+                "lookout/traffic/1/readings",
+                "lookout/rfid/2/readings",
+            ],
+            "reason": [
+                "not JSON: unexpected character at byte 0",
+                "field 'speed': expected a number, got 'fast'",
+                "missing field 'ts'",
+            ],
+            "payload": [
+                "\x00\x01garbage",
+                '{"station": 1, "speed": "fast", "ts": 0}',
+                '{"tagid": "item-9", "door": "2"}',
+            ],
             "payload_b64": [None, None, None],
             "received_at": _ts([end_ms - 1_500_000, end_ms - 700_000, end_ms - 60_000]),
         },
@@ -264,31 +268,67 @@ def write_health(root: Path, now_ms: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     watermark = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(now_ms / 1000 - 2))
     queries = [
-        {"name": name, "active": True, "batch_id": 120, "input_rows_per_s": rate,
-         "processed_rows_per_s": rate * 3, "batch_ms": 210, "watermark": watermark,
-         "state_rows": state, "rows_dropped_by_watermark": 0}
-        for name, rate, state in (("landing", 310.0, None), ("stage-station_speed", 290.0, 8),
-                                  ("stage-congestion", 12.0, None),
-                                  ("stage-larceny", 4.5, 17))
+        {
+            "name": name,
+            "active": True,
+            "batch_id": 120,
+            "input_rows_per_s": rate,
+            "processed_rows_per_s": rate * 3,
+            "batch_ms": 210,
+            "watermark": watermark,
+            "state_rows": state,
+            "rows_dropped_by_watermark": 0,
+        }
+        for name, rate, state in (
+            ("landing", 310.0, None),
+            ("stage-station_speed", 290.0, 8),
+            ("stage-congestion", 12.0, None),
+            ("stage-larceny", 4.5, 17),
+        )
     ]
     streams = [
-        {"stream": name, "max_event_ms": now_ms - lag, "watermark_ms": now_ms - lag - 2000,
-         "lag_ms": lag, "readings": readings, "late": late, "duplicates": duplicates}
-        for name, lag, readings, late, duplicates in (("traffic", 400, 19_593, 2, 5),
-                                                      ("tag_readings", 900, 333, 1, 0))
+        {
+            "stream": name,
+            "max_event_ms": now_ms - lag,
+            "watermark_ms": now_ms - lag - 2000,
+            "lag_ms": lag,
+            "readings": readings,
+            "late": late,
+            "duplicates": duplicates,
+        }
+        for name, lag, readings, late, duplicates in (
+            ("traffic", 400, 19_593, 2, 5),
+            ("tag_readings", 900, 333, 1, 0),
+        )
     ]
-    engine = {"updated_at_ms": now_ms, "queries": queries, "streams": streams,
-              "quarantined": 3, "heartbeats": 3_600}
-    ingest = {"ingester": "0", "messages": 51_230, "readings": 1_020_400, "heartbeats": 3_600,
-              "quarantined": 3, "files": 1_800, "connected": True,
-              "last_landing_lag_ms": 35.0, "started_at_ms": now_ms - 3_600_000,
-              "messages_per_s": 14.0, "readings_per_s": 310.0, "updated_at_ms": now_ms}
+    engine = {
+        "updated_at_ms": now_ms,
+        "queries": queries,
+        "streams": streams,
+        "quarantined": 3,
+        "heartbeats": 3_600,
+    }
+    ingest = {
+        "ingester": "0",
+        "messages": 51_230,
+        "readings": 1_020_400,
+        "heartbeats": 3_600,
+        "quarantined": 3,
+        "files": 1_800,
+        "connected": True,
+        "last_landing_lag_ms": 35.0,
+        "started_at_ms": now_ms - 3_600_000,
+        "messages_per_s": 14.0,
+        "readings_per_s": 310.0,
+        "updated_at_ms": now_ms,
+    }
     (folder / "engine.json").write_bytes(orjson.dumps(engine))
     (folder / "ingest-0.json").write_bytes(orjson.dumps(ingest))
 
 
-def write_sample(root: Path, readings: int = 20_000, alerts: int = 60,
-                 end_ms: int | None = None) -> None:
+def write_sample(
+    root: Path, readings: int = 20_000, alerts: int = 60, end_ms: int | None = None
+) -> None:
     """Write the sample lakehouse under `root` (appending if the tables exist)."""
     end_ms = end_ms or int(time.time() * 1000)
     traffic = traffic_readings(end_ms, readings)

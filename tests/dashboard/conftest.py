@@ -1,6 +1,6 @@
 """Fixtures for the dashboard tests: a small sample lakehouse and a private rules folder.
 
-The tables are written with delta-rs (no Spark) in the schemas of engine/spark/tables.py;
+The tables are written with delta-rs (no Spark) in the schemas of engine/tables.py;
 `dashboard.sample` plants congestion at stations 3 and 7, a silent station 5 and a theft
 at door 4, so each page has something definite to show.
 """
