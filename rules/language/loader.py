@@ -56,6 +56,9 @@ def _analyse(
         except OSError as exc:
             errors.append(RuleError(name, 1, 1, f"cannot read the file: {exc.strerror}"))
             continue
+        except UnicodeDecodeError as exc:
+            errors.append(_not_utf8(name, exc))
+            continue
         parsed, syntax = parse_text(texts[name], name)
         statements.extend(parsed)
         errors.extend(syntax)
@@ -66,6 +69,26 @@ def _analyse(
         plan, compile_errors = compile_catalog(catalog, texts)
         errors.extend(compile_errors)
     return statements, catalog, plan, texts, errors
+
+
+def _not_utf8(name: str, exc: UnicodeDecodeError) -> RuleError:
+    """A located error for a rule file that is not UTF-8: the line and column of the
+    first bad byte, counted as for readable files (universal newlines; the text before
+    the byte decodes, so the column counts characters)."""
+    raw = bytes(exc.object)
+
+    def newlines(data: bytes) -> bytes:
+        return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
+    before = newlines(raw[: exc.start]).split(b"\n")
+    lines = newlines(raw).decode("utf-8", errors="replace").split("\n")
+    return RuleError(
+        name,
+        len(before),
+        len(before[-1].decode("utf-8")) + 1,
+        f"the file is not UTF-8 (byte {exc.start} is 0x{raw[exc.start]:02x})",
+        lines[len(before) - 1],
+    )
 
 
 def check_paths(paths: Iterable[str | Path]) -> list[RuleError]:
