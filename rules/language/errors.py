@@ -38,8 +38,15 @@ class RuleFileError(Exception):
         self.message = message
 
 
+def source_lines(text: str) -> list[str]:
+    """`text` cut into lines the way lark counts them: at `\\n` only (a `\\r` before it
+    dropped). `str.splitlines` also cuts at `\\r`, form feeds, `\\x1c`-`\\x1e`, `\\x85` and
+    `\\u2028`, which would show the wrong line under an error's line number."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
 def make_error(file: str, text: str, pos: Pos, message: str) -> RuleError:
     """Build a RuleError, copying the offending source line out of `text`."""
-    lines = text.splitlines()
+    lines = source_lines(text)
     source_line = lines[pos.line - 1] if 0 < pos.line <= len(lines) else ""
     return RuleError(file, pos.line, pos.col, message, source_line)

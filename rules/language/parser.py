@@ -17,7 +17,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
 
 from rules.language import ast
 from rules.language.ast import Pos
-from rules.language.errors import RuleError, RuleFileError, make_error
+from rules.language.errors import RuleError, RuleFileError, make_error, source_lines
 
 UNIT_MS = {
     "millisecond": 1,
@@ -110,7 +110,7 @@ def _syntax_error(file: str, text: str, exc: UnexpectedInput) -> RuleError:
     if isinstance(exc, UnexpectedToken):
         tok = exc.token
         if tok.type == "$END":
-            lines = text.splitlines() or [""]
+            lines = source_lines(text.removesuffix("\n"))
             pos = Pos(len(lines), len(lines[-1]) + 1)
             found = "the end of the file"
         else:
