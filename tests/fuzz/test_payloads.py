@@ -28,7 +28,7 @@ from tests.fuzz.payloads import (
     topic_for,
 )
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 @cache
