@@ -107,7 +107,8 @@ def run_replay(rule_paths: Sequence[str], input_specs: Sequence[str], out: str) 
     for name, rows in lines.items():
         (folder / f"{name}.jsonl").write_bytes(b"".join(row + b"\n" for row in rows))
     print(
-        f"replay: {len(result.outputs)} output rows, {len(result.late)} late readings -> {folder}",
+        f"replay: {len(result.outputs)} output rows, {len(result.late)} late readings, "
+        f"{sum(result.duplicates.values())} duplicates removed -> {folder}",
         file=sys.stderr,
     )
     return 0

@@ -6,6 +6,19 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+# The payload timestamp format is ingest's: one parser for both ends of the wire.
+from ingest.validate import parse_timestamp as parse_ts
+
+__all__ = [
+    "EpisodeSpec",
+    "Reading",
+    "SeqCounter",
+    "format_ts",
+    "parse_episodes",
+    "parse_start",
+    "parse_ts",
+]
+
 
 @dataclass(slots=True)
 class Reading:
@@ -41,16 +54,6 @@ def format_ts(ms: int, ts_format: str) -> int | str:
     if ts_format == "iso":
         return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
     return ms
-
-
-def parse_ts(value: int | float | str) -> int:
-    """Parse a payload ``ts`` (epoch ms or ISO-8601 with offset) to epoch milliseconds."""
-    if isinstance(value, int | float):
-        return int(value)
-    dt = datetime.fromisoformat(value)
-    if dt.tzinfo is None:
-        raise ValueError(f"timestamp without offset: {value!r}")
-    return round(dt.timestamp() * 1000)
 
 
 def parse_start(text: str | None, default_ms: int) -> int:
