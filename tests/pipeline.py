@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -17,6 +17,9 @@ from lookout.broker import Broker
 from lookout.config import Config
 from lookout.services import alert_specs
 from rules.language.loader import RuleSet
+from tests.waiting import wait_for
+
+__all__ = ["publish", "running_engine", "running_ingest", "table_rows", "wait_for"]
 
 
 def publish(broker: Broker, messages: Sequence[tuple[str, bytes]], qos: int = 1) -> None:
@@ -35,27 +38,6 @@ def publish(broker: Broker, messages: Sequence[tuple[str, bytes]], qos: int = 1)
     finally:
         client.disconnect()
         client.loop_stop()
-
-
-def wait_for(
-    predicate: Callable[[], Any],
-    timeout: float,
-    what: str,
-    every: float = 0.5,
-    engine: EngineJob | None = None,
-) -> Any:
-    """Poll until `predicate()` is truthy; fail the test with `what` after `timeout` s,
-    or at once with the error of a streaming query of `engine` that died."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if engine is not None and (error := engine.failed()):
-            raise AssertionError(f"a streaming query failed while waiting for {what}: {error}")
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
 
 
 @contextmanager

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import paho.mqtt.client as mqtt
 from ingest.subscriber import make_client
 from lookout.broker import Broker
 from lookout.config import MqttConfig
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_764_000_000_000  # readings' event times start here (close enough to "now")
@@ -35,18 +36,6 @@ def traffic(seq: int, source: str = "loop-1", station: int = 1) -> dict[str, Any
         "source": source,
         "seq": seq,
     }
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
-    """Poll until `predicate()` is truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
 
 
 class Publisher:

@@ -28,7 +28,8 @@ from lookout.broker import Broker
 from lookout.config import Config, MqttConfig
 from rules.language.loader import load_rules
 from tests.ingest.conftest import RULES
-from tests.ingest.helpers import landed_lines, publish_all, traffic, wait_for
+from tests.ingest.helpers import landed_lines, publish_all, traffic
+from tests.waiting import wait_for
 
 
 def test_the_timeline_in_the_docstring() -> None:

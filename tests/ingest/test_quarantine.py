@@ -26,7 +26,8 @@ from lookout.broker import Broker
 from lookout.config import Config, IngestConfig, MqttConfig
 from rules.language.loader import load_rules
 from tests.ingest.conftest import RULES
-from tests.ingest.helpers import landed_keys, landed_lines, publish_all, traffic, wait_for
+from tests.ingest.helpers import landed_keys, landed_lines, publish_all, traffic
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.mqtt
 

@@ -22,8 +22,8 @@ from tests.ingest.helpers import (
     publish_all,
     publish_in_background,
     traffic,
-    wait_for,
 )
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.mqtt, pytest.mark.slow]
 

@@ -18,7 +18,8 @@ import pytest
 
 from lookout.broker import Broker, free_port
 from lookout.config import MqttConfig
-from tests.ingest.helpers import IngestProcess, landed_keys, publish_all, traffic, wait_for
+from tests.ingest.helpers import IngestProcess, landed_keys, publish_all, traffic
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.mqtt
 
