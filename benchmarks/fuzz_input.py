@@ -1,14 +1,15 @@
 """Long fuzzing run over bad input (issue 8): payloads and rule text.
 
     .venv/bin/python benchmarks/fuzz_input.py [--payloads N] [--batches N] [--rules N]
-        [--grammar N] [--seed S]
+        [--renamed N] [--grammar N] [--bytes N] [--text N] [--seed S]
 
-Runs the properties of `tests/fuzz/` (payloads: `Validator.validate`, then the
-`LandingWriter` -> `LandingSequencer` round trip; rules: mutated library files and
-grammar-generated text through `parse_text` / `check_paths`) for many more examples than
-the test suite does. A failing example does not stop the run: each distinct finding
-(exception type and where it was raised) is printed once with its first input. Prints
-examples/s per target and exits 1 if anything was found.
+Runs the properties of `tests/fuzz/` for many more examples than the test suite does:
+payloads through `Validator.validate`, then the `LandingWriter` -> `LandingSequencer`
+round trip; rule text (mutated library files, renamed ones whose names and numbers
+changed so the checker sees them, library files with non-UTF-8 bytes, grammar-generated
+and arbitrary text) through `parse_text` / `check_paths`. A failing example does not
+stop the run: each distinct finding (exception type and where it was raised) is printed
+once with its first input. Prints examples/s per target; exits 1 if anything was found.
 """
 
 from __future__ import annotations
@@ -36,7 +37,14 @@ from tests.fuzz.payloads import (
     library_streams,
     messages,
 )
-from tests.fuzz.rule_text import check_rule_file, grammar_text, mutated_library
+from tests.fuzz.rule_text import (
+    check_rule_bytes,
+    check_rule_file,
+    grammar_text,
+    mutated_library,
+    non_utf8_library,
+    semantic_mutations,
+)
 
 
 @dataclass
@@ -93,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--payloads", type=int, default=20_000, help="single messages")
     parser.add_argument("--batches", type=int, default=2_000, help="landed runs of messages")
     parser.add_argument("--rules", type=int, default=5_000, help="mutated library files")
+    parser.add_argument("--renamed", type=int, default=5_000, help="renamed library files")
     parser.add_argument("--grammar", type=int, default=2_000, help="grammar-generated files")
+    parser.add_argument("--bytes", type=int, default=1_000, help="non-UTF-8 library files")
+    parser.add_argument("--text", type=int, default=5_000, help="arbitrary text files")
     parser.add_argument("--seed", type=int, default=8)
     args = parser.parse_args(argv)
 
@@ -117,6 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     def generated(text: str) -> None:
         check_rule_file(folder / "generated.sql", text)
 
+    def not_utf8(case: tuple[str, bytes]) -> None:
+        assert check_rule_bytes(folder / case[0], case[1])
+
+    def any_text(text: str) -> None:
+        check_rule_file(folder / "any.sql", text.encode("utf-8", "replace").decode("utf-8"))
+
     targets = [
         (Target("payload -> validate"), messages(validator.streams), one_message, args.payloads),
         (
@@ -126,11 +143,16 @@ def main(argv: list[str] | None = None) -> int:
             args.batches,
         ),
         (Target("mutated rules/*.sql"), mutated_library(), rule_file, args.rules),
+        (Target("renamed rules/*.sql"), semantic_mutations(), rule_file, args.renamed),
         (Target("grammar-generated rules"), grammar_text(), generated, args.grammar),
+        (Target("non-UTF-8 rules/*.sql"), non_utf8_library(), not_utf8, args.bytes),
+        (Target("arbitrary rule text"), st.text(max_size=200), any_text, args.text),
     ]
     print(f"{'target':28} {'examples':>9} {'seconds':>8} {'examples/s':>11} findings")
     found = 0
     for target, strategy, check, examples in targets:
+        if examples <= 0:
+            continue
         run(target, strategy, check, examples, args.seed)
         rate = target.examples / target.seconds if target.seconds else 0.0
         print(

@@ -104,9 +104,17 @@ def tokens(text: str) -> list[str]:
     return _TOKEN.findall(text)
 
 
+_ALL_OPS = ("delete", "duplicate", "swap", "insert", "replace", "name", "number", "truncate")
+_SEMANTIC_OPS = ("name", "number", "swap_names")
+
+
 @st.composite
-def mutated_library(draw: st.DrawFn) -> tuple[str, str]:
-    """(file name, text): a library file after one to four random mutations."""
+def mutated_library(draw: st.DrawFn, ops: tuple[str, ...] = _ALL_OPS) -> tuple[str, str]:
+    """(file name, text): a library file after one to four random mutations.
+
+    With `ops=_SEMANTIC_OPS` (see `semantic_mutations`) only names and numbers change, so
+    most results parse and the checker and compiler see them.
+    """
     name = draw(st.sampled_from(sorted(LIBRARY)))
     toks = tokens(LIBRARY[name])
     for _ in range(draw(st.integers(1, 4))):
@@ -114,12 +122,12 @@ def mutated_library(draw: st.DrawFn) -> tuple[str, str]:
             toks = [""]
         i = draw(st.integers(0, len(toks) - 1))
         j = draw(st.integers(0, len(toks) - 1))
-        op = draw(
-            st.sampled_from(
-                ["delete", "duplicate", "swap", "insert", "replace", "name", "number", "truncate"]
-            )
-        )
-        if op == "delete":
+        op = draw(st.sampled_from(ops))
+        words = [k for k, t in enumerate(toks) if re.fullmatch(r"[A-Za-z_]\w*", t)]
+        if op == "swap_names" and words:
+            a, b = draw(st.sampled_from(words)), draw(st.sampled_from(words))
+            toks[a], toks[b] = toks[b], toks[a]
+        elif op == "delete":
             del toks[i]
         elif op == "duplicate":
             toks.insert(i, toks[i])
@@ -130,17 +138,22 @@ def mutated_library(draw: st.DrawFn) -> tuple[str, str]:
         elif op == "replace":
             toks[i] = draw(_GARBAGE | st.sampled_from(toks))
         elif op == "name":
-            words = [k for k, t in enumerate(toks) if re.fullmatch(r"[A-Za-z_]\w*", t)]
             if words:
-                toks[draw(st.sampled_from(words))] = draw(_NAMES | st.sampled_from(toks))
+                others = [toks[k] for k in words]
+                toks[draw(st.sampled_from(words))] = draw(_NAMES | st.sampled_from(others))
         elif op == "number":
             numbers = [k for k, t in enumerate(toks) if t[:1].isdigit()]
             if numbers:
                 toks[draw(st.sampled_from(numbers))] = draw(_NUMBERS)
-        else:
+        elif op == "truncate":
             text = "".join(toks)
             toks = [text[: draw(st.integers(0, len(text)))]]
     return name, "".join(toks)
+
+
+def semantic_mutations() -> st.SearchStrategy[tuple[str, str]]:
+    """Library files with names and numbers changed or swapped (mostly still parse)."""
+    return mutated_library(_SEMANTIC_OPS)
 
 
 def grammar_text() -> st.SearchStrategy[str]:

@@ -23,6 +23,7 @@ from tests.fuzz.rule_text import (
     grammar_text,
     mutated_library,
     non_utf8_library,
+    semantic_mutations,
 )
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
@@ -38,6 +39,15 @@ def test_library_is_clean(tmp_path: Path) -> None:
 @given(mutated_library())
 def test_mutated_library_files(case: tuple[str, str]) -> None:
     """A mutated library file: located errors, or a clean check that compiles."""
+    name, text = case
+    with tempfile.TemporaryDirectory() as folder:
+        check_rule_file(Path(folder) / name, text)
+
+
+@settings(FUZZ, max_examples=200)
+@given(semantic_mutations())
+def test_renamed_library_files(case: tuple[str, str]) -> None:
+    """Names and numbers changed or swapped: the checker and compiler see most of these."""
     name, text = case
     with tempfile.TemporaryDirectory() as folder:
         check_rule_file(Path(folder) / name, text)
