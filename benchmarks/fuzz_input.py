@@ -15,6 +15,7 @@ once with its first input. Prints examples/s per target; exits 1 if anything was
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -163,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         for key, (message, value) in target.findings.items():
             found += 1
             print(f"  FINDING {key}\n    {message}\n    input: {value!r:.600}")
+    shutil.rmtree(folder, ignore_errors=True)
     return 1 if found else 0
 
 
