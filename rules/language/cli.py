@@ -11,8 +11,7 @@ import sys
 
 from rules.language.checker import check_statements
 from rules.language.explain import explain
-from rules.language.loader import RULES_DIR, check_paths, rule_files
-from rules.language.parser import parse_text
+from rules.language.loader import RULES_DIR, check_paths, parse_files, rule_files
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -28,13 +27,9 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    statements, texts = [], {}
-    for path in rule_files(args.rules or [RULES_DIR]):
-        texts[str(path)] = path.read_text(encoding="utf-8")
-        parsed, syntax = parse_text(texts[str(path)], str(path))
-        for error in syntax:
-            print(error.format(), file=sys.stderr)
-        statements.extend(parsed)
+    statements, texts, errors = parse_files(args.rules or [RULES_DIR])
+    for error in errors:
+        print(error.format(), file=sys.stderr)
     # Explain what can be explained even if other rules have errors.
     catalog, _ = check_statements(statements, texts)
     text = explain(catalog, args.name)

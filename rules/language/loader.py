@@ -43,9 +43,11 @@ def rule_files(paths: Iterable[str | Path]) -> list[Path]:
     return files
 
 
-def _analyse(
+def parse_files(
     paths: Iterable[str | Path],
-) -> tuple[list[ast.Statement], Catalog, Plan | None, dict[str, str], list[RuleError]]:
+) -> tuple[list[ast.Statement], dict[str, str], list[RuleError]]:
+    """Read and parse the rule files at `paths`: statements, file texts, and the files'
+    read and syntax errors (located; never raised)."""
     statements: list[ast.Statement] = []
     texts: dict[str, str] = {}
     errors: list[RuleError] = []
@@ -62,6 +64,13 @@ def _analyse(
         parsed, syntax = parse_text(texts[name], name)
         statements.extend(parsed)
         errors.extend(syntax)
+    return statements, texts, errors
+
+
+def _analyse(
+    paths: Iterable[str | Path],
+) -> tuple[list[ast.Statement], Catalog, Plan | None, dict[str, str], list[RuleError]]:
+    statements, texts, errors = parse_files(paths)
     catalog, check_errors = check_statements(statements, texts)
     errors.extend(check_errors)
     plan = None
