@@ -186,12 +186,6 @@ def stream_row(schema: StreamSchema, record: Mapping[str, Any]) -> dict[str, Any
     return stored
 
 
-def input_table(plan: Plan, stream: str) -> str:
-    """The Delta table holding a stream: `readings_<s>` for a source, else its own name."""
-    sources = {s.name for s in plan.sources()}
-    return tables.readings_table(stream) if stream in sources else stream
-
-
 def stages_by_input(plan: Plan) -> dict[str, tuple[Stage, ...]]:
     """The plan's stages grouped by the stream they read (one rules query per stream)."""
     grouped: dict[str, list[Stage]] = {}
@@ -218,7 +212,9 @@ def start_rules_query(
                 tables.ensure_table(config.table(sink.name), tables.derived_schema(sink))
     tables.ensure_table(config.table("alerts"), tables.ALERTS)
     is_source = stream in {s.name for s in plan.sources()}
-    rows = spark.readStream.format("delta").load(config.table(input_table(plan, stream)))
+    # A source stream is read from its accepted readings, a derived one from its own table.
+    table = tables.readings_table(stream) if is_source else stream
+    rows = spark.readStream.format("delta").load(config.table(table))
     columns = [
         F.unix_millis(F.col(c.name)).alias(c.name)
         if c.type == ColumnType.TIMESTAMP and c.name != ts
