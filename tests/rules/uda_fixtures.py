@@ -28,30 +28,6 @@ class NotAnAggregate:
     """Does not subclass WindowAggregate."""
 
 
-class MergingSum(IncrementalAggregate):
-    """A sum whose partials merge: may be declared ALGEBRAIC."""
-
-    def __init__(self) -> None:
-        self.total = 0.0
-
-    def accumulate(self, x: Any) -> None:
-        """Add a value."""
-        self.total += x
-
-    def retract(self, x: Any) -> None:
-        """Take a value out."""
-        self.total -= x
-
-    def get_value(self) -> Any:
-        """The sum."""
-        return self.total
-
-    def merge(self, other: IncrementalAggregate) -> None:
-        """Absorb a partial over later tuples."""
-        assert isinstance(other, MergingSum)
-        self.total += other.total
-
-
 class NoMerge(IncrementalAggregate):
     """Incremental, but without merge: cannot be ALGEBRAIC."""
 
@@ -69,3 +45,12 @@ class NoMerge(IncrementalAggregate):
     def get_value(self) -> Any:
         """The sum."""
         return self.total
+
+
+class MergingSum(NoMerge):
+    """A sum whose partials merge: may be declared ALGEBRAIC."""
+
+    def merge(self, other: IncrementalAggregate) -> None:
+        """Absorb a partial over later tuples."""
+        assert isinstance(other, MergingSum)
+        self.total += other.total
