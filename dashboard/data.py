@@ -16,12 +16,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pandas as pd
 import pyarrow as pa
 import streamlit as st
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 from deltalake.exceptions import TableNotFoundError
+
+from lookout.health import read_health
 
 ACKS = "alert_acks"
 ACKS_SCHEMA = pa.schema(
@@ -122,11 +123,7 @@ def acknowledge(alert_ids: list[str], note: str) -> None:
 
 def health(part: str) -> dict[str, Any] | None:
     """The latest health record a running part wrote (`engine`, `ingest-0`, ...)."""
-    path = lakehouse() / "_health" / f"{part}.json"
-    try:
-        return orjson.loads(path.read_bytes())
-    except (FileNotFoundError, orjson.JSONDecodeError):
-        return None
+    return read_health(lakehouse(), part)
 
 
 def ingest_parts() -> list[str]:

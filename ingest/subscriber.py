@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import orjson
 import paho.mqtt.client as mqtt
 from paho.mqtt.client import PUBACK
 
@@ -36,6 +35,7 @@ from ingest.heartbeats import SilenceHeartbeats
 from ingest.landing import LandingWriter
 from ingest.validate import Rejection, Validated, Validator
 from lookout.config import IngestConfig, MqttConfig
+from lookout.health import write_health
 
 log = logging.getLogger("lookout.ingest")
 
@@ -351,7 +351,4 @@ class Ingester:
         self.stats.pending = len(self._pending)
         record = {**asdict(self.stats), **rates, "updated_at_ms": int(now * 1000)}
         self.stats.landing_lag_ms_max = 0.0
-        self.health_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.health_file.with_name(f".{self.health_file.name}.tmp")
-        tmp.write_bytes(orjson.dumps(record))
-        tmp.replace(self.health_file)
+        write_health(self.health_file, record)

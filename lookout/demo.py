@@ -14,13 +14,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import orjson
+from typing import Any
 
 from lookout.broker import Broker, port_is_open
 from lookout.config import Config
+from lookout.health import read_health
 
 STATE = Path(".lookout")
 
@@ -60,7 +61,7 @@ def _lookout(*args: str) -> list[str]:
     return [sys.executable, "-m", "lookout.cli", *args]
 
 
-def _wait_for(check, what: str, parts: list[Part], timeout: float) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(check: Callable[[], Any], what: str, parts: list[Part], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         for part in parts:
@@ -69,13 +70,6 @@ def _wait_for(check, what: str, parts: list[Part], timeout: float) -> None:  # t
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(0.5)
-
-
-def _health(config: Config, part: str) -> dict | None:  # type: ignore[type-arg]
-    try:
-        return orjson.loads((Path(config.lakehouse) / "_health" / f"{part}.json").read_bytes())
-    except (FileNotFoundError, orjson.JSONDecodeError):
-        return None
 
 
 def _say(text: str) -> None:
@@ -139,10 +133,15 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
             started.append(part)
         _say("waiting for ingest to subscribe (logs in .lookout/logs/)")
         _wait_for(
-            lambda: (_health(config, "ingest-0") or {}).get("subscribed"), "ingest", started, 60
+            lambda: (read_health(config.lakehouse, "ingest-0") or {}).get("subscribed"),
+            "ingest",
+            started,
+            60,
         )
         _say("waiting for the Spark engine to start its queries (first run downloads Delta)")
-        _wait_for(lambda: _health(config, "engine") is not None, "the engine", started, 900)
+        _wait_for(
+            lambda: read_health(config.lakehouse, "engine") is not None, "the engine", started, 900
+        )
         for part in (simulator, dashboard):
             part.start(env)
             started.append(part)
@@ -159,7 +158,7 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
                 if part.process is not None and part.process.poll() is not None:
                     _say(f"{part.name} stopped unexpectedly; the end of its log:\n{part.tail()}")
                     return 1
-            ingest_health = _health(config, "ingest-0") or {}
+            ingest_health = read_health(config.lakehouse, "ingest-0") or {}
             _say(
                 f"ingest: {ingest_health.get('readings', 0)} readings landed, "
                 f"{ingest_health.get('quarantined', 0)} quarantined, "

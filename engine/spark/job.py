@@ -9,10 +9,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-import orjson
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -22,6 +20,7 @@ from engine.spark.landing_job import LandingJob
 from engine.spark.rules_job import stages_by_input, start_rules_query
 from engine.spark.session import build_session
 from lookout.config import Config
+from lookout.health import health_path, write_health
 
 log = logging.getLogger("lookout.engine")
 
@@ -95,11 +94,8 @@ class EngineJob:
         }
 
     def write_health(self) -> None:
-        path = Path(self.config.lakehouse) / "_health" / "engine.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(orjson.dumps(self.health()))
-        tmp.replace(path)
+        """Write `health()` where the dashboard reads it."""
+        write_health(health_path(self.config.lakehouse, "engine"), self.health())
 
     def run_until(self, stop: threading.Event, health_every_s: float = 2.0) -> None:
         """Run until `stop` is set or a query fails (then raise)."""

@@ -169,5 +169,5 @@ class LandingJob:
             )
         return health
 
-    def _append(self, table: str, schema, rows: list[dict], batch_id: int) -> None:  # type: ignore[no-untyped-def]
+    def _append(self, table: str, schema: pa.Schema, rows: list[dict], batch_id: int) -> None:
         tables.append_once(self.config.table(table), schema, rows, f"{WRITER}-{table}", batch_id)
