@@ -4,36 +4,44 @@
 CREATE STREAM tag_readings (tagid STRING, tagtype STRING, door STRING, ts TIMESTAMP)
   ORDER BY ts SLACK 2 SECONDS SOURCE 'lookout/rfid/+/readings';
 
--- packing_groups (ESL example 17): items read at one door less than 2 s apart are
--- packed into the same case; a longer gap starts the next group. packing_group() is
--- non-blocking and keeps only the previous item's time.
+-- The door registry (a reference table, rules/doors.csv): each reader's role in the
+-- warehouse. The simulator's default layout: reader 0 the packing table, door 1
+-- receiving, doors 2-3 aisles, door 4 the shipping exit. Rules name roles, not readers.
+CREATE TABLE doors (door STRING, role STRING) FROM CSV 'doors.csv';
+
+-- packing_groups (ESL example 17): items read at a packing table less than 2 s apart
+-- are packed into the same case; a longer gap starts the next group. packing_group()
+-- is non-blocking and keeps only the previous item's time.
 CREATE AGGREGATE packing_group(tagtime TIMESTAMP) RETURNS BIGINT
   LANGUAGE PYTHON AS 'rules.udas:PackingGroup';
 CREATE STREAM packing_groups AS
-  SELECT tagid, door, ts,
-         packing_group(ts) OVER (PARTITION BY door ROWS UNBOUNDED PRECEDING) AS group_no
-  FROM tag_readings WHERE tagtype = 'item';
+  SELECT r.tagid, r.door, r.ts,
+         packing_group(r.ts) OVER (PARTITION BY door ROWS UNBOUNDED PRECEDING) AS group_no
+  FROM tag_readings r JOIN doors d ON r.door = d.door
+  WHERE r.tagtype = 'item' AND d.role = 'packing';
 
--- larceny (ESL example 18): an item leaves through a door and no authorised person
--- is read at that door within 5 s before or after it. Active expiration fires the
+-- larceny (ESL example 18): an item leaves through a shipping door and no authorised
+-- person is read at that door within 5 s before or after it. Active expiration fires the
 -- check 5 s after the item, even if nothing else is read at the door.
 CREATE AGGREGATE item_alarm(tagid STRING, tagtype STRING, tagtime TIMESTAMP) RETURNS STRING
   LANGUAGE PYTHON AS 'rules.udas:ItemAlarm';
 CREATE ALERT larceny SEVERITY critical
   MESSAGE 'item {tagid} left through door {door} without an authorised person'
-  AS SELECT tagid, door, ts AS tagtime,
-            item_alarm(tagid, tagtype, ts) OVER (PARTITION BY door RANGE 5 SECONDS PRECEDING ACTIVE EXPIRATION) AS alarm
-     FROM tag_readings;
+  AS SELECT r.tagid, r.door, r.ts AS tagtime,
+            item_alarm(r.tagid, r.tagtype, r.ts) OVER (PARTITION BY door RANGE 5 SECONDS PRECEDING ACTIVE EXPIRATION) AS alarm
+     FROM tag_readings r JOIN doors d ON r.door = d.door
+     WHERE d.role = 'shipping';
 
--- missed_shipping: a tag read at the 'receiving' door and not at the next door,
--- 'shipping', within 30 minutes.
+-- missed_shipping: a tag read at a receiving door and not at a shipping door within
+-- 30 minutes (the door roles of the registry are what the aggregate compares).
 CREATE AGGREGATE missed_door(door STRING, next_door STRING) RETURNS STRING
   LANGUAGE PYTHON AS 'rules.udas:MissedDoor';
 CREATE ALERT missed_shipping SEVERITY warning
   MESSAGE 'tag {tagid} seen at {last_door} but not at shipping within 30 minutes'
-  AS SELECT tagid,
-            missed_door(door, 'shipping') OVER (PARTITION BY tagid RANGE 30 MINUTES PRECEDING ACTIVE EXPIRATION) AS last_door
-     FROM tag_readings WHERE door IN ('receiving', 'shipping') AND tagtype <> 'ap';
+  AS SELECT r.tagid,
+            missed_door(d.role, 'shipping') OVER (PARTITION BY tagid RANGE 30 MINUTES PRECEDING ACTIVE EXPIRATION) AS last_door
+     FROM tag_readings r JOIN doors d ON r.door = d.door
+     WHERE d.role IN ('receiving', 'shipping') AND r.tagtype <> 'ap';
 
 -- daily_door_counts: a running count of readings per door that resets at midnight
 -- UTC (a landmark window with a periodic reset): each reading is stamped with its day,

@@ -86,25 +86,28 @@ def test_stopped_vehicle(library: RuleSet) -> None:
 
 
 def test_larceny(library: RuleSet) -> None:
+    # rules/doors.csv: door 4 is the shipping exit, door 1 receiving.
     readings = [
-        tag("i1", "item", "A", 0),  # nobody authorised at door A: alarm at 5 s
-        tag("i2", "item", "B", 0),  # cleared by p2, 3 s later at door B
-        tag("p1", "ap", "C", 1 * S),
-        tag("p2", "ap", "B", 3 * S),
-        tag("i3", "item", "C", 4 * S),  # covered by p1, 3 s earlier at door C
-        tag("c1", "case", "Z", 60 * S),
+        tag("i1", "item", "4", 0),  # nobody authorised at the exit: alarm at 5 s
+        tag("i2", "item", "4", 20 * S),  # cleared by p2, 3 s later
+        tag("p2", "ap", "4", 23 * S),
+        tag("p1", "ap", "4", 40 * S),
+        tag("i3", "item", "4", 44 * S),  # covered by p1, 4 s earlier
+        tag("i4", "item", "1", 60 * S),  # receiving, not an exit: never an alarm
+        tag("c1", "case", "4", 100 * S),  # a case is not an item
     ]
     got = outputs(library, ("larceny",), readings, "larceny")
-    assert got == [(5 * S, {"tagid": "i1", "door": "A", "tagtime": 0, "alarm": "larceny alarm"})]
+    assert got == [(5 * S, {"tagid": "i1", "door": "4", "tagtime": 0, "alarm": "larceny alarm"})]
 
 
 def test_missed_shipping(library: RuleSet) -> None:
     readings = [
-        tag("t1", "item", "receiving", 0),
-        tag("t2", "item", "receiving", 1 * S),
-        tag("t3", "case", "shipping", 2 * S),  # shipping only: nothing to miss
-        tag("t2", "item", "receiving", 5 * M),  # a repeat: the 30 minutes restart
-        tag("t1", "item", "shipping", 10 * M),  # t1 made it in time
+        tag("t1", "item", "1", 0),  # door 1 receives, door 4 ships (rules/doors.csv)
+        tag("t2", "item", "1", 1 * S),
+        tag("t3", "case", "4", 2 * S),  # shipping only: nothing to miss
+        tag("t4", "item", "2", 3 * S),  # an aisle door: neither starts nor settles
+        tag("t2", "item", "1", 5 * M),  # a repeat: the 30 minutes restart
+        tag("t1", "item", "4", 10 * M),  # t1 made it in time
     ]
     got = outputs(library, ("missed_shipping",), readings, "missed_shipping")
     assert got == [(35 * M, {"tagid": "t2", "last_door": "receiving"})]
@@ -112,8 +115,9 @@ def test_missed_shipping(library: RuleSet) -> None:
 
 def test_packing_groups(library: RuleSet) -> None:
     times = [0, 1 * S, 2500, 10 * S, 11 * S]
-    readings = [tag(f"i{n}", "item", "A", t) for n, t in enumerate(times)]
-    readings.insert(2, tag("p", "ap", "A", 1500))  # not an item: filtered out
+    readings = [tag(f"i{n}", "item", "0", t) for n, t in enumerate(times)]  # 0: packing
+    readings.insert(2, tag("p", "ap", "0", 1500))  # not an item: filtered out
+    readings.insert(3, tag("x", "item", "2", 2000))  # not a packing table: filtered out
     got = outputs(library, ("packing_groups",), readings, "packing_groups")
     assert [row["group_no"] for _, row in got] == [0, 0, 0, 1, 1]
 
