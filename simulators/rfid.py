@@ -35,6 +35,8 @@ from simulators.common import Reading, SeqCounter
 from simulators.truth import Truth
 
 AP_BADGES = 20
+#: An authorised exit's badge is read this long (ms, uniform) before its item.
+AP_LEAD_MS = (500, 2000)
 KINDS = ("packing_group", "theft", "authorised_exit", "missing_item")
 
 
@@ -200,7 +202,7 @@ class _Warehouse:
             rec = {"type": "episode", "kind": kind, "door": exit_door, "tagid": item, "ts": t}
             if kind == "authorised_exit":
                 ap = self.badge()
-                self.push(_reading(t - rng.randint(500, 2000), ap, "ap", exit_door))
+                self.push(_reading(t - rng.randint(*AP_LEAD_MS), ap, "ap", exit_door))
                 rec["ap"] = ap
             self.push(_reading(t, item, "item", exit_door))
             self.truth.record(rec)
@@ -253,8 +255,11 @@ def generate_rfid(
         else:
             wh.consignment(int(next_c))
             next_c += rng.expovariate(1.0) * mean_gap_ms
-        # Everything created later starts no earlier than this.
-        frontier = min(int(next_c), upcoming[0][0] if upcoming else int(next_c))
+        # Everything created later starts no earlier than this: the next consignment, or
+        # the next episode less its lead (an authorised exit's badge read comes before it).
+        frontier = int(next_c)
+        if upcoming:
+            frontier = min(frontier, upcoming[0][0] - AP_LEAD_MS[1])
         if end_ms is not None:
             frontier = min(frontier, end_ms)
         while wh.heap and wh.heap[0][0] < frontier:
