@@ -59,8 +59,9 @@ def build(root: Path, readings: int, alerts: int, end_ms: int) -> None:
     """The benchmark lakehouse (see the module docstring)."""
     traffic = traffic_readings(end_ms, readings)
     for batch in traffic.to_batches(max_chunksize=max(1, readings // 100)):
-        write_deltalake(str(root / "readings_traffic"), pa.Table.from_batches([batch]),
-                        mode="append")
+        write_deltalake(
+            str(root / "readings_traffic"), pa.Table.from_batches([batch]), mode="append"
+        )
     write_deltalake(str(root / "station_speed"), station_speed(traffic), mode="append")
     table = alerts_table(end_ms, alerts)
     for batch in table.to_batches(max_chunksize=max(1, alerts // 10)):
@@ -96,13 +97,14 @@ def first_paint(root: Path, rules: Path, rounds: int) -> dict[str, list[tuple[fl
                 times[name].append(_visit(tab, url, name))
                 warm[name].append(_visit(tab, url, name))
     return {f"{name} (cold)": times[name] for name in PAGES} | {
-        f"{name} (warm)": warm[name] for name in PAGES}
+        f"{name} (warm)": warm[name] for name in PAGES
+    }
 
 
 def refresh(root: Path, page: str, rounds: int, end_ms: int) -> tuple[float, float]:
     """Median seconds of a page rerun without, and after, a new commit."""
     app = AppTest.from_file(str(APP), default_timeout=120).run()
-    app.switch_page(f"pages/{page}.py").run()
+    app.switch_page(f"views/{page}.py").run()
     cached, fresh = [], []
     assert app.title[0].value.lower() == page, app.title
     for i in range(rounds):
@@ -112,8 +114,9 @@ def refresh(root: Path, page: str, rounds: int, end_ms: int) -> tuple[float, flo
         app.run()
         cached.append(time.perf_counter() - start)
         new_end = end_ms + (i + 1) * 1000
-        write_deltalake(str(root / "readings_traffic"), traffic_readings(new_end, 1000, seed=i),
-                        mode="append")
+        write_deltalake(
+            str(root / "readings_traffic"), traffic_readings(new_end, 1000, seed=i), mode="append"
+        )
         write_deltalake(str(root / "alerts"), alerts_table(new_end, 10, seed=i), mode="append")
         time.sleep(VERSION_TTL_S + 0.1)
         start = time.perf_counter()
@@ -136,8 +139,10 @@ def main() -> None:
         end_ms = int(time.time() * 1000)
         start = time.perf_counter()
         build(root, args.readings, args.alerts, end_ms)
-        print(f"lakehouse: {args.readings:,} readings, {args.alerts:,} alerts "
-              f"(built in {time.perf_counter() - start:.1f} s)")
+        print(
+            f"lakehouse: {args.readings:,} readings, {args.alerts:,} alerts "
+            f"(built in {time.perf_counter() - start:.1f} s)"
+        )
         print(f"machine: {os.cpu_count()} cores, {platform.python_version()}")
         os.environ["LOOKOUT_LAKEHOUSE_PATH"] = str(root)
         os.environ["LOOKOUT_RULES_DIR"] = str(rules)

@@ -15,8 +15,9 @@ RANGES: dict[str, timedelta | None] = {
 }
 
 
-def where_clause(rules: list[str], severities: list[str], since: datetime | None,
-                 key: str, status: str) -> str:
+def where_clause(
+    rules: list[str], severities: list[str], since: datetime | None, key: str, status: str
+) -> str:
     """The SQL filter for the chosen rules, severities, start time, key text and status."""
     terms = ["TRUE"]
     if rules:

@@ -1,5 +1,9 @@
 """Lookout's dashboard: one entry point, one script per page (Streamlit multipage).
 
+The page scripts live in `views/`, not `pages/`: Streamlit treats a `pages/` folder
+beside the entry point as the old multipage layout, and a fresh server then runs a
+deep link such as `/traffic` straight from that folder, skipping this file.
+
 Served by `lookout dashboard`, which binds it to 127.0.0.1 unless configured otherwise.
 """
 
@@ -9,7 +13,7 @@ from pathlib import Path
 
 import streamlit as st
 
-PAGES = Path(__file__).resolve().parent / "pages"
+VIEWS = Path(__file__).resolve().parent / "views"
 
 # Operators see plain messages, never a stack trace (pages catch errors themselves;
 # this is the backstop for anything that slips through).
@@ -18,11 +22,14 @@ st.set_option("client.toolbarMode", "viewer")  # no "Deploy" button for operator
 st.set_page_config(page_title="Lookout", page_icon=":vertical_traffic_light:", layout="wide")
 navigation = st.navigation(
     [
-        st.Page(PAGES / "alerts.py", title="Alerts", icon=":material/notifications:", default=True),
-        st.Page(PAGES / "traffic.py", title="Traffic", icon=":material/traffic:"),
-        st.Page(PAGES / "rfid.py", title="RFID", icon=":material/nfc:"),
-        st.Page(PAGES / "rules.py", title="Rules", icon=":material/rule:"),
-        st.Page(PAGES / "health.py", title="Health", icon=":material/monitor_heart:"),
+        st.Page(VIEWS / "alerts.py", title="Alerts", icon=":material/notifications:", default=True),
+        st.Page(VIEWS / "traffic.py", title="Traffic", icon=":material/traffic:"),
+        st.Page(VIEWS / "rfid.py", title="RFID", icon=":material/nfc:"),
+        st.Page(VIEWS / "rules.py", title="Rules", icon=":material/rule:"),
+        st.Page(VIEWS / "health.py", title="Health", icon=":material/monitor_heart:"),
     ]
 )
+# The title first: the page script's imports (pandas, delta-rs) and first queries
+# then run behind it instead of before anything is on screen.
+st.title(navigation.title)
 navigation.run()

@@ -11,6 +11,7 @@ acknowledgement survives restarts.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,8 +27,7 @@ from lookout.health import read_health
 
 ACKS = "alert_acks"
 ACKS_SCHEMA = pa.schema(
-    [("alert_id", pa.string()), ("acked_at", pa.timestamp("us", tz="UTC")),
-     ("note", pa.string())]
+    [("alert_id", pa.string()), ("acked_at", pa.timestamp("us", tz="UTC")), ("note", pa.string())]
 )
 
 
@@ -46,36 +46,62 @@ def rules_dir() -> Path:
     return Path(os.environ.get("LOOKOUT_RULES_DIR", default))
 
 
-# path -> (monotonic time looked up, version). A page run asks for the same table's
-# version several times; re-reading a log of many commits each time adds up.
-_versions: dict[str, tuple[float, int | None]] = {}
+# path -> (monotonic time last brought up to date, the open table or None if absent).
+# Opening a table replays its log (tens of ms for a streaming table's hundreds of
+# commits); an open table catches up by reading only the commits it has not seen.
+# One lock: delta-rs tables are not meant to be updated and read from several sessions'
+# threads at once.
+_tables: dict[str, tuple[float, DeltaTable | None]] = {}
+_tables_lock = threading.Lock()
 VERSION_TTL_S = 0.5
+
+
+def _table(name: str) -> DeltaTable | None:
+    """The open Delta table, brought up to date at most every VERSION_TTL_S (call with
+    `_tables_lock` held); None when it does not exist yet."""
+    path = str(lakehouse() / name)
+    now = time.monotonic()
+    checked, table = _tables.get(path, (-VERSION_TTL_S, None))
+    if now - checked < VERSION_TTL_S:
+        return table
+    try:
+        if table is None:
+            table = DeltaTable(path)
+        else:
+            table.update_incremental()
+    except TableNotFoundError:
+        table = None
+    except Exception as exc:  # a half-written or unreadable log: say which table
+        _tables.pop(path, None)
+        raise DataError(f"cannot read the Delta table '{name}': {exc}") from exc
+    _tables[path] = (now, table)
+    return table
 
 
 def table_version(name: str) -> int | None:
     """Current version of a Delta table (at most VERSION_TTL_S old), None when it does
     not exist yet."""
-    path = str(lakehouse() / name)
-    now = time.monotonic()
-    cached = _versions.get(path)
-    if cached is not None and now - cached[0] < VERSION_TTL_S:
-        return cached[1]
-    try:
-        version: int | None = DeltaTable(path).version()
-    except TableNotFoundError:
-        version = None
-    except Exception as exc:  # a half-written or unreadable log: say which table
-        raise DataError(f"cannot read the Delta table '{name}': {exc}") from exc
-    _versions[path] = (now, version)
-    return version
+    with _tables_lock:
+        table = _table(name)
+        return None if table is None else table.version()
+
+
+def _forget(name: str) -> None:
+    """Make the next lookup of `name` read its log (after the dashboard wrote to it)."""
+    with _tables_lock:
+        _tables.pop(str(lakehouse() / name), None)
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
 def _query(tables: tuple[tuple[str, str, int], ...], sql: str) -> pd.DataFrame:
     # The versions in `tables` are part of the cache key: a new commit means a new query.
     builder = QueryBuilder()
-    for name, path, version in tables:
-        builder = builder.register(name, DeltaTable(path, version=version))
+    with _tables_lock:  # registering copies the table's snapshot
+        for name, path, version in tables:
+            _, table = _tables.get(path, (0.0, None))
+            if table is None or table.version() != version:  # moved on meanwhile
+                table = DeltaTable(path, version=version)
+            builder = builder.register(name, table)
     reader = pa.RecordBatchReader.from_stream(builder.execute(sql))
     return reader.read_all().to_pandas()
 
@@ -110,15 +136,18 @@ def acknowledge(alert_ids: list[str], note: str) -> None:
         return
     now = datetime.now(UTC)
     rows = pa.table(
-        {"alert_id": alert_ids, "acked_at": [now] * len(alert_ids),
-         "note": [note] * len(alert_ids)},
+        {
+            "alert_id": alert_ids,
+            "acked_at": [now] * len(alert_ids),
+            "note": [note] * len(alert_ids),
+        },
         schema=ACKS_SCHEMA,
     )
     try:
         write_deltalake(str(lakehouse() / ACKS), rows, mode="append")
     except Exception as exc:
         raise DataError(f"could not record the acknowledgement: {exc}") from exc
-    _versions.pop(str(lakehouse() / ACKS), None)  # the next read must see it
+    _forget(ACKS)  # the next read must see it
 
 
 def health(part: str) -> dict[str, Any] | None:
@@ -146,12 +175,15 @@ def delta_tables() -> pd.DataFrame:
     for log in sorted(root.glob("*/_delta_log")):
         name = log.parent.name
         try:
-            table = DeltaTable(str(log.parent))
-            last = table.history(1)[0].get("timestamp")
+            with _tables_lock:
+                table = _table(name)
+                if table is None:
+                    continue
+                version, last = table.version(), table.history(1)[0].get("timestamp")
         except Exception:  # a table being created right now: skip it this refresh
             continue
         committed = pd.to_datetime(last, unit="ms", utc=True) if last else pd.NaT
-        rows.append({"table": name, "version": table.version(), "last commit": committed})
+        rows.append({"table": name, "version": version, "last commit": committed})
     return pd.DataFrame(rows, columns=["table", "version", "last commit"])
 
 

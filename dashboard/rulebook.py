@@ -72,13 +72,11 @@ def read_book(folder: Path) -> Book:
     # Explain what can be explained even if some statements have errors (as the CLI does).
     catalog, check_errors = check_statements(statements, texts)
     errors.extend(check_errors)
-    shown = [RuleError(Path(e.file).name, e.line, e.col, e.message, e.source_line)
-             for e in errors]
+    shown = [RuleError(Path(e.file).name, e.line, e.col, e.message, e.source_line) for e in errors]
     return Book(_rules(statements, texts, catalog), shown)
 
 
-def _rules(statements: list[ast.Statement], texts: dict[str, str],
-           catalog: Catalog) -> list[Rule]:
+def _rules(statements: list[ast.Statement], texts: dict[str, str], catalog: Catalog) -> list[Rule]:
     rules = []
     for i, stmt in enumerate(statements):
         lines = texts[stmt.file].splitlines()
@@ -118,9 +116,7 @@ def check_file(folder: Path, name: str, text: str) -> list[RuleError]:
     errors.extend(check_errors)
     if not errors:
         errors.extend(compile_catalog(catalog, texts)[1])
-    return [
-        RuleError(Path(e.file).name, e.line, e.col, e.message, e.source_line) for e in errors
-    ]
+    return [RuleError(Path(e.file).name, e.line, e.col, e.message, e.source_line) for e in errors]
 
 
 def save_file(folder: Path, name: str, text: str) -> list[RuleError]:

@@ -21,9 +21,11 @@ from typing import Any
 from dashboard.sample import write_health, write_sample
 from dashboard.testing import PAGES, chromium, copy_rules, served
 
-BAD_RULE = ("CREATE ALERT very_slow SEVERITY critical\n"
-            "  MESSAGE 'station {station}: {speed} m/s'\n"
-            "  AS SELECT station, ts, speed FROM traffic WHERE speed < 2 AND lane = 'left';\n")
+BAD_RULE = (
+    "CREATE ALERT very_slow SEVERITY critical\n"
+    "  MESSAGE 'station {station}: {speed} m/s'\n"
+    "  AS SELECT station, ts, speed FROM traffic WHERE speed < 2 AND lane = 'left';\n"
+)
 
 
 def _prepare(name: str, tab: Any) -> None:

@@ -12,7 +12,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -20,14 +19,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-APP = Path(__file__).resolve().parent / "app.py"
+from lookout.config import Config, DashboardConfig
+from lookout.services import dashboard_command
+
+APP = Path(__file__).resolve().parent / "app.py"  # what dashboard_command serves
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
-PAGES = {"alerts": "", "traffic": "traffic", "rfid": "rfid", "rules": "rules",
-         "health": "health"}
+PAGES = {"alerts": "", "traffic": "traffic", "rfid": "rfid", "rules": "rules", "health": "health"}
 
 
 def copy_rules(dest: Path) -> Path:
@@ -47,16 +54,19 @@ def free_port() -> int:
 
 
 @contextmanager
-def served(lakehouse: Path, rules: Path, refresh_seconds: float = 2.0,
-           log: Path | None = None) -> Iterator[str]:
+def served(
+    lakehouse: Path, rules: Path, refresh_seconds: float = 2.0, log: Path | None = None
+) -> Iterator[str]:
     """Serve the dashboard over `lakehouse` and `rules`; yields its base URL."""
     port = free_port()
-    env = {**os.environ, "LOOKOUT_LAKEHOUSE_PATH": str(lakehouse),
-           "LOOKOUT_RULES_DIR": str(rules),
-           "LOOKOUT_DASHBOARD_REFRESH_SECONDS": str(refresh_seconds)}
-    command = [sys.executable, "-m", "streamlit", "run", str(APP),
-               "--server.address", "127.0.0.1", "--server.port", str(port),
-               "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    env = {
+        **os.environ,
+        "LOOKOUT_LAKEHOUSE_PATH": str(lakehouse),
+        "LOOKOUT_RULES_DIR": str(rules),
+        "LOOKOUT_DASHBOARD_REFRESH_SECONDS": str(refresh_seconds),
+    }
+    # The command line `lookout dashboard` runs, on a free loopback port.
+    command = dashboard_command(Config(dashboard=DashboardConfig(address="127.0.0.1", port=port)))
     with open(log or os.devnull, "wb") as out:
         server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
@@ -97,4 +107,3 @@ def chromium() -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
-

@@ -26,8 +26,7 @@ def rules_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def empty_lakehouse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                    rules_folder: Path) -> Path:
+def empty_lakehouse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rules_folder: Path) -> Path:
     """A lakehouse folder with nothing in it yet."""
     root = tmp_path / "lakehouse"
     root.mkdir()
@@ -48,7 +47,7 @@ def open_page() -> Callable[[str], AppTest]:
 
     def run(page: str) -> AppTest:
         app = AppTest.from_file(str(APP), default_timeout=60).run()
-        app.switch_page(f"pages/{page}.py").run()
+        app.switch_page(f"views/{page}.py").run()
         assert not app.exception, [e.value for e in app.exception]
         return app
 

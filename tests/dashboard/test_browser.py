@@ -31,8 +31,10 @@ TIMEOUT_MS = 30_000
 def page(lakehouse: Path, rules_folder: Path, tmp_path: Path) -> Iterator[Any]:
     """A browser tab on a dashboard served over the sample lakehouse."""
     write_health(lakehouse, int(time.time() * 1000) + 60_000)  # "up" for the whole test
-    with served(lakehouse, rules_folder, log=tmp_path / "streamlit.log") as url, \
-            chromium() as browser:
+    with (
+        served(lakehouse, rules_folder, log=tmp_path / "streamlit.log") as url,
+        chromium() as browser,
+    ):
         tab = browser.new_page(viewport={"width": 1400, "height": 1000})
         tab.set_default_timeout(TIMEOUT_MS)
         tab.base_url = url
@@ -85,14 +87,18 @@ def save_rule(page: Any, name: str, text: str, outcome: Any) -> None:
     raise AssertionError(f"saving {name} never showed the expected outcome")
 
 
-def test_every_page_acknowledge_and_rules(page: Any, lakehouse: Path,
-                                          rules_folder: Path) -> None:
+def test_every_page_acknowledge_and_rules(page: Any, lakehouse: Path, rules_folder: Path) -> None:
     visit(page, "", "matching alerts", "station 7:", "Alerts over time")
-    visit(page, "traffic", "congested", "silent", "Per station, last 60 minutes",
-          "Station detail")
+    visit(page, "traffic", "congested", "silent", "Per station, last 60 minutes", "Station detail")
     visit(page, "rfid", "doors with recent reads", "item item-0042 left through door 4")
-    visit(page, "health", "Engine queries", "stage-congestion", "missing field 'ts'",
-          "readings_traffic")
+    visit(
+        page,
+        "health",
+        "Engine queries",
+        "stage-congestion",
+        "missing field 'ts'",
+        "readings_traffic",
+    )
     assert page.get_by_text("up", exact=True).count() == 2  # engine and ingest-0
 
     # Acknowledge the newest open alert with a note.
@@ -107,14 +113,20 @@ def test_every_page_acknowledge_and_rules(page: Any, lakehouse: Path,
 
     # An invalid rule is refused with its line:col; a valid one is saved.
     visit(page, "rules", "alert larceny", "Write or edit a rule file")
-    save_rule(page, "slow_traffic",
-              "CREATE ALERT slow SEVERITY warning\n  AS SELECT station, ts FROM trafic;\n",
-              page.get_by_text("nothing was saved"))
+    save_rule(
+        page,
+        "slow_traffic",
+        "CREATE ALERT slow SEVERITY warning\n  AS SELECT station, ts FROM trafic;\n",
+        page.get_by_text("nothing was saved"),
+    )
     page.get_by_text("2:30: unknown stream 'trafic'").first.wait_for()
     assert not (rules_folder / "slow_traffic.sql").exists()
 
-    save_rule(page, "slow_traffic",
-              "CREATE ALERT slow SEVERITY warning\n"
-              "  AS SELECT station, ts, speed FROM traffic WHERE speed < 5;\n",
-              page.get_by_text(re.compile(r"^Saved ")))
+    save_rule(
+        page,
+        "slow_traffic",
+        "CREATE ALERT slow SEVERITY warning\n"
+        "  AS SELECT station, ts, speed FROM traffic WHERE speed < 5;\n",
+        page.get_by_text(re.compile(r"^Saved ")),
+    )
     assert "speed < 5" in (rules_folder / "slow_traffic.sql").read_text()

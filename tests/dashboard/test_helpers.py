@@ -41,7 +41,9 @@ def test_read_book_explains_each_statement(tmp_path: Path) -> None:
     book = read_book(tmp_path)
     assert not book.errors
     assert [(r.name, r.kind, r.line) for r in book.rules] == [
-        ("s", "source stream", 2), ("big", "alert", 6)]
+        ("s", "source stream", 2),
+        ("big", "alert", 6),
+    ]
     assert book.rules[1].severity == "info"
     assert "slack 1 second" in book.rules[0].explanation
 

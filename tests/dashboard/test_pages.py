@@ -22,9 +22,11 @@ Open = Callable[[str], AppTest]
 
 def texts(app: AppTest) -> str:
     """Every markdown, caption, info, error and code text on the page, joined."""
-    parts = [e.value for kind in ("markdown", "caption", "info", "error", "warning", "success",
-                                  "code")
-             for e in getattr(app, kind)]
+    parts = [
+        e.value
+        for kind in ("markdown", "caption", "info", "error", "warning", "success", "code")
+        for e in getattr(app, kind)
+    ]
     return "\n".join(str(p) for p in parts)
 
 
@@ -35,16 +37,18 @@ def metrics(app: AppTest) -> dict[str, str]:
 # ---- empty states --------------------------------------------------------------------
 
 
-def test_every_page_says_what_to_do_on_an_empty_lakehouse(empty_lakehouse: Path,
-                                                           open_page: Open) -> None:
+def test_every_page_says_what_to_do_on_an_empty_lakehouse(
+    empty_lakehouse: Path, open_page: Open
+) -> None:
     for page in ("alerts", "traffic", "rfid", "health"):
         app = open_page(page)
         assert not app.error, (page, [e.value for e in app.error])
         assert "lookout simulate" in texts(app) or "lookout demo" in texts(app), page
 
 
-def test_a_broken_table_shows_a_plain_error_not_a_trace(empty_lakehouse: Path,
-                                                        open_page: Open) -> None:
+def test_a_broken_table_shows_a_plain_error_not_a_trace(
+    empty_lakehouse: Path, open_page: Open
+) -> None:
     log = empty_lakehouse / "alerts" / "_delta_log"
     log.mkdir(parents=True)
     (log / "00000000000000000000.json").write_text("this is not a Delta log\n")
@@ -61,8 +65,9 @@ def test_alerts_newest_first_with_counts(lakehouse: Path, open_page: Open) -> No
     assert metrics(app) == {"matching alerts": "40", "open": "40", "acknowledged": "0"}
     table = app.dataframe[0].value
     assert list(table["event_time"]) == sorted(table["event_time"], reverse=True)
-    assert {"status", "severity", "rule", "key", "event_time", "detected_at",
-            "message"} <= set(table.columns)
+    assert {"status", "severity", "rule", "key", "event_time", "detected_at", "message"} <= set(
+        table.columns
+    )
     assert "Alerts over time" in [h.value for h in app.subheader]
 
 
@@ -121,8 +126,9 @@ def test_traffic_strip_and_station_detail(lakehouse: Path, open_page: Open) -> N
     assert set(detail[1].value["rule"]) == {"congestion"}
 
 
-def test_an_acknowledged_congestion_no_longer_colours_the_station(lakehouse: Path,
-                                                                   open_page: Open) -> None:
+def test_an_acknowledged_congestion_no_longer_colours_the_station(
+    lakehouse: Path, open_page: Open
+) -> None:
     alerts = open_page("alerts")
     alerts.text_input[0].input("station=3").run()
     ack = alerts.multiselect(key="ack_ids")
@@ -166,8 +172,9 @@ def test_rules_list_text_explanation_and_alert_count(lakehouse: Path, open_page:
     assert "15 minutes" in texts(app).split("station_speed: derived stream")[1]  # its window
 
 
-def test_saving_an_invalid_then_a_valid_rule(lakehouse: Path, rules_folder: Path,
-                                             open_page: Open) -> None:
+def test_saving_an_invalid_then_a_valid_rule(
+    lakehouse: Path, rules_folder: Path, open_page: Open
+) -> None:
     app = open_page("rules")
     app.text_input(key="rule_name::(new file)").input("slow")
     app.text_area(key="rule_text::(new file)").input(
@@ -188,8 +195,7 @@ def test_saving_an_invalid_then_a_valid_rule(lakehouse: Path, rules_folder: Path
     assert "speed < 5" in (rules_folder / "slow.sql").read_text()
 
 
-def test_a_bad_file_name_is_refused(lakehouse: Path, rules_folder: Path,
-                                    open_page: Open) -> None:
+def test_a_bad_file_name_is_refused(lakehouse: Path, rules_folder: Path, open_page: Open) -> None:
     app = open_page("rules")
     app.text_input(key="rule_name::(new file)").input("../escape")
     app.text_area(key="rule_text::(new file)").input("-- nothing\n")
@@ -211,9 +217,13 @@ def test_health_up_streams_quarantine_and_tables(lakehouse: Path, open_page: Ope
     assert "stage-congestion" in set(queries["name"])
     assert queries["lag_s"].max() < 60
     assert dict(zip(streams["stream"], streams["late"], strict=True)) == {
-        "traffic": 2, "tag_readings": 1}
+        "traffic": 2,
+        "tag_readings": 1,
+    }
     assert dict(zip(streams["stream"], streams["duplicates"], strict=True)) == {
-        "traffic": 5, "tag_readings": 0}
+        "traffic": 5,
+        "tag_readings": 0,
+    }
     assert streams["engine lag (s)"].max() < 1
     assert "missing field 'ts'" in set(quarantine["reason"])
     assert {"alerts", "readings_traffic", "quarantine"} <= set(tables["table"])

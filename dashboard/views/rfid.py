@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
+from dashboard.charts import channel, chart, tip
 from dashboard.data import alert_source, query, sql_text, sql_time, table_version
 from dashboard.settings import REFRESH_SECONDS
 from dashboard.ui import empty, panel
@@ -46,8 +46,10 @@ def doors() -> None:
         READINGS,
     )
     assert table is not None
-    st.caption(f"Stream clock (newest read): {now:%Y-%m-%d %H:%M:%S} UTC; recent = the last "
-               f"{RECENT_MINUTES} minutes.")
+    st.caption(
+        f"Stream clock (newest read): {now:%Y-%m-%d %H:%M:%S} UTC; recent = the last "
+        f"{RECENT_MINUTES} minutes."
+    )
     active = table[table["recent_reads"] > 0]
     st.metric("doors with recent reads", f"{len(active)} of {len(table)}")
     st.dataframe(table, hide_index=True, width="stretch")
@@ -71,10 +73,12 @@ def theft_alarms() -> None:
         return
     alarms["bin"] = alarms["event_time"].dt.floor("5min")
     counts = alarms.groupby("bin", as_index=False).size()
-    st.altair_chart(
-        alt.Chart(counts).mark_bar(color="#d62728").encode(
-            x=alt.X("bin:T", title="event time (UTC), 5-minute bins"),
-            y=alt.Y("size:Q", title="theft alarms"),
+    st.vega_lite_chart(
+        counts,
+        chart(
+            {"type": "bar", "color": "#d62728"},
+            x=channel("bin", "temporal", "event time (UTC), 5-minute bins"),
+            y=channel("size", "quantitative", "theft alarms"),
         ),
         width="stretch",
     )
@@ -85,8 +89,10 @@ def theft_alarms() -> None:
 def packing_groups() -> None:
     """Packing groups started per door and 5 minutes, and the newest groups' items."""
     if table_version(GROUPS) is None:
-        empty("No packing groups yet: the `packing_groups` stream has not been written.",
-              "It is created by the `packing_groups` rule in `rules/rfid.sql`.")
+        empty(
+            "No packing groups yet: the `packing_groups` stream has not been written.",
+            "It is created by the `packing_groups` rule in `rules/rfid.sql`.",
+        )
         return
     per_bin = query(
         f"SELECT date_bin({BIN}, ts, {EPOCH}) AS bin, CAST(door AS VARCHAR) AS door, "
@@ -98,12 +104,19 @@ def packing_groups() -> None:
     if per_bin.empty:
         st.info("No packing group yet.")
         return
-    st.altair_chart(
-        alt.Chart(per_bin).mark_bar().encode(
-            x=alt.X("bin:T", title="event time (UTC), 5-minute bins"),
-            y=alt.Y("groups:Q", title="packing groups", stack=True),
-            color=alt.Color("door:N", title="door"),
-            tooltip=["bin:T", "door:N", "groups:Q", "items:Q"],
+    st.vega_lite_chart(
+        per_bin,
+        chart(
+            "bar",
+            x=channel("bin", "temporal", "event time (UTC), 5-minute bins"),
+            y=channel("groups", "quantitative", "packing groups", stack=True),
+            color=channel("door", "nominal", "door"),
+            tooltip=[
+                tip("bin", "temporal"),
+                tip("door", "nominal"),
+                tip("groups", "quantitative"),
+                tip("items", "quantitative"),
+            ],
         ),
         width="stretch",
     )
@@ -125,16 +138,20 @@ def item_path(tagid: str) -> None:
         READINGS,
     )
     if path is None or path.empty:
-        st.info(f"No read of tag `{tagid}`. Tag ids look like the ones in the theft alarms "
-                "and packing groups above.")
+        st.info(
+            f"No read of tag `{tagid}`. Tag ids look like the ones in the theft alarms "
+            "and packing groups above."
+        )
         return
     route = " → ".join(path["door"].loc[path["door"] != path["door"].shift()])
     st.markdown(f"**{tagid}** ({path['tagtype'].iloc[0]}): door {route}")
-    st.altair_chart(
-        alt.Chart(path).mark_line(point=True).encode(
-            x=alt.X("ts:T", title="event time (UTC)"),
-            y=alt.Y("door:O", title="door"),
-            tooltip=["ts:T", "door:O"],
+    st.vega_lite_chart(
+        path,
+        chart(
+            {"type": "line", "point": True},
+            x=channel("ts", "temporal", "event time (UTC)"),
+            y=channel("door", "ordinal", "door"),
+            tooltip=[tip("ts", "temporal"), tip("door", "ordinal")],
         ),
         width="stretch",
     )
@@ -143,11 +160,12 @@ def item_path(tagid: str) -> None:
 
 def main() -> None:
     """The page: live door, alarm and group panels, then the item-path lookup."""
-    st.title("RFID")
     if table_version(READINGS) is None:
-        empty("No RFID reads yet: the `readings_tag_readings` table does not exist.",
-              "Start the simulator: `lookout simulate rfid` (with `lookout ingest` and "
-              "`lookout engine` running), or everything with `lookout demo`.")
+        empty(
+            "No RFID reads yet: the `readings_tag_readings` table does not exist.",
+            "Start the simulator: `lookout simulate rfid` (with `lookout ingest` and "
+            "`lookout engine` running), or everything with `lookout demo`.",
+        )
         return
     st.subheader("Doors")
     st.fragment(run_every=REFRESH_SECONDS)(doors)()

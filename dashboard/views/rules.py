@@ -45,16 +45,24 @@ def rule_list(book: Book) -> None:
         return
     counts = alert_counts()
     summary = pd.DataFrame(
-        [{"rule": r.name, "kind": r.kind, "severity": r.severity or "",
-          "alerts": counts.get(r.name, 0) if r.kind == "alert" else None,
-          "file": f"{r.file}:{r.line}"} for r in book.rules]
+        [
+            {
+                "rule": r.name,
+                "kind": r.kind,
+                "severity": r.severity or "",
+                "alerts": counts.get(r.name, 0) if r.kind == "alert" else None,
+                "file": f"{r.file}:{r.line}",
+            }
+            for r in book.rules
+        ]
     )
     st.dataframe(summary, hide_index=True, width="stretch")
     # One rule at a time: drawing every rule's text and explanation made the page slow.
     alerts = [r.name for r in book.rules if r.kind == "alert"]
     names = [r.name for r in book.rules]
-    chosen = st.selectbox("Show rule", names, key="rule_shown",
-                          index=names.index(alerts[0]) if alerts else 0)
+    chosen = st.selectbox(
+        "Show rule", names, key="rule_shown", index=names.index(alerts[0]) if alerts else 0
+    )
     rule = next(r for r in book.rules if r.name == chosen)
     heading = f"{rule.kind} **{rule.name}** ({rule.file}:{rule.line})"
     if rule.kind == "alert":
@@ -67,8 +75,10 @@ def rule_list(book: Book) -> None:
 
 def _show_errors(name: str, text: str, errors: list[RuleError]) -> None:
     """The errors in the edited file inline under their lines, then any others."""
-    st.error(f"{len(errors)} error{'s' if len(errors) != 1 else ''}: fix them before saving "
-             "(nothing was saved).")
+    st.error(
+        f"{len(errors)} error{'s' if len(errors) != 1 else ''}: fix them before saving "
+        "(nothing was saved)."
+    )
     here = [e for e in errors if e.file == f"{name}.sql"]
     elsewhere = [e for e in errors if e.file != f"{name}.sql"]
     if here:
@@ -85,38 +95,49 @@ def editor(book: Book) -> None:
     choice = st.selectbox("File", [NEW, *files], key="rule_file")
     current = "" if choice == NEW else (folder / choice).read_text(encoding="utf-8")
     default_name = "" if choice == NEW else choice.removesuffix(".sql")
-    name = st.text_input("File name (saved as `<name>.sql`)", value=default_name,
-                         key=f"rule_name::{choice}", placeholder="e.g. my_rules")
-    text = st.text_area("Rule text", value=current, height=200, key=f"rule_text::{choice}",
-                        placeholder="CREATE ALERT ... AS SELECT ... FROM traffic WHERE ...")
+    name = st.text_input(
+        "File name (saved as `<name>.sql`)",
+        value=default_name,
+        key=f"rule_name::{choice}",
+        placeholder="e.g. my_rules",
+    )
+    text = st.text_area(
+        "Rule text",
+        value=current,
+        height=200,
+        key=f"rule_text::{choice}",
+        placeholder="CREATE ALERT ... AS SELECT ... FROM traffic WHERE ...",
+    )
     check, save = st.columns([1, 6])
     checked = check.button("Check", key="rule_check")
     saved = save.button("Save", type="primary", key="rule_save")
     if not (checked or saved):
         return
     if not NAME.match(name):
-        st.error("The file name must be letters, digits and underscores (no folders, "
-                 "no `.sql`).")
+        st.error("The file name must be letters, digits and underscores (no folders, no `.sql`).")
         return
     errors = save_file(folder, name, text) if saved else check_file(folder, name, text)
     if errors:
         _show_errors(name, text, errors)
     elif saved:
-        st.success(f"Saved `{folder / (name + '.sql')}`. The engine uses it from its next "
-                   "start (`lookout engine`).")
+        st.success(
+            f"Saved `{folder / (name + '.sql')}`. The engine uses it from its next "
+            "start (`lookout engine`)."
+        )
     else:
         st.success("No errors.")
 
 
 def main() -> None:
     """The page: the rules in the folder, then the editor."""
-    st.title("Rules")
     folder = rules_dir()
     st.caption(f"Rule folder: `{folder}`")
     book = book_of(folder)
     if book.errors:
-        st.warning(f"The rule folder has {len(book.errors)} error(s); the engine will refuse "
-                   "to start until they are fixed:")
+        st.warning(
+            f"The rule folder has {len(book.errors)} error(s); the engine will refuse "
+            "to start until they are fixed:"
+        )
         st.code("\n".join(e.format() for e in book.errors), language=None)
     rule_list(book)
     st.subheader("Write or edit a rule file")

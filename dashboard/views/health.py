@@ -44,9 +44,11 @@ def parts() -> None:
         colour = {"up": "green", "down": "red"}.get(state, "gray")
         column.metric(name, state, detail, delta_color=colour, delta_arrow="off", border=True)
         if name.startswith("ingest") and record and state == "up":
-            column.caption(f"{record.get('readings_per_s', 0):,.0f} readings/s · "
-                           f"{record.get('quarantined', 0):,} quarantined · "
-                           f"broker {'connected' if record.get('connected') else 'DISCONNECTED'}")
+            column.caption(
+                f"{record.get('readings_per_s', 0):,.0f} readings/s · "
+                f"{record.get('quarantined', 0):,} quarantined · "
+                f"broker {'connected' if record.get('connected') else 'DISCONNECTED'}"
+            )
     if all(health(n) is None for n in names):
         empty("No part has reported yet.")
 
@@ -63,10 +65,23 @@ def engine_queries() -> None:
     frame["watermark"] = watermark
     # Lag: how far event time (the watermark) trails the wall clock now.
     frame["lag_s"] = (pd.Timestamp(time.time(), unit="s", tz="UTC") - watermark).dt.total_seconds()
-    columns = ["name", "active", "input_rows_per_s", "processed_rows_per_s", "batch_ms",
-               "watermark", "lag_s", "state_rows", "rows_dropped_by_watermark"]
-    st.dataframe(frame[[c for c in columns if c in frame]], hide_index=True, width="stretch",
-                 column_config={"lag_s": st.column_config.NumberColumn("lag (s)", format="%.1f")})
+    columns = [
+        "name",
+        "active",
+        "input_rows_per_s",
+        "processed_rows_per_s",
+        "batch_ms",
+        "watermark",
+        "lag_s",
+        "state_rows",
+        "rows_dropped_by_watermark",
+    ]
+    st.dataframe(
+        frame[[c for c in columns if c in frame]],
+        hide_index=True,
+        width="stretch",
+        column_config={"lag_s": st.column_config.NumberColumn("lag (s)", format="%.1f")},
+    )
 
 
 def _stream_row(table: str, late: dict[str, int]) -> dict[str, Any] | None:
@@ -80,11 +95,19 @@ def _stream_row(table: str, late: dict[str, int]) -> dict[str, Any] | None:
     if stats is None:
         return None
     newest = stats.at[0, "newest_event"]
-    lag = (pd.Timestamp(time.time(), unit="s", tz="UTC") - newest).total_seconds() \
-        if pd.notna(newest) else None
-    return {"stream": stream, "readings": int(stats.at[0, "readings"]),
-            "readings/s (last minute landed)": stats.at[0, "last_minute"] / 60,
-            "newest event": newest, "event lag (s)": lag, "late": late.get(stream, 0)}
+    lag = (
+        (pd.Timestamp(time.time(), unit="s", tz="UTC") - newest).total_seconds()
+        if pd.notna(newest)
+        else None
+    )
+    return {
+        "stream": stream,
+        "readings": int(stats.at[0, "readings"]),
+        "readings/s (last minute landed)": stats.at[0, "last_minute"] / 60,
+        "newest event": newest,
+        "event lag (s)": lag,
+        "late": late.get(stream, 0),
+    }
 
 
 def engine_streams() -> dict[str, dict[str, Any]]:
@@ -107,8 +130,9 @@ def streams() -> None:
         return
     late: dict[str, int] = {}
     if table_version("late_readings") is not None:
-        counts = query("SELECT stream, count(*) AS n FROM late_readings GROUP BY stream",
-                       "late_readings")
+        counts = query(
+            "SELECT stream, count(*) AS n FROM late_readings GROUP BY stream", "late_readings"
+        )
         late = {} if counts is None else dict(zip(counts["stream"], counts["n"], strict=True))
     engine = engine_streams()
     rows = []
@@ -118,18 +142,27 @@ def streams() -> None:
             continue
         seen = engine.get(row["stream"], {})
         lag_ms = seen.get("lag_ms")
-        row |= {"watermark": _ms_time(seen.get("watermark_ms")),
-                "engine lag (s)": None if lag_ms is None else lag_ms / 1000,
-                "duplicates": seen.get("duplicates")}
+        row |= {
+            "watermark": _ms_time(seen.get("watermark_ms")),
+            "engine lag (s)": None if lag_ms is None else lag_ms / 1000,
+            "duplicates": seen.get("duplicates"),
+        }
         rows.append(row)
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
-                 column_config={"readings/s (last minute landed)":
-                                st.column_config.NumberColumn(format="%.1f"),
-                                "event lag (s)": st.column_config.NumberColumn(format="%.1f"),
-                                "engine lag (s)": st.column_config.NumberColumn(format="%.1f")})
-    st.caption("event lag: wall clock minus the newest event time in the table; watermark "
-               "and engine lag: from the engine's last report (newest event time seen minus "
-               "the stream's slack; wall clock minus that newest event time).")
+    st.dataframe(
+        pd.DataFrame(rows),
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "readings/s (last minute landed)": st.column_config.NumberColumn(format="%.1f"),
+            "event lag (s)": st.column_config.NumberColumn(format="%.1f"),
+            "engine lag (s)": st.column_config.NumberColumn(format="%.1f"),
+        },
+    )
+    st.caption(
+        "event lag: wall clock minus the newest event time in the table; watermark "
+        "and engine lag: from the engine's last report (newest event time seen minus "
+        "the stream's slack; wall clock minus that newest event time)."
+    )
 
 
 @panel
@@ -180,7 +213,8 @@ def live() -> None:
         tables()
 
 
-st.title("Health")
-st.caption(f"Lakehouse: `{lakehouse()}`; a part is down when its health file is older than "
-           f"{DOWN_AFTER_SECONDS:g} s.")
+st.caption(
+    f"Lakehouse: `{lakehouse()}`; a part is down when its health file is older than "
+    f"{DOWN_AFTER_SECONDS:g} s."
+)
 live()

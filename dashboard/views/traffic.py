@@ -11,10 +11,10 @@ import html
 import re
 from datetime import datetime, timedelta
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
+from dashboard.charts import channel, chart, tip, with_threshold
 from dashboard.data import alert_source, query, sql_time, table_version
 from dashboard.settings import CONGESTED_MINUTES, REFRESH_SECONDS, SILENT_MINUTES
 from dashboard.ui import empty, panel
@@ -93,9 +93,7 @@ def strip_html(stations: pd.DataFrame, now: datetime) -> str:
             f"<b>station {row.station}</b><br>{html.escape(row.state)}<br>"
             f'<span style="font-size:0.8em">{speed} · last {ago:.0f} min ago</span></div>'
         )
-    legend = " ".join(
-        f'<span style="color:{c}">■</span> {s}' for s, c in COLOURS.items()
-    )
+    legend = " ".join(f'<span style="color:{c}">■</span> {s}' for s, c in COLOURS.items())
     return (
         '<div style="display:flex;gap:0.4em;flex-wrap:wrap">' + "".join(boxes) + "</div>"
         f'<div style="font-size:0.8em;margin-top:0.3em">{legend} — congested: an open '
@@ -122,18 +120,23 @@ def per_minute(now: datetime, station: int | None = None) -> pd.DataFrame:
 
 def charts(frame: pd.DataFrame, group: str) -> None:
     """Speed (with the congestion threshold) and volume per minute, side by side."""
-    base = alt.Chart(frame).encode(
-        x=alt.X("minute:T", title="minute (UTC)"),
-        color=alt.Color(f"{group}:N", title=group),
-        tooltip=["minute:T", f"{group}:N", alt.Tooltip("avg_speed:Q", format=".1f"),
-                 "vehicles:Q"],
+    x = channel("minute", "temporal", "minute (UTC)")
+    color = channel(group, "nominal", group)
+    tooltip = [
+        tip("minute", "temporal"),
+        tip(group, "nominal"),
+        tip("avg_speed", "quantitative", format=".1f"),
+        tip("vehicles", "quantitative"),
+    ]
+    speed = chart(
+        "line", x, channel("avg_speed", "quantitative", "average speed (m/s)"), color, tooltip
     )
-    speed = base.mark_line().encode(y=alt.Y("avg_speed:Q", title="average speed (m/s)"))
-    threshold = alt.Chart().mark_rule(strokeDash=[4, 4], color="red").encode(y=alt.datum(15))
-    volume = base.mark_line().encode(y=alt.Y("vehicles:Q", title="vehicles per minute"))
+    volume = chart(
+        "line", x, channel("vehicles", "quantitative", "vehicles per minute"), color, tooltip
+    )
     left, right = st.columns(2)
-    left.altair_chart(speed + threshold, width="stretch")
-    right.altair_chart(volume, width="stretch")
+    left.vega_lite_chart(frame, with_threshold(speed, 15), width="stretch")
+    right.vega_lite_chart(frame, volume, width="stretch")
 
 
 @panel
@@ -187,7 +190,6 @@ def station_detail(station: int) -> None:
 
 def main() -> None:
     """The page: live overview, then the drill-down into the chosen station."""
-    st.title("Traffic")
     if table_version(READINGS) is None:
         empty("No traffic readings yet: the `readings_traffic` table does not exist.")
         return

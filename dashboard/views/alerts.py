@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import altair as alt
 import streamlit as st
 
 from dashboard.alert_filters import RANGES, since, where_clause
+from dashboard.charts import channel, chart, tip
 from dashboard.data import DataError, acknowledge, alert_source, query, table_version
 from dashboard.settings import REFRESH_SECONDS
 from dashboard.ui import empty, panel
@@ -55,8 +55,9 @@ def live_alerts(where: str) -> None:
         *tables,
     )
     assert alerts is not None
-    alerts.insert(0, "status", alerts["acked_at"].notna().map({True: "acknowledged",
-                                                               False: "open"}))
+    alerts.insert(
+        0, "status", alerts["acked_at"].notna().map({True: "acknowledged", False: "open"})
+    )
     st.dataframe(
         alerts,
         hide_index=True,
@@ -90,17 +91,14 @@ def counts_chart(source: str, tables: tuple[str, ...], where: str) -> None:
     )
     assert counts is not None
     st.subheader("Alerts over time")
-    chart = (
-        alt.Chart(counts)
-        .mark_bar()
-        .encode(
-            x=alt.X("bucket:T", title=f"event time (UTC), {bucket // 60}-minute bins"),
-            y=alt.Y("alerts:Q", title="alerts", stack=True),
-            color=alt.Color("rule:N", title="rule"),
-            tooltip=["bucket:T", "rule:N", "alerts:Q"],
-        )
+    spec = chart(
+        "bar",
+        x=channel("bucket", "temporal", f"event time (UTC), {bucket // 60}-minute bins"),
+        y=channel("alerts", "quantitative", "alerts", stack=True),
+        color=channel("rule", "nominal", "rule"),
+        tooltip=[tip("bucket", "temporal"), tip("rule", "nominal"), tip("alerts", "quantitative")],
     )
-    st.altair_chart(chart, width="stretch")
+    st.vega_lite_chart(counts, spec, width="stretch")
 
 
 @panel
@@ -117,30 +115,35 @@ def ack_form(where: str) -> None:
         st.caption("No open alert to acknowledge under these filters.")
         return
     labels = {
-        row.alert_id: f"{row.event_time:%Y-%m-%d %H:%M:%S} · {row.rule} · {row.key} · "
-        f"{row.message}"
+        row.alert_id: f"{row.event_time:%Y-%m-%d %H:%M:%S} · {row.rule} · {row.key} · {row.message}"
         for row in candidates.itertuples()
     }
     with st.form("ack", clear_on_submit=True):
-        st.multiselect("Open alerts", list(labels), format_func=labels.__getitem__,
-                       key="ack_ids", placeholder="Choose alerts to acknowledge")
+        st.multiselect(
+            "Open alerts",
+            list(labels),
+            format_func=labels.__getitem__,
+            key="ack_ids",
+            placeholder="Choose alerts to acknowledge",
+        )
         st.text_input("Note", key="ack_note", placeholder="e.g. crew dispatched")
         st.form_submit_button("Acknowledge", on_click=_on_ack)
 
 
 def main() -> None:
     """The page: filters (a change reruns the page), live list, acknowledgement form."""
-    st.title("Alerts")
     if table_version("alerts") is None:
         empty("No alerts yet: the engine has not written the `alerts` table.")
         return
     options = query("SELECT DISTINCT rule, severity FROM alerts ORDER BY rule", "alerts")
     assert options is not None
     c1, c2, c3, c4, c5 = st.columns([2, 2, 2, 2, 2])
-    rules = c1.multiselect("Rule", sorted(options["rule"].dropna().unique()),
-                           placeholder="all rules")
-    severities = c2.multiselect("Severity", sorted(options["severity"].dropna().unique()),
-                                placeholder="all severities")
+    rules = c1.multiselect(
+        "Rule", sorted(options["rule"].dropna().unique()), placeholder="all rules"
+    )
+    severities = c2.multiselect(
+        "Severity", sorted(options["severity"].dropna().unique()), placeholder="all severities"
+    )
     range_name = c3.selectbox("Time range", list(RANGES))
     key = c4.text_input("Key contains", placeholder="e.g. station=3")
     status = c5.selectbox("Status", ["all", "open", "acknowledged"])
