@@ -12,7 +12,9 @@ arrival order, interleaved with heartbeats. Models (``--disorder``):
   order, like a router flushing its cache once a minute.
 
 Faults, exclusive per reading: a ``late`` reading is delayed by ``slack + 2 x bound +
-U(1, 10) s`` so it arrives later than the slack; a ``duplicate`` is sent again U(0, 1) s
+U(1, 10) s``, and further until a reading of its stream more than the slack newer has
+been sent (or a heartbeat, when they are on), so it is behind the newest by more than
+the slack even in a sparse stream; a ``duplicate`` is sent again U(0, 1) s
 after the original (as a QoS 1 redelivery would); a ``malformed`` one is replaced by a
 broken payload (its ``seq`` is then lost). Each source may have a constant clock skew
 added to the ``ts`` it reports. All of it is recorded in the ground truth.
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from simulators.common import Reading, format_ts
+from simulators.common import Reading, format_ts, parse_ts
 from simulators.truth import Truth
 
 #: One outgoing message: (arrival ms, "reading" | "heartbeat" | "malformed", topic, payload).
@@ -140,11 +142,41 @@ def arrange(
     heap: list[tuple[int, float, int, str, str, dict | bytes]] = []
     counter = 0
     next_hb = start_ms + heartbeat_ms if heartbeat_ms else None
+    # A late reading is held back until a reading (or a heartbeat) of its stream more
+    # than the slack newer has been sent: in a sparse stream its planned arrival alone may
+    # not make it late. Per stream kind: the newest ts sent, and the held readings as
+    # (the ts to exceed, planned arrival, tie key, counter, event time, topic, payload).
+    newest: dict[str, int] = {}
+    held: dict[str, list[tuple[int, int, float, int, int, str, dict]]] = {}
+
+    def advance(kind: str, ts: int, now: int) -> None:
+        """A reading or heartbeat of ``ts`` is sent at ``now``: release the held readings
+        it leaves more than the slack behind."""
+        nonlocal counter
+        if ts <= newest.get(kind, ts - 1):
+            return
+        newest[kind] = ts
+        queue = held.get(kind)
+        while queue and queue[0][0] < newest[kind]:
+            _, planned, key, _, t, topic, payload = heapq.heappop(queue)
+            arrival = max(planned, now + 1)
+            counter += 1
+            heapq.heappush(heap, (arrival, key, counter, "reading", topic, payload))
+            truth.record(
+                {
+                    "type": "late",
+                    "source": payload["source"],
+                    "seq": payload["seq"],
+                    "ts": payload["ts"],
+                    "delay_ms": arrival - t,
+                }
+            )
 
     def heartbeats(h: int) -> Iterator[Message]:
         floor = model.floor(h)
         for src in sorted(sources):
             topic = f"lookout/{sources[src]}/{src}/heartbeat"
+            advance(sources[src], floor + skew[src], h)
             yield (
                 h,
                 "heartbeat",
@@ -155,6 +187,8 @@ def arrange(
     def drain(upto: int) -> Iterator[Message]:
         while heap and heap[0][0] <= upto:
             arrival, _, _, kind, topic, payload = heapq.heappop(heap)
+            if kind == "reading" and isinstance(payload, dict):
+                advance(sources[payload["source"]], parse_ts(payload["ts"]), arrival)
             yield arrival, kind, topic, payload
 
     last_t = start_ms
@@ -183,16 +217,12 @@ def arrange(
         elif u < p_late:
             # Too near the end, nothing would overtake it: such a reading goes on time.
             if last_late is None or r.t < last_late:
-                arrival = r.t + late_extra + rng.randint(1000, 10000)
-                truth.record(
-                    {
-                        "type": "late",
-                        "source": r.source,
-                        "seq": r.seq,
-                        "ts": payload["ts"],
-                        "delay_ms": arrival - r.t,
-                    }
-                )
+                planned = r.t + late_extra + rng.randint(1000, 10000)
+                counter += 1
+                threshold = parse_ts(payload["ts"]) + faults.slack_ms
+                late = (threshold, planned, key, counter, r.t, r.topic, payload)
+                heapq.heappush(held.setdefault(sources[r.source], []), late)
+                continue
         elif u < p_dup:
             again = arrival + rng.randint(0, 1000)
             counter += 1
@@ -200,14 +230,22 @@ def arrange(
             truth.record({"type": "duplicate", "source": r.source, "seq": r.seq})
         counter += 1
         heapq.heappush(heap, (arrival, key, counter, kind, r.topic, body))
-    # End of input: flush the stragglers, keeping heartbeats going while they arrive.
-    last_arrival = max((e[0] for e in heap), default=last_t)
-    if next_hb is not None:
-        while next_hb < last_arrival:
-            yield from drain(next_hb)
-            yield from heartbeats(next_hb)
-            next_hb += heartbeat_ms
-    yield from drain(last_arrival)
+    # End of input: flush the stragglers, keeping heartbeats going while they arrive
+    # (a late reading released meanwhile may arrive after the rest: go round again).
+    last_arrival = last_t
+    while heap:
+        last_arrival = max(last_arrival, max(e[0] for e in heap))
+        if next_hb is not None:
+            while next_hb < last_arrival:
+                yield from drain(next_hb)
+                yield from heartbeats(next_hb)
+                next_hb += heartbeat_ms
+        yield from drain(last_arrival)
+    # A held reading nothing newer overtook by the slack is not late: it goes last, on
+    # time (the readings too near the end are not made late, so this is rare).
+    for queue in held.values():
+        for *_, topic, payload in sorted(queue, key=lambda e: e[3]):
+            yield last_arrival, "reading", topic, payload
     if next_hb is not None:
         # Nothing more will come: promise the run's end (never less than before).
         final = max(last_t, end_ms or 0, model.floor(next_hb - heartbeat_ms))

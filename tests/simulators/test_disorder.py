@@ -198,3 +198,33 @@ def test_replay_heartbeats_keep_their_promise(tmp_path: Path) -> None:
             promise[payload["source"]] = payload["ts"]
         elif kind == "reading" and "source" in payload:
             assert payload["ts"] >= promise.get(payload["source"], 0)
+
+
+def test_late_readings_of_a_sparse_stream_are_late(tmp_path: Path) -> None:
+    # At 5 readings/s a reading delayed by slack + U(1, 10) s often had nothing newer
+    # than slack ahead of it when it arrived, so it was not late though the truth said
+    # so; a late reading now waits for one.
+    out, truth = simulate(
+        tmp_path,
+        "rfid",
+        "--rate",
+        "5",
+        "--duration",
+        "1800",
+        "--disorder",
+        "bounded:1",
+        "--late-fraction",
+        "0.02",
+        "--slack",
+        "2",
+        "--no-heartbeats",
+    )
+    readings, _ = load(out)
+    late = {
+        (r["source"], r["seq"])
+        for r, x in zip(readings, lateness(readings), strict=True)
+        if x > 2000
+    }
+    planted = {(r["source"], r["seq"]) for r in truth_of(truth, "late")}
+    assert late == planted
+    assert len(planted) > 50
