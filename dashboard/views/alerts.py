@@ -131,7 +131,13 @@ def ack_form(where: str) -> None:
 
 
 def main() -> None:
-    """The page: filters (a change reruns the page), live list, acknowledgement form."""
+    """The page: filters (a change reruns the page), then the list and the acknowledgement
+    form, refreshed together.
+
+    Every input has a key: a widget's identity then does not depend on its options, so a
+    new rule or alert arriving does not reset a choice or typed text. The form sits in
+    the refreshing fragment so its list of open alerts follows the live list; a refresh
+    re-sends the same keyed widgets, which keep what was typed but not yet submitted."""
     if table_version("alerts") is None:
         empty("No alerts yet: the engine has not written the `alerts` table.")
         return
@@ -139,26 +145,33 @@ def main() -> None:
     assert options is not None
     c1, c2, c3, c4, c5 = st.columns([2, 2, 2, 2, 2])
     rules = c1.multiselect(
-        "Rule", sorted(options["rule"].dropna().unique()), placeholder="all rules"
+        "Rule",
+        sorted(options["rule"].dropna().unique()),
+        placeholder="all rules",
+        key="filter_rules",
     )
     severities = c2.multiselect(
-        "Severity", sorted(options["severity"].dropna().unique()), placeholder="all severities"
+        "Severity",
+        sorted(options["severity"].dropna().unique()),
+        placeholder="all severities",
+        key="filter_severities",
     )
-    range_name = c3.selectbox("Time range", list(RANGES))
-    key = c4.text_input("Key contains", placeholder="e.g. station=3")
-    status = c5.selectbox("Status", ["all", "open", "acknowledged"])
-    message = st.session_state.pop("ack_message", None)
-    if message:
-        getattr(st, message[0])(message[1])
+    range_name = c3.selectbox("Time range", list(RANGES), key="filter_range")
+    key = c4.text_input("Key contains", placeholder="e.g. station=3", key="filter_key")
+    status = c5.selectbox("Status", ["all", "open", "acknowledged"], key="filter_status")
 
     @st.fragment(run_every=REFRESH_SECONDS)
     def live() -> None:
         # The time range moves with the clock, so it is recomputed at every refresh.
-        live_alerts(where_clause(rules, severities, since(range_name), key, status))
+        start = since(range_name)
+        live_alerts(where_clause(rules, severities, start, key, status))
+        with st.expander("Acknowledge alerts", expanded=True):
+            ack_form(where_clause(rules, severities, start, key, "open"))
+            message = st.session_state.get("ack_message")
+            if message:  # the outcome of the last acknowledgement, until the next one
+                getattr(st, message[0])(message[1])
 
     live()
-    with st.expander("Acknowledge alerts", expanded=True):
-        ack_form(where_clause(rules, severities, since(range_name), key, "open"))
 
 
 panel(main)()

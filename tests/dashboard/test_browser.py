@@ -15,11 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from dashboard.sample import write_health
+from dashboard.sample import alerts_table, rfid_readings, traffic_readings, write_health
 from dashboard.testing import chromium, served
 
 pytestmark = pytest.mark.browser
@@ -27,12 +28,15 @@ pytestmark = pytest.mark.browser
 TIMEOUT_MS = 30_000
 
 
+REFRESH_S = 1.0  # the live panels' refresh period in these tests
+
+
 @pytest.fixture
 def page(lakehouse: Path, rules_folder: Path, tmp_path: Path) -> Iterator[Any]:
     """A browser tab on a dashboard served over the sample lakehouse."""
     write_health(lakehouse, int(time.time() * 1000) + 60_000)  # "up" for the whole test
     with (
-        served(lakehouse, rules_folder, log=tmp_path / "streamlit.log") as url,
+        served(lakehouse, rules_folder, REFRESH_S, log=tmp_path / "streamlit.log") as url,
         chromium() as browser,
     ):
         tab = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -130,3 +134,73 @@ def test_every_page_acknowledge_and_rules(page: Any, lakehouse: Path, rules_fold
         page.get_by_text(re.compile(r"^Saved ")),
     )
     assert "speed < 5" in (rules_folder / "slow_traffic.sql").read_text()
+
+
+# ---- what was typed survives the live panels' refreshes ----------------------------------
+
+
+def shown(page: Any, test_id: str, containing: str = "") -> str:
+    """The text of the first element with this Streamlit test id (and text)."""
+    return page.get_by_test_id(test_id).filter(has_text=containing).first.inner_text()
+
+
+def refreshed_twice(page: Any, test_id: str, containing: str, write: Any) -> None:
+    """Write new data twice and wait each time until a live panel shows it: two
+    refreshes (of at least one period each) that redrew the panel with new content."""
+    for round_no in (1, 2):
+        before = shown(page, test_id, containing)
+        write(round_no)
+        deadline = time.monotonic() + TIMEOUT_MS / 1000
+        while shown(page, test_id, containing) == before:
+            assert time.monotonic() < deadline, f"{containing!r} never refreshed"
+            time.sleep(0.2)
+    time.sleep(2 * REFRESH_S)  # and two more periods with no new data
+
+
+def test_typed_text_and_choices_survive_refreshes(page: Any, lakehouse: Path) -> None:
+    def new_alert(round_no: int) -> None:
+        rows = alerts_table(int(time.time() * 1000), 1, seed=100 + round_no)
+        ids = pa.array([f"new-{round_no}"])
+        write_deltalake(
+            str(lakehouse / "alerts"), rows.set_column(0, "alert_id", ids), mode="append"
+        )
+
+    # Alerts: a chosen alert and a note in the (refreshing) acknowledgement form, and
+    # a key filter typed but not sent (the cursor stays in it).
+    visit(page, "", "Acknowledge alerts", "Alerts over time")
+    choose(page, "Open alerts", "station=7")
+    page.keyboard.press("Escape")
+    page.get_by_label("Note").fill("crew on the way")
+    key_filter = page.get_by_label("Key contains")
+    key_filter.click()
+    key_filter.press_sequentially("station=", delay=50)
+    refreshed_twice(page, "stMetricValue", "", new_alert)
+    assert shown(page, "stMetricValue") == "42"  # 40 + 2: the filter was never sent
+    assert key_filter.input_value() == "station="
+    assert page.get_by_label("Note").input_value() == "crew on the way"
+    chosen = page.get_by_test_id("stMultiSelect").filter(has_text="Open alerts")
+    assert "station=7" in chosen.inner_text()
+
+    # Traffic: the station chosen for the detail stays chosen.
+    def new_readings(round_no: int) -> None:
+        end = int(time.time() * 1000) + round_no * 3_600_000  # a newer stream clock
+        rows = traffic_readings(end, 50, seed=round_no)
+        write_deltalake(str(lakehouse / "readings_traffic"), rows, mode="append")
+
+    visit(page, "traffic", "Station detail")
+    page.get_by_role("combobox", name="Station").click()
+    page.get_by_role("option", name="3", exact=True).click()
+    refreshed_twice(page, "stCaptionContainer", "Stream clock", new_readings)
+    assert page.get_by_role("combobox", name="Station").input_value() == "3"
+
+    # RFID: a tag id typed but not sent.
+    def new_reads(round_no: int) -> None:
+        reads, _ = rfid_readings(int(time.time() * 1000) + round_no * 60_000)
+        write_deltalake(str(lakehouse / "readings_tag_readings"), reads, mode="append")
+
+    visit(page, "rfid", "Item path")
+    tag = page.get_by_label("Tag id")
+    tag.click()
+    tag.press_sequentially("item-01", delay=50)
+    refreshed_twice(page, "stCaptionContainer", "Stream clock", new_reads)
+    assert tag.input_value() == "item-01"

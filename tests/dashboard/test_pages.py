@@ -13,9 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import orjson
+import pyarrow as pa
+from deltalake import write_deltalake
 from streamlit.testing.v1 import AppTest
 
-from dashboard.sample import write_health
+from dashboard.data import VERSION_TTL_S
+from dashboard.sample import alerts_table, write_health
 
 Open = Callable[[str], AppTest]
 
@@ -237,3 +240,39 @@ def test_health_down_when_the_files_are_stale(lakehouse: Path, open_page: Open) 
     app = open_page("health")
     assert metrics(app)["engine"] == "down"
     assert metrics(app)["ingest-0"] == "down"
+
+
+# ---- inputs survive reruns -------------------------------------------------------------
+
+
+def append_alert(lakehouse: Path, rule: str, seed: int) -> None:
+    """Append one alert of `rule` (otherwise like the sample's first alert), now."""
+    table = alerts_table(int(time.time() * 1000), 1, seed=seed)
+    table = table.set_column(table.schema.get_field_index("rule"), "rule", pa.array([rule]))
+    table = table.set_column(
+        table.schema.get_field_index("alert_id"), "alert_id", pa.array([f"{rule}-{seed}"])
+    )
+    write_deltalake(str(lakehouse / "alerts"), table, mode="append")
+
+
+def test_filters_keep_their_choices_when_a_new_rule_appears(
+    lakehouse: Path, open_page: Open
+) -> None:
+    # (Text typed but not yet sent lives in the browser: test_browser.py covers it.)
+    app = open_page("alerts")
+    app.multiselect(key="filter_rules").select("larceny")
+    app.multiselect(key="filter_severities").select("critical")
+    app.text_input(key="filter_key").input("door")
+    app.selectbox(key="filter_range").select("last 24 hours")
+    app.selectbox(key="filter_status").select("open").run()
+    # A new rule's first alert changes the filters' options; the choices must stay.
+    append_alert(lakehouse, "speeding", seed=1)
+    time.sleep(VERSION_TTL_S + 0.1)
+    app.run()
+    assert "speeding" in app.multiselect(key="filter_rules").options
+    assert app.multiselect(key="filter_rules").value == ["larceny"]
+    assert app.multiselect(key="filter_severities").value == ["critical"]
+    assert app.text_input(key="filter_key").value == "door"
+    assert app.selectbox(key="filter_range").value == "last 24 hours"
+    assert app.selectbox(key="filter_status").value == "open"
+    assert metrics(app)["matching alerts"] == "1"  # the filters still apply
