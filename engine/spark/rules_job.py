@@ -15,11 +15,24 @@ The processor calls `advance(spark_watermark + 1)`: every row still to come has
 ts > spark_watermark, so instants up to the watermark are final. It keeps one event-time
 timer per group at the evaluator's `next_wakeup`, which is how expirations and time
 slides fire in a batch with no input for that key.
+
+A derived stream's readers need its producer's event time, not only its rows: when the
+producer's input goes quiet (or a final heartbeat arrives), the rows still pending in
+the readers would otherwise wait for a next row that never comes. So a query whose
+stages feed a stream other stages read runs one more group, the *clock*: heartbeats are
+routed to it, and it keeps a timer one millisecond past the watermark, so it ticks in
+every batch that moves the watermark. `OutputWriter` turns a tick into a heartbeat of
+each fed stream (after that batch's rows), and the reading query unions those
+heartbeats in. With several producers (UNION ALL) each producer's rows and heartbeats
+get their own watermark and Spark keeps the lowest (`multipleWatermarkPolicy=min`),
+the watermark `engine.core.replay` gives a union sink.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from functools import reduce
 from typing import Any
 
 import orjson
@@ -48,6 +61,8 @@ _TS_MS = "lookout_event_ms"
 _STAGE = "lookout_stage"
 _KEY = "lookout_key"
 _HEARTBEAT = "lookout_heartbeat"
+# The group (and output sink) of a query's clock: no stage is named with this prefix.
+CLOCK = "lookout_clock"
 _STATE = T.StructType([T.StructField("snapshot", T.BinaryType())])
 
 
@@ -74,6 +89,11 @@ class StageProcessor(StatefulProcessor):
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
+        if key[0] == CLOCK:
+            for _ in rows:  # heartbeats: only their arrival matters
+                pass
+            yield from self._tick(timerValues)
+            return
         stage = self.stages[key[0]]
         evaluator = self._load(stage)
         for frame in rows:
@@ -89,8 +109,29 @@ class StageProcessor(StatefulProcessor):
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
+        if key[0] == CLOCK:
+            yield from self._tick(timerValues)
+            return
         stage = self.stages[key[0]]
         yield from self._advance(key, stage, self._load(stage), timerValues)
+
+    def _tick(self, timer_values: TimerValues) -> Iterator[pd.DataFrame]:
+        """The clock group: report the watermark every stage of this batch advanced to."""
+        watermark = timer_values.getCurrentWatermarkInMs()
+        for timer in list(self.handle.listTimers()):
+            self.handle.deleteTimer(timer)
+        # Expires in the next batch whose watermark is higher: one tick per advance.
+        self.handle.registerTimer(watermark + 1)
+        yield pd.DataFrame(
+            {
+                "sink": [CLOCK],
+                "ts": [watermark + 1],
+                "key": [""],
+                "row": ["{}"],
+                "source": [""],
+                "seq": [0],
+            }
+        )
 
     def _advance(
         self, key: Any, stage: Stage, evaluator: KeyedEvaluator, timer_values: TimerValues
@@ -141,14 +182,14 @@ class OutputWriter:
         self.plan = plan
         self.alerts = alerts
         self.name = name
-        self.kinds = {
-            q.sink.name: q.sink.kind for stage in stages for q in (stage.query, *stage.downstream)
-        }
+        self.kinds = {sink: kind for stage in stages for sink, kind in _sinks(stage).items()}
+        self.fed = fed_streams(plan, stages)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         by_sink: dict[str, list[dict[str, Any]]] = {}
         for record in batch.toArrow().to_pylist():
             by_sink.setdefault(record["sink"], []).append(record)
+        ticks = by_sink.pop(CLOCK, [])
         alerts: list[dict[str, Any]] = []
         for sink, records in sorted(by_sink.items()):
             if self.kinds[sink] == SinkKind.ALERT:
@@ -170,6 +211,20 @@ class OutputWriter:
             f"lookout-{self.name}-alerts",
             batch_id,
         )
+        if ticks:
+            # After the rows: a reader that sees this heartbeat sees every row it covers.
+            at = tables.to_timestamp(max(r["ts"] for r in ticks))
+            now = datetime.now(UTC)
+            beats = [
+                {"stream": s, "source": self.name, "ts": at, "received_at": now} for s in self.fed
+            ]
+            tables.append_once(
+                self.config.table("heartbeats"),
+                tables.HEARTBEATS,
+                beats,
+                f"lookout-{self.name}-clock",
+                batch_id,
+            )
 
 
 def stream_row(schema: StreamSchema, record: Mapping[str, Any]) -> dict[str, Any]:
@@ -186,6 +241,32 @@ def stream_row(schema: StreamSchema, record: Mapping[str, Any]) -> dict[str, Any
     return stored
 
 
+def _sinks(stage: Stage) -> dict[str, SinkKind]:
+    return {q.sink.name: q.sink.kind for q in (stage.query, *stage.downstream)}
+
+
+def query_name(stream: str) -> str:
+    """The name of the rules query that runs the stages reading `stream`."""
+    return f"rules-{stream}"
+
+
+def fed_streams(plan: Plan, stages: tuple[Stage, ...]) -> tuple[str, ...]:
+    """The derived streams `stages` write that some stage of `plan` reads."""
+    read = {stage.input for stage in plan.stages()}
+    written = {sink for stage in stages for sink in _sinks(stage)}
+    return tuple(sorted(written & read))
+
+
+def producers(plan: Plan, stream: str) -> dict[str, tuple[str, ...]]:
+    """For a derived `stream`: each input stream whose query writes it, with the names
+    of the stages (the first element of its rows' `source`) that do."""
+    found: dict[str, list[str]] = {}
+    for stage in plan.stages():
+        if stream in _sinks(stage):
+            found.setdefault(stage.input, []).append(stage.name)
+    return {name: tuple(stages) for name, stages in found.items()}
+
+
 def stages_by_input(plan: Plan) -> dict[str, tuple[Stage, ...]]:
     """The plan's stages grouped by the stream they read (one rules query per stream)."""
     grouped: dict[str, list[Stage]] = {}
@@ -194,25 +275,15 @@ def stages_by_input(plan: Plan) -> dict[str, tuple[Stage, ...]]:
     return {stream: tuple(stages) for stream, stages in grouped.items()}
 
 
-def start_rules_query(
-    spark: SparkSession,
-    config: Config,
-    plan: Plan,
-    alerts: Mapping[str, AlertSpec],
-    stream: str,
-    stages: tuple[Stage, ...],
-) -> StreamingQuery:
-    """Start the one streaming query that runs every stage reading `stream`."""
+def _input_rows(spark: SparkSession, config: Config, plan: Plan, stream: str, ts: str) -> DataFrame:
+    """The rows of `stream` and the heartbeats that move its time, watermarked.
+
+    A source stream is read from its accepted readings with its sensors' heartbeats,
+    watermarked at its slack. A derived one is read from its own table with its
+    producers' clock heartbeats, one watermark per producing query.
+    """
     schema = plan.streams[stream]
-    ts = stages[0].timestamp
-    for stage in stages:
-        for q in (stage.query, *stage.downstream):
-            if q.sink.kind == SinkKind.STREAM:
-                sink = plan.streams[q.sink.name]
-                tables.ensure_table(config.table(sink.name), tables.derived_schema(sink))
-    tables.ensure_table(config.table("alerts"), tables.ALERTS)
     is_source = stream in {s.name for s in plan.sources()}
-    # A source stream is read from its accepted readings, a derived one from its own table.
     table = tables.readings_table(stream) if is_source else stream
     rows = spark.readStream.format("delta").load(config.table(table))
     columns = [
@@ -224,37 +295,78 @@ def start_rules_query(
     # Readings and derived rows alike carry their (source, seq) tie order.
     columns += [F.col("source"), F.col("seq")]
     rows = rows.select(*columns, F.lit(False).alias(_HEARTBEAT))
-    if is_source:
-        # Heartbeats join the stream only to move Spark's watermark when readings pause;
-        # they are routed to no stage below.
+
+    def with_beats(rows: DataFrame, which: Any, slack_ms: int) -> DataFrame:
         beats = (
             spark.readStream.format("delta")
             .load(config.table("heartbeats"))
-            .where(F.col("stream") == stream)
+            .where(which)
             .select(F.col("ts").alias(ts), F.lit(True).alias(_HEARTBEAT))
         )
-        rows = rows.unionByName(beats, allowMissingColumns=True)
-    # One row per (stage, row): each stage groups by its own key columns.
-    routes = F.explode(
-        F.when(
-            ~F.col(_HEARTBEAT),
-            F.array(
-                *[
-                    F.struct(
-                        F.lit(stage.name).alias(_STAGE),
-                        (F.to_json(F.struct(*stage.key)) if stage.key else F.lit("")).alias(_KEY),
-                    )
-                    for stage in stages
-                ]
-            ),
+        # Heartbeats first: Spark reads its sources' offsets in plan order, and a
+        # heartbeat is appended after the rows it covers, so seeing it means seeing them.
+        # The watermark is set before the routing, so heartbeats count in it.
+        return beats.unionByName(rows, allowMissingColumns=True).withWatermark(
+            ts, f"{slack_ms + 1} milliseconds"
         )
-    ).alias("route")
-    slack = schema.slack_ms if is_source else 0
-    name = f"rules-{stream}"
-    # The watermark is set before the routing, so heartbeats count in it.
+
+    if is_source:
+        return with_beats(rows, F.col("stream") == stream, schema.slack_ms)
+    writers = producers(plan, stream)
+    branches = [
+        with_beats(
+            rows.where(F.get_json_object("source", "$[0]").isin(*names))
+            if len(writers) > 1
+            else rows,
+            (F.col("stream") == stream) & (F.col("source") == query_name(producer)),
+            0,
+        )
+        for producer, names in sorted(writers.items())
+    ]
+    # A UNION ALL sink: Spark's watermark is the lowest of the branches' (policy min).
+    return reduce(DataFrame.unionByName, branches)
+
+
+def start_rules_query(
+    spark: SparkSession,
+    config: Config,
+    plan: Plan,
+    alerts: Mapping[str, AlertSpec],
+    stream: str,
+    stages: tuple[Stage, ...],
+) -> StreamingQuery:
+    """Start the one streaming query that runs every stage reading `stream`."""
+    ts = stages[0].timestamp
+    for stage in stages:
+        for q in (stage.query, *stage.downstream):
+            if q.sink.kind == SinkKind.STREAM:
+                sink = plan.streams[q.sink.name]
+                tables.ensure_table(config.table(sink.name), tables.derived_schema(sink))
+    tables.ensure_table(config.table("alerts"), tables.ALERTS)
+    tables.ensure_table(config.table("heartbeats"), tables.HEARTBEATS)
+    rows = _input_rows(spark, config, plan, stream, ts)
+    # One row per (stage, row): each stage groups by its own key columns.
+    to_stages = F.when(
+        ~F.col(_HEARTBEAT),
+        F.array(
+            *[
+                F.struct(
+                    F.lit(stage.name).alias(_STAGE),
+                    (F.to_json(F.struct(*stage.key)) if stage.key else F.lit("")).alias(_KEY),
+                )
+                for stage in stages
+            ]
+        ),
+    )
+    if fed_streams(plan, stages):
+        # Heartbeats start the clock (its timer keeps it ticking afterwards).
+        to_stages = to_stages.otherwise(
+            F.array(F.struct(F.lit(CLOCK).alias(_STAGE), F.lit("").alias(_KEY)))
+        )
+    routes = F.explode(to_stages).alias("route")
+    name = query_name(stream)
     prepared = (
-        rows.withWatermark(ts, f"{slack + 1} milliseconds")
-        .select(*rows.columns, F.unix_millis(F.col(ts)).alias(_TS_MS), routes)
+        rows.select(*rows.columns, F.unix_millis(F.col(ts)).alias(_TS_MS), routes)
         .select("*", f"route.{_STAGE}", f"route.{_KEY}")
         .drop("route", _HEARTBEAT)
     )

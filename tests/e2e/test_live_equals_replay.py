@@ -1,9 +1,10 @@
 """Live = replay: the Spark job and `lookout replay` write the same rows for the same readings.
 
-The simulator records a traffic file (bounded disorder within the slack, a fraction of
-readings later than the slack, a congested station, a silent detector). The file is
-published line by line to a real mosquitto — so its line order is the arrival order —
-and run live through ingest and the Spark job with every rule of `rules/traffic.sql`;
+For each rule library (`rules/traffic.sql`, `rules/rfid.sql`) the simulator records a
+file that raises every rule of it (bounded disorder within the slack, a fraction of
+readings later than the slack). The file is published line by line to a real
+mosquitto — so its line order is the arrival order — and run live through ingest and
+the Spark job with every rule of the library;
 a final heartbeat far ahead plays the part of replay's end of input. Then `lookout
 replay` runs the same rules over the same file. Every derived stream, every alert and
 the late readings must be the same rows.
@@ -15,6 +16,8 @@ import math
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -28,36 +31,85 @@ from tests.pipeline import publish, running_engine, running_ingest, table_rows, 
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
 
-RULES = Path(__file__).resolve().parents[2] / "rules" / "traffic.sql"
+RULES = Path(__file__).resolve().parents[2] / "rules"
 
 
-def record(tmp_path: Path) -> Path:
-    out = tmp_path / "traffic.jsonl"
+@dataclass(frozen=True)
+class Library:
+    """A rule file, the simulator run that exercises it, and what that run must raise."""
+
+    rules: str
+    stream: str
+    simulate: tuple[str, ...]
+    topic: Callable[[dict], str]
+    heartbeat_topic: str
+    must_raise: tuple[str, ...]
+
+
+TRAFFIC = Library(
+    rules="traffic.sql",
+    stream="traffic",
+    # a congested station, a silent detector, a speeding one
+    simulate=(
+        "traffic",
+        "--rate",
+        "8",
+        "--duration",
+        "900",
+        "--stations",
+        "4",
+        "--congestion",
+        "2",
+        "--silent",
+        "3@300+400",
+        "--speeding",
+        "1",
+    ),
+    topic=lambda r: f"lookout/traffic/{r['station']}/readings",
+    heartbeat_topic="lookout/traffic/gateway/heartbeat",
+    must_raise=("congestion", "speeding", "silent_detector", "late_readings"),
+)
+RFID = Library(
+    rules="rfid.sql",
+    stream="tag_readings",
+    # packing groups, thefts, authorised exits and a missing item (ESL examples 17, 18)
+    simulate=(
+        "rfid",
+        "--rate",
+        "5",
+        "--duration",
+        "900",
+        "--packing",
+        "2",
+        "--theft",
+        "2",
+        "--authorised-exit",
+        "2",
+        "--missing",
+        "2",
+    ),
+    topic=lambda r: f"lookout/rfid/{r['door']}/readings",
+    heartbeat_topic="lookout/rfid/gateway/heartbeat",
+    must_raise=("packing_groups", "larceny", "missed_shipping", "door_day_totals", "late_readings"),
+)
+
+
+def record(tmp_path: Path, library: Library) -> Path:
+    """The simulator's recording: bounded disorder within the 2 s slack, 1 % late."""
+    out = tmp_path / f"{library.stream}.jsonl"
     subprocess.run(
         [
             sys.executable,
             "-m",
             "lookout.cli",
             "simulate",
-            "traffic",
+            *library.simulate,
             "--out",
             str(out),
             "--truth",
             str(tmp_path / "truth.jsonl"),
             "--seed",
             "11",
-            "--rate",
-            "8",
-            "--duration",
-            "900",
-            "--stations",
-            "4",
-            "--congestion",
-            "2",
-            "--silent",
-            "3@300+400",
-            "--speeding",
-            "1",
             "--disorder",
             "bounded:1.5",
             "--late-fraction",
@@ -87,33 +139,31 @@ def normalised(rows: list[dict], stamps: set[str]) -> Counter:
     return Counter(tuple(sorted((k, value(k, v)) for k, v in row.items())) for row in rows)
 
 
-def test_live_rows_equal_replay_rows(spark, mosquitto, lookout_config, tmp_path):
-    rule_set = load_rules([RULES])
+@pytest.mark.parametrize("library", [TRAFFIC, RFID], ids=lambda lib: lib.rules)
+def test_live_rows_equal_replay_rows(spark, mosquitto, lookout_config, tmp_path, library):
+    rules = RULES / library.rules
+    rule_set = load_rules([rules])
     plan = rule_set.plan
-    recording = record(tmp_path)
+    recording = record(tmp_path, library)
     lines = recording.read_bytes().splitlines()
     last_ts = max(orjson.loads(line)["ts"] for line in lines)
-    messages = [
-        (f"lookout/traffic/{orjson.loads(line)['station']}/readings", line) for line in lines
-    ]
+    messages = [(library.topic(orjson.loads(line)), line) for line in lines]
     messages.append(
         (
-            "lookout/traffic/gateway/heartbeat",
+            library.heartbeat_topic,
             orjson.dumps({"source": "gateway", "ts": last_ts + 86_400_000}),
         )
     )
 
-    assert run_replay([str(RULES)], [f"traffic={recording}"], str(tmp_path / "replay")) == 0
+    out = tmp_path / "replay"
+    assert run_replay([str(rules)], [f"{library.stream}={recording}"], str(out)) == 0
     replayed = {
-        p.stem: [orjson.loads(x) for x in p.read_bytes().splitlines()]
-        for p in (tmp_path / "replay").glob("*.jsonl")
+        p.stem: [orjson.loads(x) for x in p.read_bytes().splitlines()] for p in out.glob("*.jsonl")
     }
     sinks = [q.sink for q in plan.queries]
     alert_names = {s.name for s in sinks if s.kind == "ALERT"}
-    assert replayed.get("congestion"), "the recording must raise congestion alerts"
-    assert replayed.get("late_readings"), "the recording must hold late readings"
-    assert replayed.get("speeding"), "the recording must hold speeding vehicles"
-    assert replayed.get("silent_detector"), "the recording must hold a silent detector"
+    for name in library.must_raise:
+        assert replayed.get(name), f"the recording must raise {name} rows"
 
     with (
         running_ingest(lookout_config, rule_set),
