@@ -23,17 +23,22 @@ The kinds of bad input and the reason each gets (the tests pin every one):
 Speed matters (ingest lands hundreds of thousands of readings a second): the common
 case, a value already of its declared JSON type, is checked inline by `type(v) is T`
 and a range comparison; only the rest goes through `_coerce`, which knows the reasons.
+Before that, a payload is decoded against the stream's types by msgspec (`_TypedDecoder`,
+in C); only one with something to normalise or reject takes the per-reading path.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache, partial
-from typing import Any
+from operator import itemgetter
+from typing import Annotated, Any, TypedDict
 
+import msgspec
 import orjson
 
 from engine.core.plan import Column, ColumnType, StreamSchema
@@ -197,11 +202,8 @@ class _Field:
         return value
 
 
-@lru_cache(maxsize=256)
-def _normalizer(
-    stream: StreamSchema, non_negative: frozenset[str], require_identity: bool
-) -> tuple[Callable[[Any], dict[str, Any]], tuple[_Field, ...]]:
-    """(the compiled check of the required fields, the optional fields) for `stream`."""
+def _fields(columns: Sequence[Column], non_negative: frozenset[str]) -> tuple[_Field, ...]:
+    """How the fast paths check each of `columns`."""
 
     def make(column: Column) -> _Field:
         fast_type, low, high = _FAST.get(column.type, (type(None), 0, 0))
@@ -209,11 +211,76 @@ def _normalizer(
             low = max(low, 0)  # a negative value leaves the fast path and gets its reason
         return _Field(column.name, column.type, fast_type, low, high, column.name in non_negative)
 
-    own = tuple(make(c) for c in stream.columns)
-    identity = tuple(make(c) for c in IDENTITY_COLUMNS)
+    return tuple(make(c) for c in columns)
+
+
+@lru_cache(maxsize=256)
+def _normalizer(
+    stream: StreamSchema, non_negative: frozenset[str], require_identity: bool
+) -> tuple[Callable[[Any], dict[str, Any]], tuple[_Field, ...]]:
+    """(the compiled check of the required fields, the optional fields) for `stream`."""
+    own = _fields(stream.columns, non_negative)
+    identity = _fields(IDENTITY_COLUMNS, non_negative)
     if require_identity:
         return _compile(own + identity), ()
     return _compile(own), identity
+
+
+#: The largest finite float: DOUBLE bounds for the typed decoder, which then never
+#: accepts an infinity.
+_FLOAT_MAX = sys.float_info.max
+
+
+@dataclass(frozen=True)
+class _TypedDecoder:
+    """Decodes and checks a payload whose readings are all already normal, in one C pass.
+
+    msgspec decodes the JSON straight against a TypedDict of the stream's required
+    fields, each of exactly its JSON type (no bool for an int, no 7.0 for an INT, no
+    text for a number; an integer is accepted for a DOUBLE and becomes a float, as in
+    `_coerce`) and within its range, and drops undeclared fields: the same test as the
+    per-reading fast path (`_compile`), at about the cost of `orjson.loads` alone. Only
+    the clock distance, which moves with `now`, is checked afterwards. Anything it does
+    not accept returns None, and the caller takes the per-reading path, which
+    normalises what it can and gives each rejection its reason.
+    """
+
+    decoder: msgspec.json.Decoder
+    timestamp: str
+
+    def __call__(self, payload: bytes, low_ms: int, high_ms: int) -> list[dict] | None:
+        """The readings of `payload` (one object or a non-empty array), or None."""
+        try:
+            document = self.decoder.decode(payload)
+        except (msgspec.MsgspecError, UnicodeDecodeError):  # msgspec raises the latter
+            return None  # for bad UTF-8 inside a string
+        readings = document if type(document) is list else [document]
+        if not readings:
+            return None
+        stamps = list(map(itemgetter(self.timestamp), readings))
+        if not low_ms <= min(stamps) <= max(stamps) <= high_ms:
+            return None
+        return readings
+
+
+@lru_cache(maxsize=256)
+def _typed_decoder(stream: StreamSchema, non_negative: frozenset[str]) -> _TypedDecoder | None:
+    """The typed decoder of `stream`'s payloads; None if a column type has no fast test."""
+    fields = _fields((*stream.columns, *IDENTITY_COLUMNS), non_negative)
+    types: dict[str, Any] = {}
+    for f in fields:
+        if f.fast_type in (str, bool):
+            types[f.name] = f.fast_type
+        elif f.fast_type is float:
+            bounds = msgspec.Meta(ge=max(f.low, -_FLOAT_MAX), le=min(f.high, _FLOAT_MAX))
+            types[f.name] = Annotated[float, bounds]
+        elif f.fast_type is int:
+            types[f.name] = Annotated[int, msgspec.Meta(ge=f.low, le=f.high)]
+        else:
+            return None
+    reading = TypedDict(f"{stream.name}_reading", types)  # type: ignore[misc]
+    decoder = msgspec.json.Decoder(reading | list[reading])  # type: ignore[valid-type]
+    return _TypedDecoder(decoder, stream.timestamp)
 
 
 def normalize_reading(
@@ -352,6 +419,12 @@ class Validator:
             return reject(f"no stream's SOURCE matches topic '{topic}'")
         if len(payload) > self.max_payload_bytes:
             return reject(f"payload is {len(payload)} bytes; the limit is {self.max_payload_bytes}")
+        low, high = now_ms - self.max_clock_distance_ms, now_ms + self.max_clock_distance_ms
+        typed = None if is_heartbeat else _typed_decoder(target, self.non_negative)
+        readings = typed(payload, low, high) if typed else None
+        if readings is not None:  # all normal: the common case, nothing to reject
+            result.readings = readings
+            return result
         try:
             document = orjson.loads(payload)
         except orjson.JSONDecodeError as err:
@@ -364,7 +437,6 @@ class Validator:
         if batch and not document:
             return reject("payload is an empty array; a batch needs at least one reading")
         items = document if batch else [document]
-        low, high = now_ms - self.max_clock_distance_ms, now_ms + self.max_clock_distance_ms
         ts_name = target.timestamp
         normalize = (
             partial(self._heartbeat, target)
