@@ -7,12 +7,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.core.plan import Plan
 from rules.language import ast
 from rules.language.checker import Catalog, check_statements
 from rules.language.compiler import compile_catalog
 from rules.language.errors import RuleError
 from rules.language.explain import explain
-from rules.language.loader import rule_files
+from rules.language.loader import parse_files, rule_files
 from rules.language.parser import parse_text
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -36,6 +37,9 @@ class Rule:
     text: str
     explanation: str
     severity: str | None
+    key: tuple[str, ...] = ()
+    """Key columns of its outputs (alerts: what their `key` names); empty when unkeyed
+    or when the folder has errors."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,24 @@ class Book:
 
     rules: list[Rule]
     errors: list[RuleError]
+
+    def alerts_keyed_by(self, column: str) -> list[str]:
+        """Names of the alerts whose key includes `column` (e.g. `station`)."""
+        return [r.name for r in self.rules if r.kind == "alert" and column in r.key]
+
+    def alert_problem(self, name: str, column: str) -> str | None:
+        """Why `name` is not an alert keyed by `column` here (None when it is)."""
+        if self.errors:
+            return "the rule folder has errors (see the Rules page), so its alerts are unknown"
+        rule = next((r for r in self.rules if r.name == name), None)
+        if rule is None:
+            return f"there is no rule `{name}` in the rule folder"
+        if rule.kind != "alert":
+            return f"`{name}` is a {rule.kind}, not an alert"
+        if column not in rule.key:
+            keyed = ", ".join(rule.key) or "nothing"
+            return f"the alert `{name}` is keyed by {keyed}, not by {column}"
+        return None
 
 
 def statement_text(lines: list[str], start: int, end: int) -> str:
@@ -57,26 +79,40 @@ def statement_text(lines: list[str], start: int, end: int) -> str:
 
 
 def read_book(folder: Path) -> Book:
-    """Parse and check every `*.sql` file of `folder` and explain each statement."""
-    statements: list[ast.Statement] = []
-    texts: dict[str, str] = {}
-    errors: list[RuleError] = []
+    """Parse, check and compile every `*.sql` file of `folder` (as `lookout rules check`
+    does) and explain each statement."""
     if not folder.is_dir():
         return Book([], [])
-    for path in rule_files([folder]):
-        # Full paths, so table files named relative to a rule file resolve.
-        texts[str(path)] = path.read_text(encoding="utf-8")
-        parsed, syntax = parse_text(texts[str(path)], str(path))
-        statements.extend(parsed)
-        errors.extend(syntax)
+    # Full paths, so table files named relative to a rule file resolve.
+    statements, texts, errors = parse_files([folder])
     # Explain what can be explained even if some statements have errors (as the CLI does).
     catalog, check_errors = check_statements(statements, texts)
     errors.extend(check_errors)
+    keys: dict[str, tuple[str, ...]] = {}
+    if not errors:
+        plan, compile_errors = compile_catalog(catalog, texts)
+        errors.extend(compile_errors)
+        keys = output_keys(plan)
     shown = [RuleError(Path(e.file).name, e.line, e.col, e.message, e.source_line) for e in errors]
-    return Book(_rules(statements, texts, catalog), shown)
+    return Book(_rules(statements, texts, catalog, keys), shown)
 
 
-def _rules(statements: list[ast.Statement], texts: dict[str, str], catalog: Catalog) -> list[Rule]:
+def output_keys(plan: Plan) -> dict[str, tuple[str, ...]]:
+    """For each stream or alert the plan writes, the key columns of the stage producing
+    it: an alert's `key` column reads `station=3` when that is `("station",)`."""
+    return {
+        query.sink.name: stage.key
+        for stage in plan.stages()
+        for query in (stage.query, *stage.downstream)
+    }
+
+
+def _rules(
+    statements: list[ast.Statement],
+    texts: dict[str, str],
+    catalog: Catalog,
+    keys: dict[str, tuple[str, ...]],
+) -> list[Rule]:
     rules = []
     for i, stmt in enumerate(statements):
         lines = texts[stmt.file].splitlines()
@@ -92,6 +128,7 @@ def _rules(statements: list[ast.Statement], texts: dict[str, str], catalog: Cata
                 text=statement_text(lines, stmt.pos.line - 1, end),
                 explanation=explain(catalog, name) or "",
                 severity=str(stmt.severity) if isinstance(stmt, ast.CreateAlert) else None,
+                key=keys.get(name, ()),
             )
         )
     return rules

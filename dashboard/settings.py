@@ -1,17 +1,19 @@
-"""Dashboard settings from the environment (set by `lookout dashboard`)."""
+"""Dashboard settings: the `[dashboard]` section of lookout.toml (or the file in
+`LOOKOUT_CONFIG`) with `LOOKOUT_DASHBOARD_<KEY>` environment overrides, the same way
+every Lookout part reads its configuration. Read at each page run (a small file), so a
+changed setting applies from the next refresh."""
 
 from __future__ import annotations
 
-import os
+import tomllib
 
-REFRESH_SECONDS = float(os.environ.get("LOOKOUT_DASHBOARD_REFRESH_SECONDS", "2"))
-"""How often the live panels re-read the tables."""
+from dashboard.data import DataError
+from lookout.config import DashboardConfig, load_config
 
-SILENT_MINUTES = float(os.environ.get("LOOKOUT_DASHBOARD_SILENT_MINUTES", "5"))
-"""A station with no reading for this long (in event time) shows as silent."""
 
-CONGESTED_MINUTES = float(os.environ.get("LOOKOUT_DASHBOARD_CONGESTED_MINUTES", "15"))
-"""A station with an open congestion alert this recent shows as congested."""
-
-DOWN_AFTER_SECONDS = float(os.environ.get("LOOKOUT_DASHBOARD_DOWN_AFTER_SECONDS", "15"))
-"""A part whose health file is older than this is shown as down."""
+def settings() -> DashboardConfig:
+    """The dashboard's settings (see the module docstring)."""
+    try:
+        return load_config().dashboard
+    except (OSError, ValueError, tomllib.TOMLDecodeError) as exc:
+        raise DataError(f"the configuration cannot be read: {exc}") from exc

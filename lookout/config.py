@@ -49,11 +49,16 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class DashboardConfig:
-    """Where the Streamlit app listens and how often it refreshes."""
+    """Where the Streamlit app listens, how often it refreshes, what its pages show."""
 
     address: str = "127.0.0.1"
     port: int = 8501
     refresh_seconds: float = 2.0
+    congestion_rule: str = "congestion"  # alert keyed by station: colours it congested
+    theft_rule: str = "larceny"  # alert keyed by door: the RFID page's theft alarms
+    congested_minutes: float = 15.0
+    silent_minutes: float = 5.0
+    down_after_seconds: float = 15.0
 
 
 @dataclass(frozen=True)

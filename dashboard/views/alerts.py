@@ -7,7 +7,7 @@ import streamlit as st
 from dashboard.alert_filters import RANGES, since, where_clause
 from dashboard.charts import channel, chart, tip
 from dashboard.data import DataError, acknowledge, alert_source, query, table_version
-from dashboard.settings import REFRESH_SECONDS
+from dashboard.settings import settings
 from dashboard.ui import empty, panel
 
 # Chart bucket sizes (seconds), the smallest giving at most ~120 bars is used.
@@ -160,7 +160,7 @@ def main() -> None:
     key = c4.text_input("Key contains", placeholder="e.g. station=3", key="filter_key")
     status = c5.selectbox("Status", ["all", "open", "acknowledged"], key="filter_status")
 
-    @st.fragment(run_every=REFRESH_SECONDS)
+    @st.fragment(run_every=settings().refresh_seconds)
     def live() -> None:
         # The time range moves with the clock, so it is recomputed at every refresh.
         start = since(range_name)

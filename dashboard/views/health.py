@@ -18,29 +18,30 @@ from dashboard.data import (
     query,
     table_version,
 )
-from dashboard.settings import DOWN_AFTER_SECONDS, REFRESH_SECONDS
+from dashboard.settings import settings
 from dashboard.ui import empty, panel
 
 QUARANTINE_ROWS = 50
 
 
-def status(record: dict[str, Any] | None) -> tuple[str, str]:
+def status(record: dict[str, Any] | None, down_after_s: float) -> tuple[str, str]:
     """("up" | "down" | "never started", how long ago it last reported)."""
     age = age_seconds(record)
     if age is None:
         return "never started", "no health file"
-    return ("up" if age <= DOWN_AFTER_SECONDS else "down"), f"last report {age:.0f} s ago"
+    return ("up" if age <= down_after_s else "down"), f"last report {age:.0f} s ago"
 
 
 @panel
 def parts() -> None:
     """One metric per running part, from the age of its health file."""
+    down_after_s = settings().down_after_seconds
     names = ["engine", *ingest_parts()]
     if len(names) == 1:
         names.append("ingest-0")  # show ingest as missing rather than leave it out
     for column, name in zip(st.columns(len(names)), names, strict=True):
         record = health(name)
-        state, detail = status(record)
+        state, detail = status(record, down_after_s)
         colour = {"up": "green", "down": "red"}.get(state, "gray")
         column.metric(name, state, detail, delta_color=colour, delta_arrow="off", border=True)
         if name.startswith("ingest") and record and state == "up":
@@ -196,7 +197,6 @@ def tables() -> None:
     st.dataframe(frame, hide_index=True, width="stretch")
 
 
-@st.fragment(run_every=REFRESH_SECONDS)
 def live() -> None:
     """All health panels, refreshed together."""
     parts()
@@ -213,8 +213,9 @@ def live() -> None:
         tables()
 
 
+config = settings()
 st.caption(
     f"Lakehouse: `{lakehouse()}`; a part is down when its health file is older than "
-    f"{DOWN_AFTER_SECONDS:g} s."
+    f"{config.down_after_seconds:g} s."
 )
-live()
+st.fragment(run_every=config.refresh_seconds)(live)()

@@ -10,12 +10,12 @@ import streamlit as st
 
 from dashboard.charts import channel, chart, tip
 from dashboard.data import alert_source, query, sql_text, sql_time, table_version
-from dashboard.settings import REFRESH_SECONDS
+from dashboard.rule_folder import configured_alert_problem
+from dashboard.settings import settings
 from dashboard.ui import empty, panel
 
 READINGS = "readings_tag_readings"
 GROUPS = "packing_groups"
-THEFT_RULE = "larceny"
 RECENT_MINUTES = 5
 BIN = "INTERVAL '5 minutes'"
 EPOCH = "TIMESTAMP '1970-01-01T00:00:00Z'"
@@ -57,14 +57,20 @@ def doors() -> None:
 
 @panel
 def theft_alarms() -> None:
-    """Theft alarms per 5 minutes, and the latest ones."""
+    """Theft alarms (the configured theft rule's alerts) per 5 minutes, and the latest."""
+    rule = settings().theft_rule
+    problem = configured_alert_problem("theft_rule", rule, "door")
+    if problem:  # else "no theft alarm" would be a false all-clear
+        st.warning(f"Theft alarms cannot be shown. {problem}")
+        return
     if table_version("alerts") is None:
         empty("No alerts table yet.")
         return
+    st.caption(f"Alerts of the rule `{rule}`.")
     source, tables = alert_source()
     alarms = query(
         f"SELECT event_time, key, message, acked_at FROM {source} "
-        f"WHERE rule = {sql_text(THEFT_RULE)} ORDER BY event_time DESC LIMIT 200",
+        f"WHERE rule = {sql_text(rule)} ORDER BY event_time DESC LIMIT 200",
         *tables,
     )
     assert alarms is not None
@@ -168,14 +174,15 @@ def main() -> None:
         )
         return
     st.subheader("Doors")
-    st.fragment(run_every=REFRESH_SECONDS)(doors)()
+    refresh = settings().refresh_seconds
+    st.fragment(run_every=refresh)(doors)()
     left, right = st.columns(2)
     with left:
         st.subheader("Theft alarms")
-        st.fragment(run_every=REFRESH_SECONDS)(theft_alarms)()
+        st.fragment(run_every=refresh)(theft_alarms)()
     with right:
         st.subheader("Packing groups")
-        st.fragment(run_every=REFRESH_SECONDS)(packing_groups)()
+        st.fragment(run_every=refresh)(packing_groups)()
     st.subheader("Item path")
     tagid = st.text_input("Tag id", placeholder="e.g. item-0042", key="tagid")
     if tagid.strip():

@@ -3,30 +3,16 @@ a rule file like `lookout rules check` and saves it into the rules folder when v
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import streamlit as st
 
 from dashboard.data import query, rules_dir, table_version
-from dashboard.rulebook import NAME, Book, annotate, check_file, read_book, save_file
+from dashboard.rule_folder import book_of
+from dashboard.rulebook import NAME, Book, annotate, check_file, save_file
 from dashboard.ui import panel
 from rules.language.errors import RuleError
 
 NEW = "(new file)"
-
-
-@st.cache_data(show_spinner=False, max_entries=16)
-def _book(folder: str, stamps: tuple[tuple[str, int, int], ...]) -> Book:
-    # `stamps` (name, mtime, size of each file) is the cache key: an edit means a re-read.
-    return read_book(Path(folder))
-
-
-def book_of(folder: Path) -> Book:
-    """The rule folder parsed, checked and explained (cached until a file changes)."""
-    files = sorted(folder.glob("*.sql")) if folder.is_dir() else []
-    stamps = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in files)
-    return _book(str(folder), stamps)
 
 
 def alert_counts() -> dict[str, int]:

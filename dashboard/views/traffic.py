@@ -15,12 +15,13 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.charts import channel, chart, tip, with_threshold
-from dashboard.data import alert_source, query, sql_time, table_version
-from dashboard.settings import CONGESTED_MINUTES, REFRESH_SECONDS, SILENT_MINUTES
+from dashboard.data import alert_source, query, sql_text, sql_time, table_version
+from dashboard.rule_folder import configured_alert_problem
+from dashboard.settings import settings
 from dashboard.ui import empty, panel
+from lookout.config import DashboardConfig
 
 READINGS = "readings_traffic"
-CONGESTION_RULE = "congestion"
 CHART_MINUTES = 60
 # Scans stop this far back in stream time, so a refresh costs the same on day 30 as on
 # day 1 (Delta's file statistics let DataFusion skip older files). A station silent for
@@ -38,15 +39,16 @@ def stream_clock() -> datetime | None:
     return clock.at[0, "now"].to_pydatetime()
 
 
-def congested_stations(now: datetime) -> set[int]:
-    """Stations with an open congestion alert in the last CONGESTED_MINUTES."""
+def congested_stations(now: datetime, rule: str, minutes: float) -> set[int]:
+    """Stations with an open alert of `rule` (the configured congestion rule) in the
+    last `minutes`."""
     if table_version("alerts") is None:
         return set()
     source, tables = alert_source()
     keys = query(
-        f"SELECT DISTINCT key FROM {source} WHERE rule = '{CONGESTION_RULE}' "
+        f"SELECT DISTINCT key FROM {source} WHERE rule = {sql_text(rule)} "
         f"AND acked_at IS NULL "
-        f"AND event_time >= {sql_time(now - timedelta(minutes=CONGESTED_MINUTES))}",
+        f"AND event_time >= {sql_time(now - timedelta(minutes=minutes))}",
         *tables,
     )
     found = set()
@@ -57,7 +59,7 @@ def congested_stations(now: datetime) -> set[int]:
     return found
 
 
-def station_states(now: datetime) -> pd.DataFrame:
+def station_states(now: datetime, config: DashboardConfig) -> pd.DataFrame:
     """Per station: last reading, average speed and vehicles over 15 minutes, state."""
     recent = sql_time(now - timedelta(minutes=15))
     stations = query(
@@ -69,8 +71,8 @@ def station_states(now: datetime) -> pd.DataFrame:
         READINGS,
     )
     assert stations is not None
-    congested = congested_stations(now)
-    silent_since = pd.Timestamp(now) - pd.Timedelta(minutes=SILENT_MINUTES)
+    congested = congested_stations(now, config.congestion_rule, config.congested_minutes)
+    silent_since = pd.Timestamp(now) - pd.Timedelta(minutes=config.silent_minutes)
 
     def state(row: pd.Series) -> str:
         if row["last_reading"] < silent_since:
@@ -81,7 +83,7 @@ def station_states(now: datetime) -> pd.DataFrame:
     return stations
 
 
-def strip_html(stations: pd.DataFrame, now: datetime) -> str:
+def strip_html(stations: pd.DataFrame, now: datetime, config: DashboardConfig) -> str:
     """The highway as a row of coloured station boxes, in station order."""
     boxes = []
     for row in stations.itertuples():
@@ -97,8 +99,9 @@ def strip_html(stations: pd.DataFrame, now: datetime) -> str:
     return (
         '<div style="display:flex;gap:0.4em;flex-wrap:wrap">' + "".join(boxes) + "</div>"
         f'<div style="font-size:0.8em;margin-top:0.3em">{legend} — congested: an open '
-        f"congestion alert in the last {CONGESTED_MINUTES:g} min; silent: no reading for "
-        f"{SILENT_MINUTES:g} min</div>"
+        f"<code>{html.escape(config.congestion_rule)}</code> alert in the last "
+        f"{config.congested_minutes:g} min; silent: no reading for "
+        f"{config.silent_minutes:g} min</div>"
     )
 
 
@@ -146,9 +149,14 @@ def overview() -> None:
     if now is None:
         empty("No traffic readings yet.", "Start the simulator: `lookout simulate traffic`.")
         return
-    stations = station_states(now)
+    config = settings()  # read at each refresh: an edited lookout.toml applies at once
+    stations = station_states(now, config)
     st.caption(f"Stream clock (newest reading): {now:%Y-%m-%d %H:%M:%S} UTC")
-    st.markdown(strip_html(stations, now), unsafe_allow_html=True)
+    st.markdown(strip_html(stations, now, config), unsafe_allow_html=True)
+    # After the strip, so checking the rule folder never delays it.
+    problem = configured_alert_problem("congestion_rule", config.congestion_rule, "station")
+    if problem:
+        st.warning(f"No station can show as congested. {problem}")
     st.subheader(f"Per station, last {CHART_MINUTES} minutes")
     charts(per_minute(now), "station")
     st.caption("Dashed line: the congestion threshold of 15 m/s (PIPES §2.2).")
@@ -193,7 +201,8 @@ def main() -> None:
     if table_version(READINGS) is None:
         empty("No traffic readings yet: the `readings_traffic` table does not exist.")
         return
-    st.fragment(run_every=REFRESH_SECONDS)(overview)()
+    refresh = settings().refresh_seconds
+    st.fragment(run_every=refresh)(overview)()
     now = stream_clock()
     if now is None:
         return
@@ -206,7 +215,7 @@ def main() -> None:
         return
     st.subheader("Station detail")
     station = st.selectbox("Station", stations["station"].tolist(), key="station")
-    st.fragment(run_every=REFRESH_SECONDS)(station_detail)(station)
+    st.fragment(run_every=refresh)(station_detail)(station)
 
 
 panel(main)()

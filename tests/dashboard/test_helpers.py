@@ -68,3 +68,37 @@ def test_where_clause_quotes_what_the_operator_typed() -> None:
     assert "event_time >= '2026-01-02T03:04:05Z'" in sql
     assert "strpos(key, 'station=3''') > 0" in sql
     assert sql.endswith("acked_at IS NULL")
+
+
+KEYED = """CREATE STREAM s (site INT, lane INT, x INT, ts TIMESTAMP)
+  ORDER BY ts SLACK 1 SECOND SOURCE 'a/+/b';
+CREATE STREAM per_site AS
+  SELECT site, ts, avg(x) OVER (PARTITION BY site RANGE 1 MINUTE PRECEDING) AS m FROM s;
+CREATE ALERT high SEVERITY info AS SELECT site, ts, m FROM per_site WHERE m > 3;
+CREATE ALERT lane_high SEVERITY info AS
+  SELECT site, lane, ts, max(x) OVER (PARTITION BY site, lane ROWS 3 PRECEDING) AS top FROM s;
+CREATE ALERT any_high SEVERITY info AS SELECT x, ts FROM s WHERE x > 9;
+"""
+
+
+def test_alert_keys_come_from_the_partitioning_upstream(tmp_path: Path) -> None:
+    (tmp_path / "k.sql").write_text(KEYED)
+    book = read_book(tmp_path)
+    assert not book.errors
+    keys = {r.name: r.key for r in book.rules if r.kind == "alert"}
+    # `high` filters a stream partitioned by site, so its alerts are keyed by site too.
+    assert keys == {"high": ("site",), "lane_high": ("site", "lane"), "any_high": ()}
+    assert book.alerts_keyed_by("site") == ["high", "lane_high"]
+    assert book.alert_problem("high", "site") is None
+    assert book.alert_problem("lane_high", "site") is None
+    assert "no rule `jam`" in (book.alert_problem("jam", "site") or "")
+    assert "is a derived stream" in (book.alert_problem("per_site", "site") or "")
+    assert "keyed by nothing, not by site" in (book.alert_problem("any_high", "site") or "")
+    assert "keyed by site, not by door" in (book.alert_problem("high", "door") or "")
+
+
+def test_alert_keys_are_unknown_while_the_folder_has_errors(tmp_path: Path) -> None:
+    (tmp_path / "k.sql").write_text(KEYED + "CREATE ALERT broken AS SELECT nope FROM s;\n")
+    book = read_book(tmp_path)
+    assert book.errors
+    assert "has errors" in (book.alert_problem("high", "site") or "")

@@ -8,12 +8,14 @@ late readings and three quarantined payloads.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import pyarrow as pa
+import pytest
 from deltalake import write_deltalake
 from streamlit.testing.v1 import AppTest
 
@@ -245,13 +247,11 @@ def test_health_down_when_the_files_are_stale(lakehouse: Path, open_page: Open) 
 # ---- inputs survive reruns -------------------------------------------------------------
 
 
-def append_alert(lakehouse: Path, rule: str, seed: int) -> None:
-    """Append one alert of `rule` (otherwise like the sample's first alert), now."""
+def append_alert(lakehouse: Path, rule: str, seed: int, key: str = "station=5") -> None:
+    """Append one open alert of `rule` for `key`, a minute old."""
     table = alerts_table(int(time.time() * 1000), 1, seed=seed)
-    table = table.set_column(table.schema.get_field_index("rule"), "rule", pa.array([rule]))
-    table = table.set_column(
-        table.schema.get_field_index("alert_id"), "alert_id", pa.array([f"{rule}-{seed}"])
-    )
+    for column, value in (("rule", rule), ("alert_id", f"{rule}-{seed}"), ("key", key)):
+        table = table.set_column(table.schema.get_field_index(column), column, pa.array([value]))
     write_deltalake(str(lakehouse / "alerts"), table, mode="append")
 
 
@@ -276,3 +276,63 @@ def test_filters_keep_their_choices_when_a_new_rule_appears(
     assert app.selectbox(key="filter_range").value == "last 24 hours"
     assert app.selectbox(key="filter_status").value == "open"
     assert metrics(app)["matching alerts"] == "1"  # the filters still apply
+
+
+# ---- the alerts the Traffic and RFID pages build on ------------------------------------
+
+
+def strip_states(app: AppTest) -> dict[int, str]:
+    """Station number -> state, read from the strip's boxes."""
+    strip = next(m.value for m in app.markdown if "station 1" in m.value)
+    return {int(n): state for n, state in re.findall(r"<b>station (\d+)</b><br>(\w+)", strip)}
+
+
+def test_the_congestion_rule_is_configured_by_name(
+    lakehouse: Path, rules_folder: Path, open_page: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The operator renamed the rule: `jam`, whose open alert now stands at station 4.
+    traffic = rules_folder / "traffic.sql"
+    traffic.write_text(traffic.read_text().replace("CREATE ALERT congestion", "CREATE ALERT jam"))
+    append_alert(lakehouse, "jam", seed=2, key="station=4")
+    monkeypatch.setenv("LOOKOUT_DASHBOARD_CONGESTION_RULE", "jam")
+    app = open_page("traffic")
+    assert not app.warning
+    states = strip_states(app)
+    # Only `jam` alerts count now: the old `congestion` alerts at 3 and 7 do not.
+    assert {n for n, s in states.items() if s == "congested"} == {4}
+    assert states[5] == "silent"
+
+
+def test_a_congestion_rule_missing_from_the_rules_says_what_to_set(
+    lakehouse: Path, open_page: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOOKOUT_DASHBOARD_CONGESTION_RULE", "jam")
+    app = open_page("traffic")
+    (warning,) = [w.value for w in app.warning]
+    assert "no rule `jam`" in warning
+    assert "congestion_rule" in warning and "LOOKOUT_DASHBOARD_CONGESTION_RULE" in warning
+    # The alerts keyed by station are offered; the unkeyed and the door-keyed are not.
+    assert "`congestion`" in warning and "`stopped_vehicle`" in warning
+    assert "`speeding`" not in warning and "`larceny`" not in warning
+    assert "congested" not in strip_states(app).values()
+
+
+def test_the_theft_rule_is_configured_in_lookout_toml_and_checked(
+    lakehouse: Path, tmp_path: Path, open_page: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "lookout.toml"
+    monkeypatch.setenv("LOOKOUT_CONFIG", str(config))
+    config.write_text('[dashboard]\ntheft_rule = "missed_shipping"\n')
+    app = open_page("rfid")
+    assert "keyed by tagid, not by door" in " ".join(w.value for w in app.warning)
+    assert "No theft alarm." not in texts(app)  # no false all-clear
+
+    append_alert(lakehouse, "door_alarm", seed=3, key="door=2")
+    rfid = tmp_path / "rules" / "rfid.sql"
+    rfid.write_text(rfid.read_text().replace("CREATE ALERT larceny", "CREATE ALERT door_alarm"))
+    config.write_text('[dashboard]\ntheft_rule = "door_alarm"\n')
+    time.sleep(VERSION_TTL_S + 0.1)  # the dashboard looks for new commits this often
+    app = open_page("rfid")
+    assert not app.warning
+    alarms = app.dataframe[1].value
+    assert list(alarms["key"]) == ["door=2"]  # the larceny alert is no longer shown
