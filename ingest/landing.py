@@ -12,7 +12,8 @@ their stream, marked `"_kind": "heartbeat"`, because where they fall in the arri
 matters: they move the stream's watermark like a reading does. A file is written under a
 dot-name (which Spark's file source ignores), fsynced, then renamed into place, so the
 engine never sees half a file; only after the rename returns may ingest acknowledge the
-MQTT messages it came from.
+MQTT messages it came from. The root may also be an object store (`ObjectStore`,
+`s3://bucket/prefix`): there each file is one PUT of the whole object, same names.
 
 Several ingesters may land into the same folders (shared subscriptions): a file name
 holds the ingester id and a random token drawn when the writer is created, so neither two
@@ -33,6 +34,8 @@ from typing import Any
 
 import orjson
 
+from ingest.object_store import ObjectStore
+
 QUARANTINE = "_quarantine"
 
 
@@ -44,8 +47,9 @@ class LandingWriter:
     bytes, writes and syncs.
     """
 
-    def __init__(self, root: str | os.PathLike[str], ingester_id: str) -> None:
-        self.root = Path(root)
+    def __init__(self, root: str | os.PathLike[str] | ObjectStore, ingester_id: str) -> None:
+        self.store = root if isinstance(root, ObjectStore) else None
+        self.root = Path(root.base if isinstance(root, ObjectStore) else root)
         self.ingester_id = ingester_id
         self._token = secrets.token_hex(3)
         self._chunks: dict[str, list[bytes]] = defaultdict(list)
@@ -87,22 +91,16 @@ class LandingWriter:
         """Land everything buffered; returns the files written. Durable when it returns."""
         written: list[Path] = []
         for stream in list(self._chunks):
-            folder = self.root / f"stream={stream}"
-            folder.mkdir(parents=True, exist_ok=True)
             self._files_written += 1
             name = (
-                f"part-{time.time_ns():020d}-{self.ingester_id}-{self._token}"
+                f"stream={stream}/part-{time.time_ns():020d}-{self.ingester_id}-{self._token}"
                 f"-{self._files_written:08d}.jsonl"
             )
-            tmp = folder / f".{name}.tmp"
-            with open(tmp, "wb") as handle:
-                handle.write(b"\n".join(self._chunks[stream]) + b"\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            final = folder / name
-            os.replace(tmp, final)
-            _fsync_dir(folder)
-            written.append(final)
+            data = b"\n".join(self._chunks[stream]) + b"\n"
+            if self.store is not None:
+                written.append(Path(self.store.put(name, data)))
+            else:
+                written.append(_write_file(self.root / name, data))
             # Forget a stream's lines as soon as they are safe: if a later stream's file
             # fails, a retry of flush() does not land these again.
             del self._chunks[stream], self._lines[stream]
@@ -114,7 +112,9 @@ class LandingWriter:
         Their messages were never acknowledged, so the broker delivers them again; the
         files themselves are dot-names Spark never reads, only clutter.
         """
-        removed = []
+        removed: list[Path] = []
+        if self.store is not None:
+            return removed  # an object is whole or absent: nothing is left half-written
         for tmp in self.root.glob(f"stream=*/.part-*-{self.ingester_id}-*.tmp"):
             # .part-<ns>-<id>-<token>-<n>.jsonl.tmp: the id may itself hold dashes
             ingester = tmp.name.split("-", 2)[2].rsplit("-", 2)[0]
@@ -143,6 +143,20 @@ def json_lines(records: list[dict[str, Any]], common: bytes = b"") -> bytes:
 def common_fields(fields: dict[str, Any]) -> bytes:
     """`fields` as the bytes `json_lines` appends to each record: `,"k":v,...`."""
     return b"," + orjson.dumps(fields)[1:-1]
+
+
+def _write_file(final: Path, data: bytes) -> Path:
+    """Write `data` as `final` atomically and durably: dot-name, fsync, rename, fsync dir."""
+    folder = final.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{final.name}.tmp"
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(folder)
+    return final
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ingest.object_store import ObjectStore, is_object_store
 from ingest.subscriber import Ingester
 from ingest.validate import Validator
 from lookout.config import Config, load_config
@@ -32,9 +33,12 @@ def build_ingester(
         max_payload_bytes=config.ingest.max_payload_bytes,
         max_clock_distance_ms=config.ingest.max_clock_distance_days * 86_400_000,
     )
+    landing = config.ingest.landing_url or config.landing
     return Ingester(
         validator,
-        landing_root=config.landing,
+        landing_root=(
+            ObjectStore.from_url(landing, config.ingest) if is_object_store(landing) else landing
+        ),
         health_dir=Path(config.lakehouse) / "_health",
         mqtt_config=config.mqtt,
         ingest_config=config.ingest,

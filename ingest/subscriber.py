@@ -33,6 +33,7 @@ from paho.mqtt.client import PUBACK
 
 from ingest.heartbeats import SilenceHeartbeats
 from ingest.landing import LandingWriter
+from ingest.object_store import ObjectStore
 from ingest.validate import Rejection, Validated, Validator
 from lookout.config import IngestConfig, MqttConfig
 from lookout.health import write_health
@@ -119,7 +120,7 @@ class Ingester:
     def __init__(
         self,
         validator: Validator,
-        landing_root: str | Path,
+        landing_root: str | Path | ObjectStore,
         health_dir: str | Path,
         mqtt_config: MqttConfig,
         ingest_config: IngestConfig,
@@ -208,6 +209,7 @@ class Ingester:
         """Connect (retrying until the broker answers) and start the network thread."""
         for orphan in self.writer.remove_orphans():
             log.info("removed %s, left by an earlier run that was killed", orphan.name)
+        log.info("landing into %s", self.writer.store or self.writer.root)
         self._client.connect_async(self.mqtt_config.host, self.mqtt_config.port, keepalive=30)
         self._client.loop_start()
 

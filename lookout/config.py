@@ -36,6 +36,12 @@ class IngestConfig:
     flush_messages: int = 5000
     max_payload_bytes: int = 1_048_576
     max_clock_distance_days: int = 3650
+    # Where ingest lands (empty: <lakehouse>/_landing); s3://bucket/prefix for object storage.
+    landing_url: str = ""
+    s3_endpoint: str = ""
+    s3_region: str = "us-east-1"
+    s3_access_key: str = ""
+    s3_secret_key: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
