@@ -8,9 +8,14 @@ alerts in 10 appends, plus the small RFID, quarantine and health tables of
 `dashboard.sample`. Then:
 
 1. First paint, in Debian's headless Chromium: from navigation until the page's title
-   is drawn (first paint) and until its main content is (every query done), per page,
-   on a freshly started server and browser (cold: nothing imported, nothing cached) and
-   on a second visit (warm).
+   is drawn (first paint) and until its last section is (every query done), per page.
+   Cold: a freshly started `streamlit run` process (the command `lookout dashboard`
+   runs: nothing of the app imported, every cache empty) and a fresh browser (empty
+   HTTP cache), the page being the first one visited (a deep link such as /traffic).
+   Warm: the same page visited again. Pages take turns round by round; each figure is
+   median [min-max] over the rounds, with the 1-minute load average at the visits (the
+   machine is shared). A one-line app (`st.title` only) served and visited the same
+   way gives the floor: what Streamlit and Chromium cost here before any of ours.
 2. Refresh, server side (Streamlit's AppTest running the page script): a rerun with no
    new commit (served from the version-keyed cache) and a rerun after a new commit to
    `readings_traffic` and `alerts` (every query over them runs again).
@@ -84,25 +89,54 @@ def _visit(tab: Any, url: str, name: str) -> tuple[float, float]:
     return title, time.perf_counter() - start
 
 
-def first_paint(root: Path, rules: Path, rounds: int) -> dict[str, list[tuple[float, float]]]:
-    """Per page, (title, content) seconds: cold (a freshly started server and browser,
-    the page visited first) then warm (visited again), `rounds` times each."""
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in PAGES}
-    warm: dict[str, list[tuple[float, float]]] = {name: [] for name in PAGES}
-    for name in PAGES:
-        for _ in range(rounds):
+Visit = tuple[float, float, float]  # title s, content s, 1-minute load average at the time
+
+
+def first_paint(root: Path, rules: Path, rounds: int) -> dict[str, list[Visit]]:
+    """Per page, (title, content, load) of each visit: cold (a freshly started server and
+    browser, the page visited first) then warm (the same page visited again). The pages
+    take turns round by round, so a burst of other work on the machine hits them alike."""
+    cold: dict[str, list[Visit]] = {name: [] for name in PAGES}
+    warm: dict[str, list[Visit]] = {name: [] for name in PAGES}
+    for _ in range(rounds):
+        for name in PAGES:
             with served(root, rules) as url, chromium() as browser:
                 tab = browser.new_page(viewport={"width": 1400, "height": 1000})
                 tab.set_default_timeout(60_000)
-                times[name].append(_visit(tab, url, name))
-                warm[name].append(_visit(tab, url, name))
-    return {f"{name} (cold)": times[name] for name in PAGES} | {
+                cold[name].append((*_visit(tab, url, name), os.getloadavg()[0]))
+                warm[name].append((*_visit(tab, url, name), os.getloadavg()[0]))
+    return {f"{name} (cold)": cold[name] for name in PAGES} | {
         f"{name} (warm)": warm[name] for name in PAGES
     }
 
 
-def refresh(root: Path, page: str, rounds: int, end_ms: int) -> tuple[float, float]:
-    """Median seconds of a page rerun without, and after, a new commit."""
+def floor(rounds: int, work: Path) -> list[Visit]:
+    """The same cold visit to a one-line Streamlit app (`st.title`): what Streamlit,
+    Chromium and this machine cost before any of the dashboard's own work."""
+    script = work / "title_only.py"
+    script.write_text('import streamlit as st\n\nst.title("Alerts")\n')
+    visits: list[Visit] = []
+    for _ in range(rounds):
+        with served(work, work, script=script) as url, chromium() as browser:
+            tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+            start = time.perf_counter()
+            tab.goto(url)
+            tab.get_by_role("heading", level=1).first.wait_for()
+            took = time.perf_counter() - start
+            visits.append((took, took, os.getloadavg()[0]))
+    return visits
+
+
+def spread(values: list[float], digits: int = 2) -> str:
+    """`median [min-max]`."""
+    return (
+        f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}-"
+        f"{max(values):.{digits}f}]"
+    )
+
+
+def refresh(root: Path, page: str, rounds: int, end_ms: int) -> tuple[list[float], list[float]]:
+    """Seconds of each page rerun without, and after, a new commit."""
     app = AppTest.from_file(str(APP), default_timeout=120).run()
     app.switch_page(f"views/{page}.py").run()
     cached, fresh = [], []
@@ -122,8 +156,8 @@ def refresh(root: Path, page: str, rounds: int, end_ms: int) -> tuple[float, flo
         start = time.perf_counter()
         app.run()
         fresh.append(time.perf_counter() - start)
-        assert not app.exception, app.exception
-    return statistics.median(cached), statistics.median(fresh)
+        assert not app.exception and not app.error, (app.exception, app.error)
+    return cached, fresh
 
 
 def main() -> None:
@@ -131,7 +165,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--readings", type=int, default=1_000_000)
     parser.add_argument("--alerts", type=int, default=100_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="lookout-dashboard-bench-"))
     try:
@@ -146,15 +180,18 @@ def main() -> None:
         print(f"machine: {os.cpu_count()} cores, {platform.python_version()}")
         os.environ["LOOKOUT_LAKEHOUSE_PATH"] = str(root)
         os.environ["LOOKOUT_RULES_DIR"] = str(rules)
-        print("\nin Chromium, median (s)       title  content")
-        for name, runs in first_paint(root, rules, args.rounds).items():
-            title = statistics.median(r[0] for r in runs)
-            content = statistics.median(r[1] for r in runs)
-            print(f"  {name:<28}{title:6.2f}  {content:7.2f}")
-        print("\nrefresh, page rerun (s)        no commit  new commit   (median)")
+        print(f"\nin Chromium, {args.rounds} visits each: median [min-max] seconds")
+        print(f"  {'':<16}{'title':<18}{'content':<18}load average")
+        visits = first_paint(root, rules, args.rounds)
+        visits["title-only app (cold)"] = floor(args.rounds, work)
+        for name, runs in visits.items():
+            title, content, load = (spread([r[i] for r in runs]) for i in range(3))
+            print(f"  {name:<16}{title:<18}{content:<18}{load}")
+        print("\nrefresh, page rerun: median [min-max] seconds")
+        print(f"  {'':<16}{'no new commit':<22}after a commit")
         for page in ("alerts", "traffic", "rfid", "health"):
             cached, fresh = refresh(root, page, args.rounds, end_ms)
-            print(f"  {page:<28}{cached:9.3f}  {fresh:10.3f}")
+            print(f"  {page:<16}{spread(cached, 3):<22}{spread(fresh, 3)}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

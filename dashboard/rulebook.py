@@ -40,6 +40,8 @@ class Rule:
     key: tuple[str, ...] = ()
     """Key columns of its outputs (alerts: what their `key` names); empty when unkeyed
     or when the folder has errors."""
+    fires_below: tuple[str, float] | None = None
+    """(column, bound) when the alert fires only while `column < bound` (or `<=`)."""
 
 
 @dataclass(frozen=True)
@@ -129,9 +131,32 @@ def _rules(
                 explanation=explain(catalog, name) or "",
                 severity=str(stmt.severity) if isinstance(stmt, ast.CreateAlert) else None,
                 key=keys.get(name, ()),
+                fires_below=upper_bound(stmt),
             )
         )
     return rules
+
+
+def upper_bound(stmt: ast.Statement) -> tuple[str, float] | None:
+    """(column, bound) when `stmt` is an alert whose WHERE is `column < number` (or
+    `<=`), alone or ANDed with other conditions; None otherwise."""
+    if not isinstance(stmt, ast.CreateAlert) or len(stmt.query.selects) != 1:
+        return None
+    conditions = [stmt.query.selects[0].where]
+    while conditions:
+        expr = conditions.pop()
+        if not isinstance(expr, ast.Binary):
+            continue
+        if expr.op == "AND":
+            conditions += [expr.left, expr.right]
+        elif (
+            expr.op in ("<", "<=")
+            and isinstance(expr.left, ast.Column)
+            and isinstance(expr.right, ast.Literal)
+            and expr.right.type in ("INT", "DOUBLE")
+        ):
+            return expr.left.name, float(expr.right.value)  # type: ignore[arg-type]
+    return None
 
 
 def check_file(folder: Path, name: str, text: str) -> list[RuleError]:

@@ -55,9 +55,14 @@ def free_port() -> int:
 
 @contextmanager
 def served(
-    lakehouse: Path, rules: Path, refresh_seconds: float = 2.0, log: Path | None = None
+    lakehouse: Path,
+    rules: Path,
+    refresh_seconds: float = 2.0,
+    log: Path | None = None,
+    script: Path | None = None,
 ) -> Iterator[str]:
-    """Serve the dashboard over `lakehouse` and `rules`; yields its base URL."""
+    """Serve the dashboard (or another Streamlit `script`, the same way) over
+    `lakehouse` and `rules`; yields its base URL."""
     port = free_port()
     env = {
         **os.environ,
@@ -67,6 +72,8 @@ def served(
     }
     # The command line `lookout dashboard` runs, on a free loopback port.
     command = dashboard_command(Config(dashboard=DashboardConfig(address="127.0.0.1", port=port)))
+    if script is not None:
+        command[command.index(str(APP))] = str(script)
     with open(log or os.devnull, "wb") as out:
         server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"

@@ -213,9 +213,14 @@ def live() -> None:
         tables()
 
 
-config = settings()
-st.caption(
-    f"Lakehouse: `{lakehouse()}`; a part is down when its health file is older than "
-    f"{config.down_after_seconds:g} s."
-)
-st.fragment(run_every=config.refresh_seconds)(live)()
+def main() -> None:
+    """The page: what "down" means here, then the live panels."""
+    config = settings()
+    st.caption(
+        f"Lakehouse: `{lakehouse()}`; a part is down when its health file is older than "
+        f"{config.down_after_seconds:g} s."
+    )
+    st.fragment(run_every=config.refresh_seconds)(live)()
+
+
+panel(main)()

@@ -15,8 +15,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.charts import channel, chart, tip, with_threshold
-from dashboard.data import alert_source, query, sql_text, sql_time, table_version
-from dashboard.rule_folder import configured_alert_problem
+from dashboard.data import alert_source, query, rules_dir, sql_text, sql_time, table_version
+from dashboard.rule_folder import book_of, configured_alert_problem
 from dashboard.settings import settings
 from dashboard.ui import empty, panel
 from lookout.config import DashboardConfig
@@ -121,8 +121,17 @@ def per_minute(now: datetime, station: int | None = None) -> pd.DataFrame:
     return frame
 
 
-def charts(frame: pd.DataFrame, group: str) -> None:
-    """Speed (with the congestion threshold) and volume per minute, side by side."""
+def congestion_threshold(rule: str) -> tuple[str, float] | None:
+    """(column, m/s) below which the congestion rule fires, when its WHERE says so
+    plainly (`avg_speed < 15`) about a speed; None otherwise."""
+    found = next((r for r in book_of(rules_dir()).rules if r.name == rule), None)
+    bound = found.fires_below if found else None
+    return bound if bound and "speed" in bound[0] else None
+
+
+def charts(frame: pd.DataFrame, group: str, threshold: float | None) -> None:
+    """Speed (with the congestion threshold, if known) and volume per minute, side by
+    side."""
     x = channel("minute", "temporal", "minute (UTC)")
     color = channel(group, "nominal", group)
     tooltip = [
@@ -138,7 +147,9 @@ def charts(frame: pd.DataFrame, group: str) -> None:
         "line", x, channel("vehicles", "quantitative", "vehicles per minute"), color, tooltip
     )
     left, right = st.columns(2)
-    left.vega_lite_chart(frame, with_threshold(speed, 15), width="stretch")
+    left.vega_lite_chart(
+        frame, speed if threshold is None else with_threshold(speed, threshold), width="stretch"
+    )
     right.vega_lite_chart(frame, volume, width="stretch")
 
 
@@ -158,8 +169,14 @@ def overview() -> None:
     if problem:
         st.warning(f"No station can show as congested. {problem}")
     st.subheader(f"Per station, last {CHART_MINUTES} minutes")
-    charts(per_minute(now), "station")
-    st.caption("Dashed line: the congestion threshold of 15 m/s (PIPES §2.2).")
+    threshold = congestion_threshold(config.congestion_rule)
+    charts(per_minute(now), "station", None if threshold is None else threshold[1])
+    if threshold:
+        column, bound = threshold
+        st.caption(
+            f"Dashed line: `{config.congestion_rule}` fires below {bound:g} m/s "
+            f"(`{column} < {bound:g}` in its rule)."
+        )
 
 
 @panel
@@ -168,7 +185,8 @@ def station_detail(station: int) -> None:
     now = stream_clock()
     if now is None:
         return
-    charts(per_minute(now, station), "lane")
+    threshold = congestion_threshold(settings().congestion_rule)
+    charts(per_minute(now, station), "lane", None if threshold is None else threshold[1])
     left, right = st.columns(2)
     latest = query(
         f"SELECT ts, lane, speed, length, source, seq FROM {READINGS} "

@@ -102,3 +102,18 @@ def test_alert_keys_are_unknown_while_the_folder_has_errors(tmp_path: Path) -> N
     book = read_book(tmp_path)
     assert book.errors
     assert "has errors" in (book.alert_problem("high", "site") or "")
+
+
+def test_an_alert_that_fires_below_a_bound_says_which(tmp_path: Path) -> None:
+    (tmp_path / "k.sql").write_text(
+        KEYED
+        + "CREATE ALERT slow SEVERITY info AS\n"
+        + "  SELECT site, x, ts FROM s WHERE site = 1 AND x < 2.5;\n"
+        + "CREATE ALERT slower SEVERITY info AS SELECT site, x, ts FROM s WHERE x <= 2;\n"
+        + "CREATE ALERT either SEVERITY info AS SELECT x, ts FROM s WHERE x < 2 OR x > 9;\n"
+    )
+    bounds = {r.name: r.fires_below for r in read_book(tmp_path).rules if r.kind == "alert"}
+    assert bounds["slow"] == ("x", 2.5)
+    assert bounds["slower"] == ("x", 2.0)
+    assert bounds["either"] is None  # not "only while x < 2"
+    assert bounds["high"] is None  # m > 3

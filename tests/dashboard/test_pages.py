@@ -8,6 +8,7 @@ late readings and three quarantined payloads.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
@@ -292,7 +293,8 @@ def test_the_congestion_rule_is_configured_by_name(
 ) -> None:
     # The operator renamed the rule: `jam`, whose open alert now stands at station 4.
     traffic = rules_folder / "traffic.sql"
-    traffic.write_text(traffic.read_text().replace("CREATE ALERT congestion", "CREATE ALERT jam"))
+    text = traffic.read_text().replace("CREATE ALERT congestion", "CREATE ALERT jam")
+    traffic.write_text(text.replace("WHERE avg_speed < 15", "WHERE avg_speed < 12"))
     append_alert(lakehouse, "jam", seed=2, key="station=4")
     monkeypatch.setenv("LOOKOUT_DASHBOARD_CONGESTION_RULE", "jam")
     app = open_page("traffic")
@@ -301,6 +303,10 @@ def test_the_congestion_rule_is_configured_by_name(
     # Only `jam` alerts count now: the old `congestion` alerts at 3 and 7 do not.
     assert {n for n, s in states.items() if s == "congested"} == {4}
     assert states[5] == "silent"
+    # The speed chart's dashed line is the renamed rule's own bound.
+    assert "`jam` fires below 12 m/s" in texts(app)
+    speed_chart = json.loads(app.get("vega_lite_chart")[0].proto.spec)
+    assert speed_chart["layer"][1]["encoding"]["y"] == {"datum": 12.0}
 
 
 def test_a_congestion_rule_missing_from_the_rules_says_what_to_set(
@@ -315,6 +321,7 @@ def test_a_congestion_rule_missing_from_the_rules_says_what_to_set(
     assert "`congestion`" in warning and "`stopped_vehicle`" in warning
     assert "`speeding`" not in warning and "`larceny`" not in warning
     assert "congested" not in strip_states(app).values()
+    assert "Dashed line" not in texts(app)  # no rule, no threshold to draw
 
 
 def test_the_theft_rule_is_configured_in_lookout_toml_and_checked(
