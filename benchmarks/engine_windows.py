@@ -11,7 +11,14 @@ Prints four tables (CPU time of this process, so a busy machine skews them less)
    window): pane partials (slide > 1, panes of gcd(40000, s) rows) or buffered tuples
    (slide 1), and the snapshot size.
 3. ESL Fig. 7: throughput of ``sum OVER (ROWS 39999 PRECEDING SLIDE s)`` against s.
-4. The issue-3 target: sliding ``avg OVER (PARTITION BY station RANGE 15 MINUTES
+4. Time slides (logical windows), a 40 s window over one reading per ms: ``sum OVER
+   (RANGE 39999 PRECEDING SLIDE s)`` keeps its frame's tuples whatever the slide (a
+   yield frame ends at the yield tuple, not at a pane boundary), while extents ``FROM s
+   [RANGE 40000 ms SLIDE s]`` run on panes of gcd(40000, s) ms; extents on tuples for
+   comparison. State after 80,000 readings and throughput.
+5. CQL relations of raw tuples: ISTREAM / DSTREAM / RSTREAM over ``[RANGE 10 SECONDS]``
+   and ``[PARTITION BY station ROWS 10]``, one reading per 100 ms.
+6. The issue-3 target: sliding ``avg OVER (PARTITION BY station RANGE 15 MINUTES
    PRECEDING SLIDE 1 MINUTE)`` (the congestion rule) through ``KeyedEvaluator``.
 
 Numbers are recorded in docs/engine.md.
@@ -24,20 +31,24 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
+from engine.core import windows
 from engine.core.aggregates import InWindow, WindowAggregate
 from engine.core.evaluator import KeyedEvaluator
 from engine.core.plan import (
+    R2S,
     AggCall,
     Expr,
+    ExtentWindow,
     FrameUnits,
     OverWindow,
     Project,
     Query,
+    RelationWindow,
     Sink,
     SinkKind,
     Stage,
 )
-from engine.core.windows import PaneOperator
+from engine.core.windows import PaneExtentOperator, PaneOperator
 
 BATCH = 1_000  # tuples inserted between two advances, like one micro-batch per key
 
@@ -149,6 +160,78 @@ def fig7(quick: bool) -> None:
         print(f"{slide:>8} {1e6 / us:>12,.0f}")
 
 
+def time_slides(quick: bool) -> None:
+    """State and throughput of 40 s logical windows sliding by s, one reading per ms."""
+    print(
+        "\nTime slides, 40 s window, one reading per ms: state after 80,000 readings "
+        "(entries, snapshot bytes) and tuples/s (CPU)"
+    )
+    print(
+        f"{'slide':>7} | {'OVER RANGE SLIDE (tuples)':>29} | {'extents on tuples':>29} | "
+        f"{'extents on panes':>29}"
+    )
+    measured = 40_000 if quick else 160_000
+    total = column("v")
+    for slide in [100, 1_000, 10_000, 40_000]:
+        sum_call = (AggCall("sum", (column("speed"),), "v"),)
+        over = OverWindow(sum_call, FrameUnits.RANGE, 39_999, slide_ms=slide)
+        extent = ExtentWindow(sum_call, 40_000, slide)
+        cells = []
+        for window, paned in ((over, False), (extent, False), (extent, True)):
+            post = Project((("end", column("ts")), ("v", total)))
+            if isinstance(window, ExtentWindow):
+                post = Project((("end", column("window_end")), ("v", total)))
+            stage = Stage(Query(Sink("out", SinkKind.STREAM), "s", window=window, post=(post,)))
+            limit = windows.MAX_EXTENT_PANES if paned else 0
+            saved, windows.MAX_EXTENT_PANES = windows.MAX_EXTENT_PANES, limit
+            try:
+                ev = KeyedEvaluator(stage)
+            finally:
+                windows.MAX_EXTENT_PANES = saved
+            feed(ev, 0, 80_000)
+            op = ev.operator
+            entries = op.partials() if isinstance(op, PaneExtentOperator) else len(op.buffer)
+            size = len(ev.snapshot())
+            t0 = time.process_time()
+            feed(ev, 80_000, measured)
+            rate = measured / (time.process_time() - t0)
+            cells.append(f"{entries:>7} {size:>11,} {rate:>9,.0f}")
+        print(f"{slide:>7} | " + " | ".join(cells))
+
+
+def relations(quick: bool) -> None:
+    """Throughput of CQL relations of raw tuples (one reading per 100 ms, 4 stations)."""
+    print("\nCQL relations of raw tuples, SELECT op(station, speed), tuples/s (CPU)")
+    print(f"{'window':>28} {'ISTREAM':>10} {'DSTREAM':>10} {'RSTREAM':>10}")
+    n = 20_000 if quick else 100_000
+    post = (Project((("station", column("station")), ("speed", column("speed")))),)
+    forms = {
+        "[RANGE 10 SECONDS]": RelationWindow(FrameUnits.RANGE, range_ms=10_000),
+        "[PARTITION BY station ROWS 10]": RelationWindow(
+            FrameUnits.ROWS, rows=10, partition_by=("station",)
+        ),
+    }
+    for name, window in forms.items():
+        rates = []
+        for op in (R2S.ISTREAM, R2S.DSTREAM, R2S.RSTREAM):
+            query = Query(Sink("out", SinkKind.STREAM), "s", window=window, post=post, r2s=op)
+            stage = Stage(query)
+            evaluators: dict[int, KeyedEvaluator] = {}
+            t0 = time.process_time()
+            for lo in range(0, n, BATCH):
+                for i in range(lo, lo + BATCH):
+                    station = i % 4 if window.partition_by else 0
+                    ev = evaluators.get(station)
+                    if ev is None:
+                        ev = evaluators[station] = KeyedEvaluator(stage)
+                    row = {"ts": i * 100, "station": i % 4, "speed": float(i % 7)}
+                    ev.insert({**row, "source": "s", "seq": i})
+                for ev in evaluators.values():
+                    ev.advance((lo + BATCH) * 100)
+            rates.append(n / (time.process_time() - t0))
+        print(f"{name:>28} " + " ".join(f"{r:>10,.0f}" for r in rates))
+
+
 def congestion(quick: bool) -> None:
     """The congestion rule's window over one station's readings, one per second. The
     box is shared, so each run is repeated: best and median of 5 (CPU time)."""
@@ -175,13 +258,15 @@ def congestion(quick: bool) -> None:
 
 
 def main() -> None:
-    """Run the three benchmarks and print their tables."""
+    """Run the benchmarks and print their tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     quick = parser.parse_args().quick
     fig4(quick)
     fig6(quick)
     fig7(quick)
+    time_slides(quick)
+    relations(quick)
     congestion(quick)
 
 

@@ -41,20 +41,26 @@ from engine.core.plan import (
     LookupJoin,
     OverWindow,
     Query,
+    RelationWindow,
     Stage,
     StatelessOp,
 )
 from engine.core.windows import (
     ExtentOperator,
     OverOperator,
+    PaneExtentOperator,
     PaneOperator,
+    RelationOperator,
     Result,
     Row,
     StatelessOperator,
+    extent_pane_eligible,
     pane_eligible,
 )
 
-_SNAPSHOT_VERSION = 5
+_SNAPSHOT_VERSION = 6
+"""6: extent windows over algebraic aggregates keep pane partials (PaneExtentOperator);
+a version-5 snapshot still restores (its buffered tuples are regrouped into panes)."""
 
 
 def derived_source(stage: str, key: tuple[Any, ...]) -> str:
@@ -65,8 +71,8 @@ def derived_source(stage: str, key: tuple[Any, ...]) -> str:
 
 def _relation_to_stream(query: Query) -> R2S | None:
     """The R2S operator the evaluator applies itself (None: rows pass as they are)."""
-    if query.r2s is None:
-        return None
+    if query.r2s is None or isinstance(query.window, RelationWindow):
+        return None  # a relation window applies its operator itself
     if query.window is not None:
         return query.r2s
     if query.r2s is not R2S.DSTREAM:
@@ -109,12 +115,27 @@ class KeyedEvaluator:
     def __init__(self, stage: Stage) -> None:
         self.stage = stage
         window = stage.query.window
-        self.operator: OverOperator | PaneOperator | ExtentOperator | StatelessOperator
+        self.operator: (
+            OverOperator
+            | PaneOperator
+            | ExtentOperator
+            | PaneExtentOperator
+            | RelationOperator
+            | StatelessOperator
+        )
         relation = stage.query.r2s is not None  # an OVER window read as a CQL relation
-        if isinstance(window, OverWindow) and pane_eligible(window) and not relation:
+        # A relation window's results are the query's final rows (it ran `post` itself).
+        self._final = isinstance(window, RelationWindow)
+        if isinstance(window, RelationWindow):
+            if stage.query.r2s is None:
+                raise ValueError("a relation window needs ISTREAM, DSTREAM or RSTREAM")
+            self.operator = RelationOperator(window, stage.query.r2s, stage.query.post)
+        elif isinstance(window, OverWindow) and pane_eligible(window) and not relation:
             self.operator = PaneOperator(window)
         elif isinstance(window, OverWindow):
             self.operator = OverOperator(window, relation)
+        elif isinstance(window, ExtentWindow) and extent_pane_eligible(window):
+            self.operator = PaneExtentOperator(window)
         elif isinstance(window, ExtentWindow):
             self.operator = ExtentOperator(window)
         else:
@@ -150,10 +171,12 @@ class KeyedEvaluator:
             )
         if not self.source:
             self.source = derived_source(self.stage.name, tuple(row.get(c) for c in self.stage.key))
+        if not self.pre:
+            self.pending.append((ts, row["source"], row["seq"], next(self._tiebreak), row))
+            return
         source, seq = row["source"], row["seq"]
         # Several rows of one tuple (a lookup join's matches) keep the table's row order.
-        rows = apply_ops(self.pre, row) if self.pre else (row,)
-        for kept in rows:
+        for kept in apply_ops(self.pre, row):
             self.pending.append((ts, source, seq, next(self._tiebreak), kept))
 
     def advance(self, watermark: int) -> list[Output]:
@@ -164,8 +187,11 @@ class KeyedEvaluator:
         pending.sort()
         n, i = len(pending), 0
         query = self.stage.query
+        window = query.window
         # Locals: this loop runs once per distinct timestamp.
         next_timer, arrive, r2s = op.next_timer, op.arrive, self.r2s
+        # A run of arrivals no timer separates, in one call (the sliding RANGE window).
+        arrive_slot = getattr(op, "arrive_slot", None)
         while True:
             arrival = pending[i][0] if i < n else None
             if arrival is not None and arrival >= watermark:
@@ -174,6 +200,9 @@ class KeyedEvaluator:
             if timer is not None and timer >= watermark:
                 timer = None
             if arrival is not None and (timer is None or arrival <= timer):
+                if arrive_slot is not None:
+                    i = arrive_slot(pending, i, n, watermark)  # no outputs, no relation
+                    continue
                 j = i + 1
                 if j < n and pending[j][0] == arrival:
                     while j < n and pending[j][0] == arrival:
@@ -188,7 +217,7 @@ class KeyedEvaluator:
                     # An extent end or an expiry changes R from the next instant on,
                     # possibly to empty.
                     self._relation_change(timer + 1, results, out)
-                    if isinstance(op, ExtentOperator):
+                    if isinstance(window, ExtentWindow):
                         self._commit(out)  # one change per extent end: final at once
                     continue
             else:
@@ -196,6 +225,10 @@ class KeyedEvaluator:
             if r2s is not None:
                 if results:  # an OVER relation changes where its window emits
                     self._relation_change(results[0][0], results, out)
+                continue
+            if self._final:
+                for ts, row in results:
+                    self._deliver(query, ts, row, out)
                 continue
             for ts, row in results:
                 self._emit(query, ts, row, out)
@@ -277,13 +310,16 @@ class KeyedEvaluator:
     def restore(cls, stage: Stage, data: bytes) -> KeyedEvaluator:
         """Rebuild an evaluator from the stage (recompiled from the rules) and a snapshot."""
         state = pickle.loads(data)
-        if state[0] != _SNAPSHOT_VERSION:
+        if state[0] not in (5, _SNAPSHOT_VERSION):
             raise ValueError(f"unsupported snapshot version {state[0]}")
-        _, watermark, pending, op_state, relation, change, source, emitted = state
+        version, watermark, pending, op_state, relation, change, source, emitted = state
         ev = cls(stage)
         ev.source, ev.emitted = source, emitted
         ev.relation, ev.change = relation, change
         ev.watermark = watermark
         ev.pending = [(ts, src, seq, next(ev._tiebreak), row) for ts, src, seq, row in pending]
-        ev.operator.set_state(op_state)
+        if version == 5 and isinstance(ev.operator, PaneExtentOperator):
+            ev.operator.set_tuple_state(op_state)  # saved by an ExtentOperator
+        else:
+            ev.operator.set_state(op_state)
         return ev

@@ -14,14 +14,18 @@ Contract (read by ``rules/language`` and ``engine/spark``; changes here are addi
   statement. A :class:`Query` reads one stream, applies stateless ``pre`` ops (joins
   with reference tables as :class:`LookupJoin`, then the SQL ``WHERE``), at most one
   window (:class:`OverWindow` for ``agg OVER (...)``,
-  :class:`ExtentWindow` for ``FROM s [RANGE r SLIDE s] GROUP BY ...``), then stateless
+  :class:`ExtentWindow` for ``FROM s [RANGE r SLIDE s] GROUP BY ...``,
+  :class:`RelationWindow` for a CQL window of raw tuples under ISTREAM / DSTREAM /
+  RSTREAM), then stateless
   ``post`` ops (the ``SELECT`` list as a :class:`Project`, ``HAVING`` as a
   :class:`Filter`), optionally a CQL relation-to-stream operator (:class:`R2S`), and
   writes to its :class:`Sink`.
 * The row a window hands to ``post`` is: for :class:`OverWindow`, the input row (or the
   expiring row, for outputs of active expiration) plus one entry per aggregate alias;
   for :class:`ExtentWindow`, the ``group_by`` columns, the aggregate aliases and the
-  pseudo-columns ``window_start`` / ``window_end``.
+  pseudo-columns ``window_start`` / ``window_end``; a :class:`RelationWindow` hands
+  ``post`` each tuple of the window (and applies the relation-to-stream operator to
+  ``post``'s rows itself).
 * Event time travels with every output row outside its columns (``Output.ts`` in
   :mod:`engine.core.evaluator`): an over-window output has the input tuple's timestamp
   (or the expiration instant), an extent output has ``window_end``, a stateless query
@@ -240,6 +244,44 @@ class ExtentWindow:
     group_by: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class RelationWindow:
+    """A CQL window over a stream read as a relation of its tuples, no aggregates:
+    ``SELECT ISTREAM | DSTREAM | RSTREAM (...) FROM s [window]`` (CQL §5-6). R(τ), the
+    window's tuples at instant τ (ms), each turned into the query's rows by ``post``:
+
+    * ``units=RANGE``, ``range_ms=r``: the tuples with ``τ - lag_ms - r <= ts <= τ -
+      lag_ms`` (``[RANGE r]``; ``[NOW]`` is ``r = 0``): a tuple is in R from instant
+      ``ts + lag_ms`` to ``ts + lag_ms + r`` inclusive;
+    * ``units=RANGE``, ``range_ms=None``: every tuple so far (``[RANGE UNBOUNDED]``), only
+      those of the current period with ``reset_every_ms`` (periods from the epoch), only
+      those with ``since_ms <= ts <= until_ms`` with bounds (``[SINCE a]``, ``[UNTIL b]``,
+      ``[BETWEEN a AND b]``);
+    * ``units=RANGE`` with ``slide_ms=s``: the tuples of the latest WID extent
+      ``[e - r, e)``, e the largest multiple of s ``<= τ`` (``[RANGE r SLIDE s]``);
+    * ``units=ROWS``: the ``rows`` latest tuples (in (ts, source, seq) order) per
+      ``partition_by`` value (``[ROWS n]``, ``[PARTITION BY k ROWS n]``).
+
+    The query's ``r2s`` is applied to R of each ``partition_by`` value (the evaluator's
+    key: empty, one relation, unless partitioned): at every instant where a tuple enters
+    or leaves the window, ISTREAM emits R(τ) - R(τ-1) and DSTREAM R(τ-1) - R(τ) (bag
+    differences of the rows) and RSTREAM all of R(τ), each with event time τ. For a ROWS
+    window the query's WHERE and joins are in ``post`` (CQL filters the window's tuples,
+    not the stream); for time-based ones, where membership is per tuple, they may stay
+    in ``pre``.
+    """
+
+    units: FrameUnits
+    rows: int | None = None
+    range_ms: int | None = None
+    slide_ms: int | None = None
+    lag_ms: int = 0
+    reset_every_ms: int | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
+    partition_by: tuple[str, ...] = ()
+
+
 class R2S(StrEnum):
     """CQL relation-to-stream operators (CQL §5.1) over a windowed query's relation R, one
     per partition/group (its rows after ``post``), which changes only at some instants:
@@ -249,7 +291,9 @@ class R2S(StrEnum):
     * :class:`OverWindow` (no ACTIVE EXPIRATION): R(t) is the rows of the last tuple at
       each instant t where the window emits; this is how CQL's ``[ROWS n]``,
       ``[PARTITION BY k ROWS n]``, ``[RANGE UNBOUNDED]`` with ``GROUP BY k`` compile
-      (an OVER window partitioned by k, selecting k and the aggregates).
+      (an OVER window partitioned by k, selecting k and the aggregates);
+    * :class:`RelationWindow`: R(τ) is the rows of the window's tuples at τ (see there;
+      the window applies the operator itself).
 
     * ``RSTREAM``: all of R at every change (CQL streams R at every instant; between
       changes those copies repeat, so one per change is kept).
@@ -288,7 +332,7 @@ class Query:
     sink: Sink
     input: str
     pre: tuple[StatelessOp, ...] = ()
-    window: OverWindow | ExtentWindow | None = None
+    window: OverWindow | ExtentWindow | RelationWindow | None = None
     post: tuple[StatelessOp, ...] = ()
     r2s: R2S | None = None
     branch: int = 0
@@ -305,7 +349,7 @@ class Query:
     @property
     def key(self) -> tuple[str, ...]:
         """Partition-key columns of the input stream (empty: one evaluator in all)."""
-        if isinstance(self.window, OverWindow):
+        if isinstance(self.window, OverWindow | RelationWindow):
             return self.window.partition_by
         if isinstance(self.window, ExtentWindow):
             return self.window.group_by

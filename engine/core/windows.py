@@ -21,7 +21,8 @@ Window pieces, after the ESL paper §4-5 and paper 000's scopes:
 
 Operators: :class:`StatelessOperator`, :class:`OverOperator` (data-driven windows),
 :class:`PaneOperator` (row slides over algebraic aggregates), :class:`ExtentOperator`
-(domain-driven extents).
+(domain-driven extents), :class:`RelationOperator` (CQL windows of raw tuples read
+through ISTREAM / DSTREAM / RSTREAM).
 """
 
 from __future__ import annotations
@@ -33,7 +34,18 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine.core.aggregates import IncrementalAggregate, WindowAggregate, make_aggregate
-from engine.core.plan import END_OF_TIME, AggCall, ExtentWindow, FrameUnits, OverWindow
+from engine.core.plan import (
+    END_OF_TIME,
+    R2S,
+    AggCall,
+    ExtentWindow,
+    Filter,
+    FrameUnits,
+    LookupJoin,
+    OverWindow,
+    RelationWindow,
+    StatelessOp,
+)
 
 Row = dict[str, Any]
 Arrival = tuple[int, Row]
@@ -264,6 +276,87 @@ class OverOperator(_Aggregating):
         # expiry from outside): most tuples of a slot are replaced before that. Until
         # then the window must not change, which `_value_pending` guards.
         self.unvalued = False
+        # The batched path for the common sliding case (see `arrive_slot`), or None.
+        self.arrive_slot = self._arrive_slot if self._slot_batchable() else None
+
+    def _slot_batchable(self) -> bool:
+        """Whether ``arrive_slot`` may stand in for ``arrive``: a bounded RANGE frame with
+        passive expiry and a time slide, incremental aggregates, no lag, reset, bounds or
+        relation reading. Then a slot's tuples only enter and leave the frame, and its
+        yield is valued when the slot closes, so no peer grouping is needed."""
+        w = self.window
+        return (
+            self.passive_range is not None
+            and w.slide_ms is not None
+            and w.reset_every_ms is None
+            and not self.banded
+            and not self.relation
+            and not self.keep_rows
+            and self.all_incremental
+        )
+
+    def _arrive_slot(
+        self, pending: list[tuple[int, str, int, int, Row]], i: int, n: int, watermark: int
+    ) -> int:
+        """``arrive`` for a run of tuples: the evaluator's sorted ``pending`` entries
+        ``(ts, source, seq, tiebreak, row)`` from index ``i`` (below ``n``) that lie in the
+        time slot of ``pending[i]`` and below ``watermark``, i.e. every arrival before the
+        slot's timer. Each one expires the tuples below its frame and enters it, in the
+        same order as ``arrive`` group by group (so the same floating-point sums); the
+        last one becomes the slot's pending yield. Returns the index after the run. No
+        outputs: the slot's yield is emitted by its timer (``fire``)."""
+        ts = pending[i][0]
+        if self.unvalued and ts > self.pending_close:  # type: ignore[operator]
+            self._value_pending()
+        slide = self.window.slide_ms
+        assert slide is not None and self.passive_range is not None
+        close = (ts // slide + 1) * slide - 1
+        stop = close + 1 if close < watermark else watermark
+        buffer = self.buffer
+        reach = self.passive_range
+        added = self.added
+        j = i
+        if len(self.calls) == 1 and len(self.calls[0].args) == 1:
+            # One aggregate of one argument (avg(speed)): no zips, no argument lists.
+            only = self.calls[0].args[0]
+            accumulate, retract = self._accumulate[0], self._retract[0]
+            while j < n:
+                entry = pending[j]
+                ts = entry[0]
+                if ts >= stop:
+                    break
+                horizon = ts - reach
+                while buffer and buffer[0][1] < horizon:
+                    retract(buffer.popleft()[3][0][0])
+                x = only(entry[4])
+                added += 1
+                buffer.append((added, ts, None, ((x,),)))
+                accumulate(x)
+                j += 1
+        else:
+            read, accumulates, retracts = self._read_args, self._accumulate, self._retract
+            while j < n:
+                entry = pending[j]
+                ts = entry[0]
+                if ts >= stop:
+                    break
+                horizon = ts - reach
+                while buffer and buffer[0][1] < horizon:
+                    for retract_one, a in zip(retracts, buffer.popleft()[3], strict=False):
+                        retract_one(*a)
+                args = read(entry[4])
+                added += 1
+                buffer.append((added, ts, None, args))
+                for accumulate_one, a in zip(accumulates, args, strict=False):
+                    accumulate_one(*a)
+                j += 1
+        self.added = added
+        self.arrived += j - i
+        last = pending[j - 1]
+        self.pending = (last[0], last[4], self.no_emissions)
+        self.unvalued = True
+        self.pending_close = close
+        return j
 
     def arrive(self, group: list[Arrival]) -> list[Result]:
         """Process one peer group (equal ts) in order; return the kept outputs."""
@@ -607,6 +700,407 @@ class PaneOperator:
         for agg, st in zip(aggs, states, strict=True):
             agg.set_state(st)
         return aggs
+
+
+MAX_EXTENT_PANES = 4096
+"""An extent window runs on panes only if an extent spans at most this many (``r /
+gcd(r, s)``): its state is then bounded whatever the tuple rate."""
+
+
+class _PaneQueue:
+    """A FIFO of pane partials ``(pane index, one partial per call)`` whose total merge is
+    read in O(1) amortised with ``merge`` only: ``back`` holds the newest panes and their
+    running merge ``back_total``; ``front`` holds suffix merges of the oldest ones
+    (oldest on top), rebuilt from ``back`` when it runs dry (as :class:`PaneOperator`)."""
+
+    def __init__(self, calls: tuple[AggCall, ...]) -> None:
+        self.calls = calls
+        self.front: list[tuple[int, list[IncrementalAggregate]]] = []
+        self.back: list[tuple[int, list[IncrementalAggregate]]] = []
+        self.back_total = self.fresh()
+
+    def fresh(self) -> list[IncrementalAggregate]:
+        return [_incremental(c) for c in self.calls]
+
+    def merged(self, *parts: list[IncrementalAggregate]) -> list[IncrementalAggregate]:
+        """A fresh partial merging ``parts``, oldest first."""
+        total = self.fresh()
+        for part in parts:
+            for agg, partial in zip(total, part, strict=True):
+                agg.merge(partial)
+        return total
+
+    def __len__(self) -> int:
+        return len(self.front) + len(self.back)
+
+    def push(self, index: int, pane: list[IncrementalAggregate]) -> None:
+        """Append the newest pane."""
+        self.back.append((index, pane))
+        for agg, partial in zip(self.back_total, pane, strict=True):
+            agg.merge(partial)
+
+    def oldest(self) -> int | None:
+        """The index of the oldest pane (None when empty)."""
+        if self.front:
+            return self.front[-1][0]
+        return self.back[0][0] if self.back else None
+
+    def evict_before(self, index: int) -> None:
+        """Drop the panes older than ``index``."""
+        while (oldest := self.oldest()) is not None and oldest < index:
+            if not self.front:
+                suffix: list[IncrementalAggregate] | None = None
+                for j, pane in reversed(self.back):
+                    suffix = self.merged(pane, suffix) if suffix is not None else pane
+                    self.front.append((j, suffix))
+                self.back, self.back_total = [], self.fresh()
+            self.front.pop()
+
+    def total(self) -> list[IncrementalAggregate]:
+        """The merge of every pane held (read only)."""
+        if self.front and self.back:
+            return self.merged(self.front[-1][1], self.back_total)
+        return self.front[-1][1] if self.front else self.back_total
+
+    def get_state(self) -> Any:
+        def states(part: list[IncrementalAggregate]) -> list[Any]:
+            return [a.get_state() for a in part]
+
+        return (
+            [(j, states(p)) for j, p in self.front],
+            [(j, states(p)) for j, p in self.back],
+            states(self.back_total),
+        )
+
+    def set_state(self, state: Any) -> None:
+        front, back, back_total = state
+        self.front = [(j, self.restored(p)) for j, p in front]
+        self.back = [(j, self.restored(p)) for j, p in back]
+        self.back_total = self.restored(back_total)
+
+    def restored(self, states: list[Any]) -> list[IncrementalAggregate]:
+        aggs = self.fresh()
+        for agg, st in zip(aggs, states, strict=True):
+            agg.set_state(st)
+        return aggs
+
+
+class PaneExtentOperator:
+    """Extents ``[e - r, e)`` (``FROM s [RANGE r SLIDE s]``) over algebraic aggregates, by
+    panes: ESL example 15's cascade of a tumble and a pane-less window, for logical
+    windows (ESL §5.1, "similar optimization can also be applied in the case of logical
+    windows"). Time is cut into panes ``[j*g, (j+1)*g)`` with ``g = gcd(r, s)``, aligned
+    to the epoch like the extents, so every extent is exactly the ``r / g`` panes before
+    its end: each pane keeps one partial per call (the tumble), and an extent's result
+    is the merge of its panes (the window over panes), slid through a
+    :class:`_PaneQueue`. State: at most ``r / g + 2`` partials per call against every
+    tuple of the last ``r`` for :class:`ExtentOperator`; results equal its results up to
+    float round-off (partials merge, tuples are not retracted). Timers, the group key,
+    ``closed`` and ``showing`` work as in :class:`ExtentOperator`.
+    """
+
+    def __init__(self, window: ExtentWindow) -> None:
+        assert extent_pane_eligible(window)
+        self.window = window
+        self.calls = window.aggregates
+        self.pane_ms = math.gcd(window.range_ms, window.slide_ms)
+        self.queue = _PaneQueue(self.calls)
+        self.current: list[IncrementalAggregate] | None = None  # the newest, open pane
+        self.current_index = 0
+        self.key: dict[str, Any] | None = None
+        self.closed = -END_OF_TIME
+        self.showing = False
+
+    def arrive(self, group: list[Arrival]) -> list[Result]:
+        """Accumulate the group into its pane; extents are emitted by timers. Every
+        extent ending at or before ``ts`` is closed (its timer came first), so panes
+        before the start of the next one, ``e1 - r``, can go: the state stays within
+        ``r / g`` panes even when the slide exceeds the range (tuples in the gaps
+        between extents are in none and are not kept)."""
+        ts = group[0][0]
+        if self.key is None:
+            self.key = {c: group[0][1][c] for c in self.window.group_by}
+        slide = self.window.slide_ms
+        low = ((ts // slide + 1) * slide - self.window.range_ms) // self.pane_ms
+        index = ts // self.pane_ms
+        if index < low:
+            return []
+        if self.current is None or index != self.current_index:
+            self._close_pane()
+            self.queue.evict_before(low)
+            self.current, self.current_index = self.queue.fresh(), index
+        for _, row in group:
+            for agg, call in zip(self.current, self.calls, strict=True):
+                agg.accumulate(*[e(row) for e in call.args])
+        return []
+
+    def _close_pane(self) -> None:
+        if self.current is not None:
+            self.queue.push(self.current_index, self.current)
+            self.current = None
+
+    def partials(self) -> int:
+        """How many partial aggregates (per call) the operator holds."""
+        return len(self.queue) + 1 + (self.current is not None)
+
+    def next_timer(self) -> int | None:
+        """As :meth:`ExtentOperator.next_timer`, with the oldest pane's start for the
+        oldest tuple's time (the same extent end: panes divide the slide)."""
+        slide = self.window.slide_ms
+        if self.showing:
+            return self.closed + slide - 1
+        oldest = self.queue.oldest()
+        if oldest is None:
+            if self.current is None:
+                return None
+            oldest = self.current_index
+        return (max(oldest * self.pane_ms, self.closed) // slide + 1) * slide - 1
+
+    def fire(self, instant: int) -> list[Result]:
+        """Close the extent ending at ``instant + 1``: its panes are complete."""
+        end = instant + 1
+        start = end - self.window.range_ms
+        self._close_pane()
+        self.queue.evict_before(start // self.pane_ms)
+        self.closed = end
+        self.showing = len(self.queue) > 0
+        if not self.showing:
+            return []
+        values = [[agg.get_value()] for agg in self.queue.total()]
+        row = {**(self.key or {}), "window_start": start, "window_end": end}
+        return _combine(end, row, self.calls, values)
+
+    def settle(self, watermark: int) -> None:
+        """Panes leave at extent closes (timers), never in between."""
+
+    def get_state(self) -> Any:
+        """The panes' partials, the open pane, the group key and the last extent closed."""
+        current = None if self.current is None else [a.get_state() for a in self.current]
+        return (
+            self.queue.get_state(),
+            current,
+            self.current_index,
+            self.key,
+            self.closed,
+            self.showing,
+        )
+
+    def set_state(self, state: Any) -> None:
+        """Restore what ``get_state`` returned."""
+        queue, current, self.current_index, self.key, self.closed, self.showing = state
+        self.queue.set_state(queue)
+        self.current = None if current is None else self.queue.restored(current)
+
+    def set_tuple_state(self, state: Any) -> None:
+        """Restore an :class:`ExtentOperator` state (a version-5 snapshot, from before
+        extents ran on panes): its buffered tuples' arguments, pane by pane."""
+        (buffer, *_), self.key, self.closed, self.showing = state
+        for _, ts, _, args in buffer:
+            index = ts // self.pane_ms
+            if self.current is None or index != self.current_index:
+                self._close_pane()
+                self.current, self.current_index = self.queue.fresh(), index
+            for agg, a in zip(self.current, args, strict=True):
+                agg.accumulate(*a)
+
+
+def extent_pane_eligible(window: ExtentWindow) -> bool:
+    """Whether :class:`PaneExtentOperator` runs ``window``: algebraic aggregates only, and
+    at most :data:`MAX_EXTENT_PANES` panes per extent."""
+    panes = window.range_ms // math.gcd(window.range_ms, window.slide_ms)
+    return panes <= MAX_EXTENT_PANES and all(_algebraic(c) for c in window.aggregates)
+
+
+class RelationOperator:
+    """A CQL window of raw tuples read as a relation (:class:`plan.RelationWindow`) for
+    one key, with the query's relation-to-stream operator applied.
+
+    Every tuple is in R during an interval ``[enter, leave)`` of instants: for a
+    time-based window fixed by its ts (``_interval``), for a ROWS window from its arrival
+    to the arrival that pushes it out. R changes only at those instants, so the operator
+    visits exactly them: arrivals (``arrive``, which also takes the entries and leaves
+    due at that instant) and timers (``fire``, the next ``enter`` of a waiting tuple or
+    ``leave`` of a member). At each such instant τ, with E the rows of the tuples
+    entering and L of those leaving (R changes if either is not empty), R(τ) - R(τ-1) =
+    E - L and R(τ-1) - R(τ) = L - E (bags): ISTREAM emits the first, DSTREAM the second,
+    RSTREAM all of R(τ), at event time τ. A tuple's rows are ``post`` applied to it once,
+    on arrival; the results are final rows (the evaluator runs no ``post`` on them).
+
+    State: ``waiting``, tuples that have arrived but enter later (a lag, or an extent
+    not yet ended), as ``(enter, leave, rows)``; ``members``, the tuples in R, as
+    ``(leave, rows)``, both in arrival order (enter and leave grow with ts). Members
+    that never leave are not kept unless RSTREAM needs them.
+    """
+
+    def __init__(self, window: RelationWindow, r2s: R2S, post: tuple[StatelessOp, ...]) -> None:
+        _check_relation(window)
+        self.window = window
+        self.r2s = r2s
+        self.post = post
+        self.rows_frame = window.units is FrameUnits.ROWS
+        leaves = self.rows_frame or window.range_ms is not None or bool(window.reset_every_ms)
+        self.keep = leaves or r2s is R2S.RSTREAM
+        self.waiting: deque[tuple[int, int | None, list[Row]]] = deque()
+        self.members: deque[tuple[int | None, list[Row]]] = deque()
+
+    def _interval(self, ts: int) -> tuple[int, int | None] | None:
+        """``(enter, leave)`` of a tuple at ``ts`` in a time-based window (leave None:
+        never), or None if it is never in R."""
+        w = self.window
+        if (w.since_ms is not None and ts < w.since_ms) or (
+            w.until_ms is not None and ts > w.until_ms
+        ):
+            return None
+        if w.slide_ms is not None:
+            # In R(τ) iff in the extent [e - r, e) of e = the last multiple of s <= τ.
+            assert w.range_ms is not None
+            enter = (ts // w.slide_ms + 1) * w.slide_ms
+            leave = ((ts + w.range_ms) // w.slide_ms + 1) * w.slide_ms
+            return (enter, leave) if enter < leave else None
+        enter = ts + w.lag_ms
+        if w.range_ms is not None:
+            return enter, enter + w.range_ms + 1
+        if w.reset_every_ms:
+            return enter, (ts // w.reset_every_ms + 1) * w.reset_every_ms
+        return enter, None
+
+    def _rows(self, row: Row) -> list[Row]:
+        rows = [row]
+        for op in self.post:
+            rows = _apply_op(op, rows)
+        return rows
+
+    def arrive(self, group: list[Arrival]) -> list[Result]:
+        """The instant of the group: its tuples enter (now or later), others leave."""
+        now = group[0][0]
+        if self.rows_frame:
+            return self._arrive_rows(now, group)
+        interval = self._interval(now)
+        entering: list[tuple[int | None, list[Row]]] = []
+        if interval is not None:
+            enter, leave = interval
+            if enter == now:
+                entering = [(leave, self._rows(row)) for _, row in group]
+            else:
+                self.waiting.extend((enter, leave, self._rows(row)) for _, row in group)
+        return self._instant(now, entering)
+
+    def _arrive_rows(self, now: int, group: list[Arrival]) -> list[Result]:
+        """ROWS n: the group joins its partition's window, the overflow leaves (the
+        oldest first; new tuples beyond the last n are never in R)."""
+        assert self.window.rows is not None
+        new = [self._rows(row) for _, row in group]
+        overflow = len(self.members) + len(new) - self.window.rows
+        left = [self.members.popleft()[1] for _ in range(min(max(overflow, 0), len(self.members)))]
+        entered = new[max(overflow - len(left), 0) :]
+        self.members.extend((None, rows) for rows in entered)
+        return self._emit(now, entered, left)
+
+    def _instant(self, now: int, entering: list[tuple[int | None, list[Row]]]) -> list[Result]:
+        """Apply every change at instant ``now``: members leaving, waiting tuples and
+        ``entering`` ones entering; return the relation-to-stream rows."""
+        members, waiting = self.members, self.waiting
+        left = []
+        while members and members[0][0] == now:
+            left.append(members.popleft()[1])
+        entered = []
+        while waiting and waiting[0][0] == now:
+            _, leave, rows = waiting.popleft()
+            entered.append((leave, rows))
+        entered += entering
+        if self.keep:
+            members.extend(entered)
+        return self._emit(now, [rows for _, rows in entered], left)
+
+    def _emit(self, now: int, entered: list[list[Row]], left: list[list[Row]]) -> list[Result]:
+        """The outputs at ``now`` of tuples with these rows entering and leaving. R
+        changes only if one of them has rows (a tuple the WHERE drops changes nothing)."""
+        if not any(entered) and not any(left):
+            return []
+        if self.r2s is R2S.RSTREAM:
+            return [(now, row) for _, rows in self.members for row in rows]
+        new = [row for rows in entered for row in rows]
+        old = [row for rows in left for row in rows]
+        if self.r2s is R2S.DSTREAM:
+            new, old = old, new
+        return [(now, row) for row in _bag_minus(new, old)]
+
+    def next_timer(self) -> int | None:
+        """The next instant where a waiting tuple enters or a member leaves."""
+        times = []
+        if self.waiting:
+            times.append(self.waiting[0][0])
+        if self.members and self.members[0][0] is not None:
+            times.append(self.members[0][0])
+        return min(times) if times else None
+
+    def fire(self, instant: int) -> list[Result]:
+        """The changes at ``instant`` (no tuple arrives then)."""
+        return self._instant(instant, [])
+
+    def settle(self, watermark: int) -> None:
+        """Every change is at a timer or an arrival: nothing silent."""
+
+    def get_state(self) -> Any:
+        """Plain data: the waiting tuples and the members, with their rows."""
+        return (list(self.waiting), list(self.members))
+
+    def set_state(self, state: Any) -> None:
+        """Restore what ``get_state`` returned."""
+        waiting, members = state
+        self.waiting, self.members = deque(waiting), deque(members)
+
+
+def _apply_op(op: StatelessOp, rows: list[Row]) -> list[Row]:
+    """One stateless op over rows (as ``evaluator.apply_ops``)."""
+    if isinstance(op, Filter):
+        return [r for r in rows if op.predicate(r)]
+    if isinstance(op, LookupJoin):
+        return [joined for r in rows for joined in op.matches(r)]
+    return [{name: expr(r) for name, expr in op.columns} for r in rows]
+
+
+def _bag_minus(rows: list[Row], other: list[Row]) -> list[Row]:
+    """``rows`` minus ``other`` as bags (one copy of ``other`` cancels one of ``rows``),
+    the survivors in their order."""
+    if not other or not rows:
+        return rows
+    remaining = list(other)
+    kept = []
+    for row in rows:
+        if row in remaining:
+            remaining.remove(row)
+        else:
+            kept.append(row)
+    return kept
+
+
+def _check_relation(window: RelationWindow) -> None:
+    """Reject relation windows the definitions do not cover."""
+    if window.units is FrameUnits.ROWS:
+        if window.rows is None or window.rows < 1:
+            raise ValueError("a ROWS relation window holds at least one row")
+        times = (window.range_ms, window.slide_ms, window.reset_every_ms, window.since_ms)
+        if any(v is not None for v in (*times, window.until_ms)) or window.lag_ms:
+            raise ValueError("a ROWS relation window has no time parameters")
+        return
+    if window.rows is not None:
+        raise ValueError("a RANGE relation window has no row count")
+    if window.range_ms is not None and window.range_ms < 0:
+        raise ValueError("RANGE cannot be negative")
+    if window.lag_ms < 0:
+        raise ValueError("LAG cannot be negative")
+    if window.slide_ms is not None and (
+        window.slide_ms <= 0 or window.range_ms is None or window.range_ms <= 0 or window.lag_ms
+    ):
+        raise ValueError("a sliding relation window needs positive RANGE and SLIDE, no LAG")
+    bounded = window.since_ms is not None or window.until_ms is not None
+    if (bounded or window.reset_every_ms is not None) and window.range_ms is not None:
+        raise ValueError("bounds and RESET EVERY apply to unbounded relation windows only")
+    if window.reset_every_ms is not None and window.reset_every_ms <= 0:
+        raise ValueError("RESET EVERY needs a positive period")
+    if window.lag_ms and window.range_ms is None:
+        raise ValueError("LAG applies to a bounded RANGE relation window only")
 
 
 def _incremental(call: AggCall) -> IncrementalAggregate:

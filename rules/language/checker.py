@@ -445,6 +445,8 @@ class Checker:
             ctx.expect_boolean(sel.having, "HAVING")
         info.aggregates = ctx.aggregates
         self._aggregate_rules(file, info)
+        if sel.r2s is not None and info.window is not None and not _stamped_at_own_time(info):
+            info.timestamp = None  # rows are (re)emitted at other instants than their time
         return info
 
     def _known(self, what: str) -> str:
@@ -527,7 +529,7 @@ class Checker:
                 self._window(file, spec, info.stream)
         for use in info.aggregates:
             self._aggregate_use(file, info, use)
-        if info.window is not None and info.aggregates:
+        if info.window is not None and (info.aggregates or info.select.group_by):
             self._grouping(file, info)
 
     def _aggregate_use(self, file: str, info: SelectInfo, use: AggUse) -> None:
@@ -622,6 +624,25 @@ class Checker:
                 )
 
 
+def _stamped_at_own_time(info: SelectInfo) -> bool:
+    """Under ISTREAM / DSTREAM / RSTREAM over a window in FROM, whether every row is
+    emitted at the instant its event-time column (the input's timestamp, or
+    ``window_end``) says, so that the column can stay the derived stream's event time.
+    Tuples of a raw relation enter at their own time except under a lag or an extent
+    slide, and ISTREAM emits them only then (RSTREAM too for ``[NOW]``); an extent's row
+    enters R at its ``window_end``. DSTREAM emits rows when they leave, RSTREAM repeats
+    them, and a ``[RANGE r]`` group's row also changes when a tuple leaves."""
+    spec, r2s = info.window, info.select.r2s
+    assert spec is not None
+    raw = not info.aggregates and not info.select.group_by
+    if raw:
+        own_time = spec.kind != "range" or (spec.slide_ms is None and spec.lag_ms is None)
+        return (r2s == "ISTREAM" and own_time) or (r2s == "RSTREAM" and spec.kind == "now")
+    if r2s == "DSTREAM":
+        return False
+    return not (spec.kind == "range" and spec.slide_ms is None)
+
+
 def _union_timestamp(selects: list[SelectInfo]) -> str | None:
     """The derived stream's timestamp column: the first branch's, if every branch
     carries its own event time in that position (`_union` reports those that do not)."""
@@ -654,13 +675,14 @@ def _window_key(spec: ast.WindowSpec) -> tuple[object, ...]:
 
 
 def plain_columns(expr: ast.Expr | None) -> Iterator[ast.Column]:
-    """Column references outside aggregate calls."""
+    """Column references outside aggregate calls (any call but a scalar function's:
+    built-in and Python aggregates alike)."""
     if expr is None:
         return
     if isinstance(expr, ast.Column):
         yield expr
     elif isinstance(expr, ast.Call):
-        if expr.name in BUILTINS or expr.over is not None:
+        if expr.name not in SCALARS or expr.over is not None:
             return
         for arg in expr.args:
             yield from plain_columns(arg)

@@ -248,7 +248,8 @@ def _from_window(
     spec: ast.WindowSpec,
     group_by: tuple[str, ...],
     aggs: tuple[plan.AggCall, ...],
-) -> plan.OverWindow | plan.ExtentWindow | None:
+    keys: RowKeys,
+) -> plan.OverWindow | plan.ExtentWindow | plan.RelationWindow | None:
     """A CQL window in FROM (``S [...]``).
 
     Without a relation-to-stream operator, ``[RANGE r [SLIDE s]]`` is the WID extent
@@ -257,21 +258,35 @@ def _from_window(
     (CQL §5-6), computed by an OVER window read as a relation (plan.R2S):
     ``[RANGE r]`` tuples in ``[t - r, t]`` (leaving by active expiration at ``t + r``),
     ``[ROWS n]`` the last n tuples, ``[PARTITION BY k ROWS n]`` the last n per k,
-    ``[RANGE UNBOUNDED]`` all so far; ``[NOW]`` is the tuples of the instant.
+    ``[RANGE UNBOUNDED]`` all so far; ``[NOW]`` is the tuples of the instant. Without
+    aggregates, see ``_relation_window``.
     """
     r2s = sel.select.r2s
     kind = spec.kind
+    if not aggs:
+        return _relation_window(sel, spec, keys)
+    if r2s in ("ISTREAM", "DSTREAM") and group_by:
+        where = expr_pos(sel.select.group_by[0])
+        _require_selected(sel, group_by, keys, where, f"{r2s}(...) of a relation grouped by")
+    if kind in ("rows", "partition_rows") and r2s is not None:
+        # CQL filters (and joins) the window's last n tuples; the engine would apply the
+        # WHERE and the joins to the stream before the window.
+        if sel.select.where is not None:
+            raise Unsupported(
+                expr_pos(sel.select.where),
+                f"WHERE over the CQL window [{describe(spec)}] with aggregates (CQL filters "
+                "the window's last n tuples, not the last n that pass)",
+            )
+        if len(sel.select.sources) > 1:
+            raise Unsupported(
+                sel.select.sources[1].name.pos,
+                f"a join over the CQL window [{describe(spec)}] with aggregates",
+            )
     if kind == "now":
-        if not aggs:
-            if r2s == "DSTREAM":
-                raise Unsupported(sel.select.pos, "DSTREAM(...) of a [NOW] window")
-            return None  # ISTREAM / RSTREAM (S [NOW]) is S itself
         return plan.ExtentWindow(aggs, range_ms=1, slide_ms=1, group_by=group_by)
     if kind == "range" and (r2s is None or spec.slide_ms is not None):
         if spec.lag_ms is not None:
             raise Unsupported(spec.pos, "a LAG on a FROM window")
-        if not aggs:
-            raise Unsupported(spec.pos, "a FROM window without aggregates (a CQL relation)")
         assert spec.range_ms is not None
         return plan.ExtentWindow(
             aggregates=aggs,
@@ -280,14 +295,12 @@ def _from_window(
             group_by=group_by,
         )
     what = f"the CQL window [{describe(spec)}]"
-    if kind in ("since", "until", "band") or spec.lag_ms is not None or spec.slide_rows:
+    if spec.lag_ms is not None or spec.slide_rows:
         raise Unsupported(spec.pos, what)
     if r2s is None:
         raise Unsupported(
             spec.pos, f"{what} without ISTREAM, DSTREAM or RSTREAM (its result is a relation)"
         )
-    if not aggs:
-        raise Unsupported(spec.pos, f"{what} without aggregates (a relation of tuples)")
     for col in (c for _, _, expr in sel.outputs for c in plain_columns(expr)):
         if col.name in ("window_start", "window_end"):
             raise Unsupported(col.pos, f"{col.name} over {what} (extents need a SLIDE)")
@@ -295,7 +308,9 @@ def _from_window(
         return plan.OverWindow(
             aggs, plan.FrameUnits.RANGE, spec.range_ms, group_by, active_expiration=True
         )
-    if kind == "unbounded":
+    if kind in ("unbounded", "since", "until", "band"):
+        # A landmark; fixed bounds are a filter on the tuples' time (`_band_filter`), so
+        # that a group without tuples in the band has no row.
         return plan.OverWindow(
             aggs, plan.FrameUnits.RANGE, None, group_by, reset_every_ms=spec.reset_ms
         )
@@ -306,7 +321,107 @@ def _from_window(
     return plan.OverWindow(aggs, plan.FrameUnits.ROWS, spec.rows - 1, keys)
 
 
-def _r2s(select: ast.Select, window: plan.OverWindow | plan.ExtentWindow | None) -> plan.R2S | None:
+def _band_filter(spec: ast.WindowSpec, ts: str | None) -> list[plan.Filter]:
+    """``[SINCE a]`` / ``[UNTIL b]`` / ``[BETWEEN a AND b]`` with aggregates: only the
+    tuples with ``a <= ts <= b`` are ever in the window (membership is per tuple)."""
+    if spec.kind not in ("since", "until", "band"):
+        return []
+    assert ts is not None  # the checker requires a timestamp for time-based windows
+    lower = spec.lower_ms if spec.lower_ms is not None else -plan.END_OF_TIME
+    upper = spec.upper_ms if spec.upper_ms is not None else plan.END_OF_TIME
+    return [plan.Filter(lambda row: lower <= row[ts] <= upper)]
+
+
+def _relation_window(
+    sel: SelectInfo, spec: ast.WindowSpec, keys: RowKeys
+) -> plan.RelationWindow | None:
+    """A CQL window in FROM without aggregates: a relation of the stream's tuples, turned
+    into a stream by ISTREAM / DSTREAM / RSTREAM (plan.RelationWindow). None where the
+    result is the stream itself: ``S [NOW]`` without an operator (as before), RSTREAM of
+    ``[NOW]``, and ISTREAM of a time-based window that tuples enter at their own time
+    when the rows carry that time (rows entering at τ then differ from every row leaving,
+    so R(τ) - R(τ-1) is the tuples of instant τ: CQL's footnote 4, generalised) or that
+    nothing leaves (``[RANGE UNBOUNDED]``)."""
+    r2s = sel.select.r2s
+    kind = spec.kind
+    what = f"the CQL window [{describe(spec)}]"
+    if r2s is None:
+        if kind == "now":
+            return None
+        raise Unsupported(
+            spec.pos,
+            f"{what} without ISTREAM, DSTREAM or RSTREAM (its result is a relation of tuples)",
+        )
+    for col in (c for _, _, expr in sel.outputs for c in plain_columns(expr)):
+        if col.name in ("window_start", "window_end") and (None, col.name) not in keys:
+            raise Unsupported(col.pos, f"{col.name} over {what} of tuples (no aggregates)")
+    if spec.slide_rows:
+        raise Unsupported(spec.pos, f"{what} with a row SLIDE")
+    if spec.lag_ms is not None and spec.slide_ms is not None:
+        raise Unsupported(spec.pos, f"{what} with both SLIDE and LAG")
+    units = plan.FrameUnits.RANGE
+    if kind in ("rows", "partition_rows"):
+        window = plan.RelationWindow(
+            plan.FrameUnits.ROWS, rows=spec.rows, partition_by=tuple(p.name for p in spec.partition)
+        )
+    elif kind == "now":
+        window = plan.RelationWindow(units, range_ms=0)
+    elif kind == "range":
+        window = plan.RelationWindow(
+            units, range_ms=spec.range_ms, slide_ms=spec.slide_ms, lag_ms=spec.lag_ms or 0
+        )
+    elif kind == "unbounded":
+        window = plan.RelationWindow(units, reset_every_ms=spec.reset_ms)
+    else:  # since, until, band: landmarks with fixed bounds
+        window = plan.RelationWindow(units, since_ms=spec.lower_ms, until_ms=spec.upper_ms)
+    time_based = window.units is units
+    bounded = window.since_ms is not None or window.until_ms is not None
+    never_leaves = time_based and window.range_ms is None and not window.reset_every_ms
+    if r2s == "DSTREAM" and never_leaves:
+        raise Unsupported(sel.select.pos, f"DSTREAM(...) over {what} (no tuple ever leaves it)")
+    if r2s != "RSTREAM" and window.partition_by:
+        _require_selected(sel, window.partition_by, keys, spec.pos, f"{r2s}(...) of {what} per")
+    if r2s == "RSTREAM" and kind == "now":
+        return None
+    if r2s == "ISTREAM" and time_based and not bounded:
+        at_own_time = window.slide_ms is None and not window.lag_ms
+        if never_leaves or (at_own_time and _carries_timestamp(sel, keys)):
+            return None
+    return window
+
+
+def _selected(sel: SelectInfo, keys: RowKeys) -> set[str]:
+    """The row keys the SELECT list carries unchanged (plain column references)."""
+    return {
+        keys.get((expr.qualifier, expr.name), expr.name)
+        for _, _, expr in sel.outputs
+        if isinstance(expr, ast.Column)
+    }
+
+
+def _carries_timestamp(sel: SelectInfo, keys: RowKeys) -> bool:
+    assert sel.stream is not None
+    return sel.stream.timestamp in _selected(sel, keys)
+
+
+def _require_selected(
+    sel: SelectInfo, columns: tuple[str, ...], keys: RowKeys, pos: Pos, what: str
+) -> None:
+    """ISTREAM / DSTREAM over a relation kept per group or partition (one evaluator per
+    key) equal CQL's over the whole relation only if rows of two keys never cancel: the
+    SELECT list must carry the key columns."""
+    missing = [c for c in columns if c not in _selected(sel, keys)]
+    if missing:
+        raise Unsupported(
+            pos,
+            f"{what} {', '.join(columns)} without selecting {', '.join(missing)} (the "
+            "relation is kept per key, so equal rows of two keys would not cancel)",
+        )
+
+
+def _r2s(
+    select: ast.Select, window: plan.OverWindow | plan.ExtentWindow | plan.RelationWindow | None
+) -> plan.R2S | None:
     """ISTREAM / DSTREAM / RSTREAM over the query's relation (see plan.R2S)."""
     if select.r2s is None:
         return None
@@ -429,10 +544,14 @@ def _compile_select(
         for use in sel.aggregates
     )
     group_by = tuple(_stream_key(k, keys) for k in select.group_by)
-    window: plan.OverWindow | plan.ExtentWindow | None = None
+    if sel.window is not None and group_by and not agg_calls:
+        # GROUP BY without aggregates over a window (SELECT DISTINCT): a group's row is in
+        # the relation while the group has tuples, i.e. while a hidden count(*) runs.
+        agg_calls = (plan.AggCall("count", (), "__group_rows"),)
+    window: plan.OverWindow | plan.ExtentWindow | plan.RelationWindow | None = None
     over = next((u.call.over for u in sel.aggregates if u.call.over is not None), None)
     if sel.window is not None:
-        window = _from_window(sel, sel.window, group_by, agg_calls)
+        window = _from_window(sel, sel.window, group_by, agg_calls, keys)
     elif over is not None:
         window = _over_window(over, agg_calls)
     elif agg_calls:
@@ -451,9 +570,15 @@ def _compile_select(
         table = next(tables_used)
         pre.append(_lookup_join(src, on, left, table, tables.get(table.name, ()), keys, joined))
         joined.add(src.label)
+    if isinstance(window, plan.OverWindow) and sel.window is not None:
+        pre.extend(_band_filter(sel.window, sel.stream.timestamp))
     if select.where is not None:
         pre.append(plan.Filter(compile_expr(select.where, keys=keys)))
     post: list[plan.StatelessOp] = []
+    if isinstance(window, plan.RelationWindow) and window.units is plan.FrameUnits.ROWS:
+        # CQL joins and filters the window's tuples: the last n of the stream, not the
+        # last n that match.
+        post, pre = pre, []
     if select.having is not None:
         post.append(plan.Filter(compile_expr(select.having, alias_of, keys)))
     # A later UNION ALL branch's columns take the first branch's names, by position.

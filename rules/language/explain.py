@@ -59,15 +59,22 @@ def window_lines(spec: ast.WindowSpec, relation: bool = False) -> list[str]:
     lines: list[str] = []
     if spec.kind == "range" and spec.origin == "from" and relation and not spec.slide_ms:
         assert spec.range_ms is not None
-        r = spec.range_ms
+        r, lag = spec.range_ms, spec.lag_ms or 0
+        if lag:
+            lines.append(
+                f"CQL time-based sliding window delayed by {duration_words(lag)}: at every "
+                f"instant t, the tuples in [t - {duration_words(lag)} - {duration_words(r)}, "
+                f"t - {duration_words(lag)}]"
+            )
+        else:
+            lines.append(
+                f"CQL time-based sliding window: at every instant t, the tuples in "
+                f"[t - {duration_words(r)}, t]; the relation changes when a tuple arrives "
+                f"and {duration_words(r)} + 1 ms after it, when it leaves"
+            )
         lines.append(
-            f"CQL time-based sliding window: at every instant t, the tuples in "
-            f"[t - {duration_words(r)}, t]; the relation changes when a tuple arrives "
-            f"and {duration_words(r)} + 1 ms after it, when it leaves"
-        )
-        lines.append(
-            f"  a tuple at {_clock(t0)} is in the relation from {_clock(t0)} "
-            f"to {_clock(t0 + r)} inclusive"
+            f"  a tuple at {_clock(t0)} is in the relation from {_clock(t0 + lag)} "
+            f"to {_clock(t0 + lag + r)} inclusive"
         )
         return lines
     if spec.kind == "range" and spec.origin == "from":
@@ -155,6 +162,16 @@ def window_lines(spec: ast.WindowSpec, relation: bool = False) -> list[str]:
     return lines
 
 
+_R2S_WORDS = {
+    "ISTREAM": "a row is streamed when its tuple enters the window (unless an equal row "
+    "leaves at that instant)",
+    "DSTREAM": "a row is streamed when its tuple leaves the window (unless an equal row "
+    "enters at that instant)",
+    "RSTREAM": "the whole relation is streamed at every instant where a tuple enters or "
+    "leaves the window",
+}
+
+
 def _select_lines(catalog: Catalog, sel: SelectInfo) -> list[str]:
     lines: list[str] = []
     if sel.stream is not None:
@@ -177,6 +194,10 @@ def _select_lines(catalog: Catalog, sel: SelectInfo) -> list[str]:
     else:
         relation = sel.select.r2s is not None
         lines.append("window: " + "\n".join(window_lines(spec, relation)))
+    r2s = sel.select.r2s
+    raw = not sel.aggregates and not sel.select.group_by
+    if r2s is not None and sel.window is not None and raw:
+        lines.append(f"relation to stream: {r2s} of the window's tuples, {_R2S_WORDS[r2s]}")
     if sel.aggregates:
         lines.append(
             "aggregates: "

@@ -9,12 +9,15 @@ with event time e.
 from __future__ import annotations
 
 import math
+import pickle
 import statistics
 from typing import Any
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.core import windows
 from engine.core.evaluator import KeyedEvaluator
 from engine.core.plan import (
     END_OF_TIME,
@@ -29,6 +32,7 @@ from engine.core.plan import (
     Sink,
     SinkKind,
 )
+from engine.core.windows import ExtentOperator, PaneExtentOperator
 from tests.engine.helpers import TRAFFIC, col, extent_plan
 
 AGGS = (
@@ -71,8 +75,11 @@ def oracle(rows: list[dict], r: int, s: int) -> list[tuple]:
     ),
     r=st.integers(1, 40),
     s=st.integers(1, 40),
+    paned=st.booleans(),
 )
-def test_extents_match_the_wid_definition(raw: list, r: int, s: int) -> None:
+def test_extents_match_the_wid_definition(raw: list, r: int, s: int, paned: bool) -> None:
+    # The aggregates are algebraic, so extents run on panes of gcd(r, s) ms; with panes
+    # switched off, on the buffered tuples (ExtentOperator).
     rows = [
         {"ts": ts, "station": k, "speed": float(v), "source": "s", "seq": i}
         for i, (ts, k, v) in enumerate(sorted(raw))
@@ -80,8 +87,11 @@ def test_extents_match_the_wid_definition(raw: list, r: int, s: int) -> None:
     (stage,) = minmax_plan(r, s).stages()
     assert stage.key == ("station",)
     evaluators: dict[Any, KeyedEvaluator] = {}
-    for row in rows:
-        evaluators.setdefault(row["station"], KeyedEvaluator(stage)).insert(row)
+    with mock.patch.object(windows, "MAX_EXTENT_PANES", windows.MAX_EXTENT_PANES if paned else 0):
+        for row in rows:
+            evaluators.setdefault(row["station"], KeyedEvaluator(stage)).insert(row)
+    kind = PaneExtentOperator if paned else ExtentOperator
+    assert all(type(ev.operator) is kind for ev in evaluators.values())
     got = []
     for ev in evaluators.values():
         outputs = ev.advance(END_OF_TIME)
@@ -242,3 +252,66 @@ def test_cql_range_relation(raw: list, r: int, r2s: R2S) -> None:
                 want += [(t, *row) for row in new if row not in old]
             previous = current
     assert got == sorted(want)
+
+
+@settings(max_examples=100, deadline=None)
+@given(r=st.integers(1, 90), s=st.integers(1, 90), step=st.integers(1, 7))
+def test_extent_panes_hold_one_partial_per_pane_of_the_extent(r: int, s: int, step: int) -> None:
+    # Panes of gcd(r, s) ms: at most r / gcd(r, s) panes of the next extent, the back
+    # stack's merge and the open pane, whatever the slide (gaps between extents too);
+    # RANGE 60 SLIDE 15 keeps 6 partials where a tuple every ms would keep 60 tuples.
+    (stage,) = minmax_plan(r, s).stages()
+    ev = KeyedEvaluator(stage)
+    operator = ev.operator
+    assert isinstance(operator, PaneExtentOperator)
+    for i in range(0, 400, step):
+        ev.insert({"ts": i, "station": 0, "speed": float(i % 7), "source": "s", "seq": i})
+        ev.advance(i + 1)
+        assert operator.partials() <= r // math.gcd(r, s) + 2
+
+
+def test_extent_panes_only_for_algebraic_aggregates_and_bounded_panes() -> None:
+    last = ExtentWindow((AggCall("last", (col("speed"),), "v"),), 60, 15, ("station",))
+    (stage,) = extent_plan(last).stages()
+    assert type(KeyedEvaluator(stage).operator) is ExtentOperator  # last has no merge
+    # RANGE 100 s SLIDE 99999 ms: panes of 1 ms, 100,000 per extent: tuples are cheaper.
+    sliver = ExtentWindow(AGGS, 100_000, 99_999, ("station",))
+    (stage,) = extent_plan(sliver).stages()
+    assert type(KeyedEvaluator(stage).operator) is ExtentOperator
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    raw=st.lists(st.tuples(st.integers(0, 100), st.integers(0, 10)), max_size=40),
+    r=st.integers(1, 30),
+    s=st.integers(1, 30),
+    cut=st.integers(0, 110),
+)
+def test_a_version_5_snapshot_of_tuples_restores_into_panes(
+    raw: list, r: int, s: int, cut: int
+) -> None:
+    # Before panes, extents kept their tuples (snapshot version 5): such a snapshot, taken
+    # at any watermark, restores into the pane operator and gives the same outputs.
+    rows = [
+        {"ts": ts, "station": 0, "speed": float(v), "source": "s", "seq": i}
+        for i, (ts, v) in enumerate(sorted(raw))
+    ]
+    (stage,) = minmax_plan(r, s).stages()
+    whole = KeyedEvaluator(stage)
+    with mock.patch.object(windows, "MAX_EXTENT_PANES", 0):
+        old = KeyedEvaluator(stage)
+    for row in rows:
+        whole.insert(dict(row))
+        old.insert(dict(row))
+    expected = whole.advance(cut) + whole.advance(END_OF_TIME)
+    first = old.advance(cut)
+    state = list(pickle.loads(old.snapshot()))
+    state[0] = 5
+    restored = KeyedEvaluator.restore(stage, pickle.dumps(tuple(state)))
+    assert isinstance(restored.operator, PaneExtentOperator)
+    got = first + restored.advance(END_OF_TIME)
+    assert [(o.ts, o.seq, o.row["n"], o.row["max_speed"]) for o in got] == [
+        (o.ts, o.seq, o.row["n"], o.row["max_speed"]) for o in expected
+    ]
+    for g, e in zip(got, expected, strict=True):
+        assert math.isclose(g.row["avg_speed"], e.row["avg_speed"], abs_tol=1e-9)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.core.evaluator import KeyedEvaluator
-from engine.core.windows import OverOperator, PaneOperator
+from engine.core.windows import ExtentOperator, OverOperator, PaneExtentOperator, PaneOperator
 from rules.language.loader import load_rules
 from tests.rules.helpers import TRAFFIC, check_text
 
@@ -52,3 +52,22 @@ def test_algebraic_needs_merge(tmp_path: Path) -> None:
         "merge: an algebraic aggregate is an IncrementalAggregate whose partials merge "
         "(ESL §5.1)"
     ]
+
+
+def test_declared_algebraic_extents_run_on_panes(tmp_path: Path) -> None:
+    query = (
+        "CREATE STREAM out AS SELECT window_end, total(speed) AS t "
+        "FROM traffic [RANGE 4 MILLISECONDS SLIDE 2 MILLISECONDS];"
+    )
+    got = {}
+    for algebraic in (True, False):
+        target = "tests.rules.uda_fixtures:MergingSum"
+        (tmp_path / "r.sql").write_text(TRAFFIC + declare(target, algebraic) + query)
+        ev = KeyedEvaluator(load_rules([tmp_path / "r.sql"]).plan.stages()[0])
+        for i in range(8):
+            row = {"station": 1, "lane": 1, "speed": float(i), "length": 4.0, "ts": i}
+            ev.insert({**row, "source": "", "seq": i})
+        got[algebraic] = (type(ev.operator), [(o.ts, o.row["t"]) for o in ev.advance(100)])
+    assert got[True][0] is PaneExtentOperator and got[False][0] is ExtentOperator
+    # Extents [e - 4, e) for e = 2, 4, ..., 10: sums of the speeds (= ts) inside.
+    assert got[True][1] == got[False][1] == [(2, 1.0), (4, 6.0), (6, 14.0), (8, 22.0), (10, 13.0)]

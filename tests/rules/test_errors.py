@@ -243,7 +243,8 @@ CASES = [
         TRAFFIC + "CREATE STREAM d AS SELECT count(*) AS n "
         "FROM traffic [SINCE TIMESTAMP '2026-01-01 00:00:00'];",
         "3:55",
-        "the engine cannot run the CQL window [SINCE] yet",
+        "the engine cannot run the CQL window [SINCE] without ISTREAM, DSTREAM or RSTREAM "
+        "(its result is a relation) yet",
         id="engine-unsupported-cql-since",
     ),
 ]

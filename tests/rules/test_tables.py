@@ -163,3 +163,22 @@ def test_bad_csv_values_name_the_line(tmp_path: Path) -> None:
     assert "stations.csv:3: column 'speed_limit' is DOUBLE, but the value is 'fast'" in str(
         err.value
     )
+
+
+def test_join_over_a_cql_rows_window_joins_the_window(tmp_path: Path) -> None:
+    # CQL joins the window's tuples: [ROWS 2] is the last two readings of the stream, a
+    # reading without a registry row included (it takes a place, then joins nothing).
+    query = (
+        "CREATE STREAM out AS SELECT RSTREAM(t.station, segment) "
+        "FROM traffic [ROWS 2] t JOIN stations s ON s.station = t.station;"
+    )
+    got = [(o.ts, o.row) for o in run(rules(tmp_path, query).plan, READINGS).outputs]
+    north, south = {"station": 1, "segment": "north"}, {"station": 2, "segment": "south"}
+    ramp = {"station": 2, "segment": "south-ramp"}
+    assert got == [
+        (1 * S, north),
+        (2 * S, north), (2 * S, south), (2 * S, ramp),
+        (3 * S, south), (3 * S, ramp),  # stations 2 and 4: 4 joins nothing
+        # at 4 s, stations 4 and NULL: R is empty (nothing to stream)
+        (5 * S, {"station": 3, "segment": None}),
+    ]  # fmt: skip
