@@ -40,6 +40,27 @@ def _replay(args: argparse.Namespace) -> int:
     return run_replay(args.rules, args.input, args.out)
 
 
+def _cluster(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from lookout.cluster import LocalCluster
+
+    cluster = LocalCluster(
+        Path(args.work_dir), workers=args.workers, cores=args.cores, memory=args.memory,
+        port=args.port,
+    )  # fmt: skip
+    with cluster:
+        print(f"Spark standalone master at {cluster.url} with {args.workers} workers; logs in "
+              f"{args.work_dir}. Run the engine on it with\n"
+              f"  LOOKOUT_ENGINE_MASTER={cluster.url} lookout engine\nCtrl-C stops the cluster.",
+              flush=True)  # fmt: skip
+        while all(p.poll() is None for p in cluster.processes):
+            time.sleep(1)
+    print("a cluster process exited; see its log", file=sys.stderr)
+    return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command registered."""
     from ingest.service import add_arguments as add_ingest_arguments
@@ -76,6 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--input", action="append", required=True, metavar="STREAM=FILE")
     replay.add_argument("--out", required=True, help="output folder")
     replay.set_defaults(func=_replay)
+
+    cluster = commands.add_parser(
+        "cluster", help="run a Spark standalone master and workers on 127.0.0.1"
+    )
+    cluster.add_argument("--workers", type=int, default=2)
+    cluster.add_argument("--cores", type=int, default=1, help="cores per worker")
+    cluster.add_argument("--memory", default="2g", help="memory per worker")
+    cluster.add_argument("--port", type=int, default=7077, help="the master's port")
+    cluster.add_argument("--work-dir", default="lakehouse/_cluster", help="logs and scratch")
+    cluster.set_defaults(func=_cluster)
 
     register_rules(commands)
     register_simulate(commands)

@@ -36,13 +36,15 @@ from tests.pipeline import publish, running_ingest, table_rows, wait_for
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
 
 
-def start_engine(config, rules_file: Path, log: Path) -> subprocess.Popen:
+def start_engine(config, rules_file: Path, log: Path, **settings: str) -> subprocess.Popen:
+    """`lookout engine` as its own process; `settings` are extra LOOKOUT_* variables."""
     env = {
         **os.environ,
         "LOOKOUT_LAKEHOUSE_PATH": config.lakehouse,
         "LOOKOUT_RULES_PATHS": str(rules_file),
         "LOOKOUT_ENGINE_SHUFFLE_PARTITIONS": "2",
         "LOOKOUT_ENGINE_TRIGGER_SECONDS": "0.5",
+        **settings,
     }
     return subprocess.Popen(
         [sys.executable, "-m", "lookout.cli", "engine"],
