@@ -58,6 +58,29 @@ CREATE ALERT stopped_vehicle SEVERITY critical
   AS SELECT station, lane, ts, max_speed FROM lane_reports
      WHERE reports = 4 AND max_speed < 1.0;
 
+-- accident (Linear Road, Arasu et al. 2004): tracked vehicles send a position report
+-- every 30 s; a vehicle is stopped when its last four reports are at one position, and
+-- two stopped vehicles at one position are an accident. A 30-second tumble holds one
+-- report of each vehicle, so its count is the number of vehicles stopped there: one
+-- alert per 30 s while the accident lasts.
+CREATE STREAM positions (vid BIGINT, speed DOUBLE, xway INT, lane INT, dir INT, seg INT,
+                         pos INT, ts TIMESTAMP)
+  ORDER BY ts SLACK 2 SECONDS SOURCE 'lookout/positions/+/readings';
+CREATE STREAM last_reports AS
+  SELECT vid, xway, dir, seg, pos, ts,
+         count(*) OVER (PARTITION BY vid ROWS 3 PRECEDING) AS reports,
+         min(pos) OVER (PARTITION BY vid ROWS 3 PRECEDING) AS first_pos,
+         max(pos) OVER (PARTITION BY vid ROWS 3 PRECEDING) AS last_pos
+  FROM positions;
+CREATE STREAM stopped_vehicles AS
+  SELECT vid, xway, dir, seg, pos, ts FROM last_reports
+  WHERE reports = 4 AND first_pos = last_pos;
+CREATE ALERT accident SEVERITY critical
+  MESSAGE 'accident on expressway {xway} segment {seg} at {pos}: {vehicles} vehicles stopped'
+  AS SELECT xway, dir, seg, pos, window_end, count(*) AS vehicles
+     FROM stopped_vehicles [RANGE 30 SECONDS]
+     GROUP BY xway, dir, seg, pos HAVING count(*) >= 2;
+
 -- speeding: a reading faster than its station's limit, from the station registry
 -- (a reference table: rules/stations.csv, one row per station with its road segment
 -- and speed limit in m/s; 36.1 m/s = 130 km/h). A stream-table join: each reading

@@ -75,7 +75,7 @@ def test_congestion_plan() -> None:
     }
 
     assert plan.streams["congestion"].timestamp == "ts"  # alerts have a schema too
-    assert {s.name for s in plan.sources()} == {"traffic"}
+    assert {s.name for s in plan.sources()} == {"traffic", "positions"}
     congestion = queries["congestion"]
     assert (congestion.input, congestion.sink.kind, congestion.window) == (
         "station_speed",

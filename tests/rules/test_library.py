@@ -85,6 +85,29 @@ def test_stopped_vehicle(library: RuleSet) -> None:
     assert got == [(40 * S, {"station": 3, "lane": 2, "ts": 40 * S, "max_speed": 0.5})]
 
 
+def position(vid: int, pos: int, ts: int, seg: int = 1) -> tuple[str, dict[str, Any]]:
+    row = {"vid": vid, "speed": 0.0, "xway": 0, "lane": 1, "dir": 0, "seg": seg, "pos": pos}
+    return "positions", {**row, "ts": ts}
+
+
+def test_accident(library: RuleSet) -> None:
+    # Reports every 30 s (Linear Road): vehicles 1 and 2 stand at 100 from t = 0, vehicle
+    # 3 stands alone at 500, vehicle 4 drives on, vehicle 5 stops at 100 for two reports.
+    readings = []
+    for i in range(5):
+        t = i * 30 * S
+        readings += [position(1, 100, t), position(2, 100, t + 5 * S), position(3, 500, t),
+                     position(4, 1000 + 800 * i, t, seg=2)]  # fmt: skip
+    readings += [position(5, 100, 100 * S), position(5, 100, 130 * S)]
+    readings.sort(key=lambda r: r[1]["ts"])
+    sinks = ("last_reports", "stopped_vehicles", "accident")
+    got = outputs(library, sinks, readings, "accident")
+    # Stopped from the 4th report (90 s, 95 s): tumbles [90, 120) and [120, 150) hold
+    # both; vehicle 5 never makes four reports, vehicle 3 is alone.
+    row = {"xway": 0, "dir": 0, "seg": 1, "pos": 100, "vehicles": 2}
+    assert got == [(e * S, {**row, "window_end": e * S}) for e in (120, 150)]
+
+
 def test_larceny(library: RuleSet) -> None:
     # rules/doors.csv: door 4 is the shipping exit, door 1 receiving.
     readings = [
