@@ -64,6 +64,11 @@ def _table(name: str) -> DeltaTable | None:
     checked, table = _tables.get(path, (-VERSION_TTL_S, None))
     if now - checked < VERSION_TTL_S:
         return table
+    if (
+        table is not None
+        and not (Path(path) / "_delta_log" / f"{table.version():020d}.json").exists()
+    ):
+        table = None  # deleted, or recreated with a shorter log: open it afresh
     try:
         if table is None:
             table = DeltaTable(path)

@@ -3,10 +3,17 @@ file against the rest of the folder, and the Alerts page's SQL filter."""
 
 from __future__ import annotations
 
+import shutil
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
 from dashboard.alert_filters import where_clause
+from dashboard.data import VERSION_TTL_S, table_version
 from dashboard.rulebook import annotate, check_file, read_book, save_file, statement_text
 from rules.language.errors import RuleError
 
@@ -117,3 +124,20 @@ def test_an_alert_that_fires_below_a_bound_says_which(tmp_path: Path) -> None:
     assert bounds["slower"] == ("x", 2.0)
     assert bounds["either"] is None  # not "only while x < 2"
     assert bounds["high"] is None  # m > 3
+
+
+def test_a_table_deleted_or_recreated_under_the_dashboard_is_seen_as_such(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOOKOUT_LAKEHOUSE_PATH", str(tmp_path))
+    rows = pa.table({"a": [1]})
+    for _ in range(3):
+        write_deltalake(str(tmp_path / "t"), rows, mode="append")
+    assert table_version("t") == 2
+    shutil.rmtree(tmp_path / "t")
+    write_deltalake(str(tmp_path / "t"), rows, mode="append")
+    time.sleep(VERSION_TTL_S + 0.1)
+    assert table_version("t") == 0  # not the old table's 2
+    shutil.rmtree(tmp_path / "t")
+    time.sleep(VERSION_TTL_S + 0.1)
+    assert table_version("t") is None
