@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -116,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line and run the chosen command; returns the exit code."""
     args = build_parser().parse_args(argv)
+    if args.config:
+        # Child processes (the dashboard's streamlit, the demo's parts) read it too.
+        os.environ["LOOKOUT_CONFIG"] = os.path.abspath(args.config)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,12 +20,7 @@ from pathlib import Path
 
 import pyspark
 
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (on 127.0.0.1)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from lookout.broker import free_port
 
 
 class LocalCluster:

@@ -57,7 +57,8 @@ class Part:
             self.process.wait()
 
 
-def _lookout(*args: str) -> list[str]:
+def lookout_argv(*args: str) -> list[str]:
+    """The command line of a `lookout` sub-command run with this interpreter."""
     return [sys.executable, "-m", "lookout.cli", *args]
 
 
@@ -96,11 +97,11 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
         return 1
     mqtt = ["--host", config.mqtt.host, "--port", str(config.mqtt.port)]
     parts = [
-        Part("ingest", _lookout("ingest"), logs / "ingest.log"),
-        Part("engine", _lookout("engine"), logs / "engine.log"),
+        Part("ingest", lookout_argv("ingest"), logs / "ingest.log"),
+        Part("engine", lookout_argv("engine"), logs / "engine.log"),
         Part(
             "simulator",
-            _lookout(
+            lookout_argv(
                 "simulate",
                 "traffic",
                 *mqtt,
@@ -115,7 +116,7 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
             ),
             logs / "simulator.log",
         ),
-        Part("dashboard", _lookout("dashboard"), logs / "dashboard.log"),
+        Part("dashboard", lookout_argv("dashboard"), logs / "dashboard.log"),
     ]
     stopping = False
 

@@ -113,10 +113,30 @@ class MqttSink:
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
         self._acked += 1
 
+    def _serve(self, timeout: float) -> None:
+        """One round of the network loop; reconnect if the broker went away (a restart).
+
+        paho's manual `loop` does not reconnect by itself. On reconnect paho sends the
+        unacknowledged QoS 1 messages again (DUP), so nothing published is lost; a copy
+        the broker already had is a duplicate, which ingest removes by (source, seq).
+        """
+        if self._client.loop(timeout=timeout) == mqtt.MQTT_ERR_SUCCESS:
+            return
+        delay = 0.2
+        while True:
+            time.sleep(delay)
+            try:
+                if self._client.reconnect() == mqtt.MQTT_ERR_SUCCESS:
+                    print("simulate: reconnected to the broker", file=sys.stderr, flush=True)
+                    return
+            except OSError:
+                pass
+            delay = min(delay * 2, 5.0)
+
     def _publish(self, topic: str, data: bytes) -> None:
         # Bound the in-flight window: paho would otherwise queue without limit.
         while self.qos and self.messages - self._acked >= self.max_inflight:
-            self._client.loop(timeout=0.05)
+            self._serve(0.05)
         self.messages += 1
         self._client.publish(topic, data, qos=self.qos)
 
@@ -124,7 +144,7 @@ class MqttSink:
         """Idle for ``seconds`` while serving the network (PUBACKs, keep-alive)."""
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:
-            self._client.loop(timeout=min(left, 0.1))
+            self._serve(min(left, 0.1))
 
     def _flush_topic(self, topic: str) -> None:
         buf = self._buf.pop(topic, None)
@@ -154,7 +174,7 @@ class MqttSink:
         self.flush()
         deadline = time.monotonic() + timeout
         while self.qos and self._acked < self.messages and time.monotonic() < deadline:
-            self._client.loop(timeout=0.1)
+            self._serve(0.1)
         self._client.disconnect()
 
 
