@@ -29,7 +29,6 @@ import re
 import shutil
 import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -37,7 +36,7 @@ from typing import Any
 
 import orjson
 
-from engine.core.plan import OverWindow, Plan, SinkKind
+from engine.core.plan import ExtentWindow, OverWindow, Plan, SinkKind
 from engine.core.replay import run
 from engine.core.sequencer import StreamSequencer, Verdict
 from ingest.validate import Validator
@@ -45,7 +44,7 @@ from rules.language.loader import RULES_DIR, load_rules
 from simulators.common import Reading, parse_episodes
 from simulators.disorder import DisorderModel, Faults, Message, arrange
 from simulators.rfid import RfidConfig, generate_rfid, rfid_sources
-from simulators.traffic import POSITIONS_SOURCE, TrafficConfig, generate_traffic, traffic_sources
+from simulators.traffic import TrafficConfig, generate_traffic, traffic_sources
 from simulators.truth import Truth
 
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z, the simulators' file start
@@ -58,7 +57,7 @@ RULE_FILES = {"traffic": "traffic.sql", "rfid": "rfid.sql"}
 RULE_FOR = {
     "congestion": "congestion",
     "silent_detector": "silent_detector",
-    "accident": "stopped_vehicle",
+    "accident": "accident",
     "speeding": "speeding",
     "packing_group": "packing_groups",
     "theft": "larceny",
@@ -71,7 +70,7 @@ RULE_FOR = {
 EXPLAINED_BY = {
     "congestion": ("congestion", "accident"),
     "silent_detector": ("silent_detector",),
-    "stopped_vehicle": ("accident",),
+    "accident": ("accident",),
     "speeding": ("speeding",),
     "larceny": ("theft",),
     "missed_shipping": ("missing_item",),
@@ -235,20 +234,20 @@ class Evaluation:
     outputs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
-def _time_slides(plan: Plan) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Every sink -> (its source stream, the time slides on its path from there)."""
+def _last_windows(plan: Plan) -> dict[str, tuple[str, OverWindow | ExtentWindow | None]]:
+    """Every sink -> (its source stream, the last window on its path from there): that
+    window's stage decides when the sink's rows are emitted (stateless queries after it
+    pass rows on at once)."""
     producer = {q.sink.name: q for q in plan.queries}
-    paths: dict[str, tuple[str, tuple[int, ...]]] = {}
+    paths: dict[str, tuple[str, OverWindow | ExtentWindow | None]] = {}
 
-    def path(stream: str) -> tuple[str, tuple[int, ...]]:
+    def path(stream: str) -> tuple[str, OverWindow | ExtentWindow | None]:
         if stream not in producer:
-            return stream, ()
+            return stream, None
         if stream not in paths:
             q = producer[stream]
-            source, slides = path(q.input)
-            if isinstance(q.window, OverWindow) and q.window.slide_ms:
-                slides = (*slides, q.window.slide_ms)
-            paths[stream] = (source, slides)
+            source, window = path(q.input)
+            paths[stream] = (source, q.window or window)
         return paths[stream]
 
     for name in producer:
@@ -256,11 +255,14 @@ def _time_slides(plan: Plan) -> dict[str, tuple[str, tuple[int, ...]]]:
     return paths
 
 
-def emission_instant(ts: int, slides: Iterable[int]) -> int:
-    """The event-time instant an output of time ``ts`` is emitted at: ``ts`` itself, or
-    under a time SLIDE the last ms of its slot (the yield tuple is known when it closes)."""
-    for slide in slides:
-        ts = (ts // slide + 1) * slide - 1
+def emission_instant(ts: int, window: OverWindow | ExtentWindow | None) -> int:
+    """The event-time instant an output of time ``ts`` is emitted at: ``ts`` itself; under
+    a time SLIDE the last ms of its slot (the yield tuple is known when the slot closes);
+    for an extent ``[e - r, e)``, whose rows carry ``e``, its last instant ``e - 1``."""
+    if isinstance(window, ExtentWindow):
+        return ts - 1
+    if window is not None and window.slide_ms:
+        return (ts // window.slide_ms + 1) * window.slide_ms - 1
     return ts
 
 
@@ -279,7 +281,7 @@ def evaluate(plan: Plan, sim: SimRun) -> Evaluation:
             continue  # quarantined by ingest: never reaches the engine
         checked = validator.validate(topic, orjson.dumps(payload), arrival)
         if checked.stream is None or checked.rejections:
-            continue  # a topic no rule reads (accident position reports)
+            continue  # a topic no rule reads
         stream = checked.stream
         sequencer = sequencers[stream]
         ts_col = plan.streams[stream].timestamp or "ts"
@@ -297,14 +299,14 @@ def evaluate(plan: Plan, sim: SimRun) -> Evaluation:
     replayed = run(plan, on_time)
     if replayed.late:
         raise AssertionError(f"replay found {len(replayed.late)} late readings the judge did not")
-    paths = _time_slides(plan)
+    paths = _last_windows(plan)
     alert_sinks = {q.sink.name for q in plan.queries if q.sink.kind is SinkKind.ALERT}
     for out in replayed.outputs:
         result.outputs.setdefault(out.sink, []).append({**out.row, "_ts": out.ts})
         if out.sink not in alert_sinks:
             continue
-        source, slides = paths[out.sink]
-        instant = emission_instant(out.ts, slides)
+        source, window = paths[out.sink]
+        instant = emission_instant(out.ts, window)
         i = bisect.bisect_right(watermarks[source], instant)
         available = arrivals[source][i] if i < len(arrivals[source]) else None
         result.alerts.append(Alert(out.sink, out.ts, instant, out.row, available))
@@ -331,8 +333,12 @@ def _matches(alert: Alert, ep: dict, end_ms: int) -> bool:
         return row["station"] == ep["station"] and start <= alert.ts <= end + 15 * MINUTE
     if kind == "silent_detector":
         return row["station"] == ep["station"] and start <= alert.ts <= end + 5 * MINUTE
-    if kind == "accident":  # stopped_vehicle
-        return row["station"] == ep["station"] and start <= alert.ts <= end
+    if kind == "accident":  # two vehicles stopped at one position: 4 reports, 30 s apart
+        return (row["xway"], row["seg"], row["pos"]) == (
+            ep["xway"],
+            ep["seg"],
+            ep["pos"],
+        ) and start <= alert.ts <= end + 2 * MINUTE
     if kind == "speeding":
         return row["station"] == ep["station"] and start <= alert.ts <= end
     if kind in ("theft", "authorised_exit"):
@@ -474,11 +480,13 @@ def _packing_score(episodes: list[dict], rows: list[dict[str, Any]]) -> Score:
     return s
 
 
-def late_truth(sim: SimRun) -> set[tuple[str, int]]:
-    """(source, seq) of the readings the simulator made late, on the streams the rules
-    read (not the accident position reports)."""
-    return {
-        (r["source"], r["seq"])
-        for r in sim.truth
-        if r["type"] == "late" and r["source"] != POSITIONS_SOURCE
+def late_truth(sim: SimRun, plan: Plan) -> set[tuple[str, int]]:
+    """(source, seq) of the readings the simulator made late, on the streams ``plan``
+    reads."""
+    validator = Validator(list(plan.sources()))
+    read = {
+        (p["source"], p["seq"])
+        for _, kind, topic, p in sim.messages
+        if kind == "reading" and validator.route(topic)[0] is not None
     }
+    return {(r["source"], r["seq"]) for r in sim.truth if r["type"] == "late"} & read

@@ -17,7 +17,7 @@ import pytest
 
 import engine.core.replay
 from engine.core.evaluator import KeyedEvaluator, Output
-from ingest.validate import normalize_reading
+from ingest.validate import Validator, normalize_reading
 from tests.quality.detection import (
     Evaluation,
     RunSpec,
@@ -34,7 +34,7 @@ from tests.quality.detection import (
 RATE = 5.0  # readings/s: enough for every episode, quick to replay
 HOUR = 3600
 KINDS = {
-    "traffic": ("congestion", "silent_detector", "speeding"),
+    "traffic": ("congestion", "silent_detector", "speeding", "accident"),
     "rfid": ("theft", "missing_item", "packing_group"),
 }
 
@@ -73,23 +73,12 @@ def test_disorder_within_slack_detects_every_episode_and_nothing_else(
         assert exits.episodes >= 2 and exits.detected == 0  # no larceny alarm for any
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no rule can see an accident: stopped_vehicle wants 4 loop readings of a lane "
-    "under 1 m/s, the simulator's accident traffic is N(8, 3) m/s clipped at 0.5, and "
-    "the stopped vehicles' position reports go to a topic no rule reads",
-)
-def test_accidents_are_detected() -> None:
-    _, _, scores = _run("traffic", 1, "none", 1)
-    assert scores["accident"].recall == 1.0
-
-
 @pytest.mark.parametrize(("kind", "heartbeats"), [("traffic", True), ("rfid", False)])
 def test_readings_beyond_the_slack_are_exactly_the_late_ones(kind: str, heartbeats: bool) -> None:
     spec = RunSpec(kind, 3, HOUR, RATE, "bounded:1", heartbeats, 0.01, late_slack_s=2.0)
     sim = simulate(spec)
     ev = evaluate(rules_plan(kind, 2000), sim)
-    expected = late_truth(sim)
+    expected = late_truth(sim, rules_plan(kind, 2000))
     assert len(expected) > 20
     assert ev.late_ids == expected
     assert sum(ev.late.values()) == len(expected)
@@ -143,7 +132,12 @@ def test_availability_is_when_the_engine_emits(kind: str, monkeypatch: pytest.Mo
     sim = simulate(RunSpec(kind, 4, duration, RATE, "bounded:2", heartbeats=False))
     plan = rules_plan(kind, 2000)
     ev = evaluate(plan, sim)
-    readings = [(m[0], m[3]) for m in sim.messages if m[1] == "reading" and "vid" not in m[3]]
+    validator = Validator(list(plan.sources()))
+    readings = [
+        (m[0], validator.route(m[2])[0], m[3])
+        for m in sim.messages
+        if m[1] == "reading" and validator.route(m[2])[0] is not None
+    ]
     current = [0]
     emitted: dict[tuple, int | None] = {}
 
@@ -156,8 +150,7 @@ def test_availability_is_when_the_engine_emits(kind: str, monkeypatch: pytest.Mo
             return out
 
     def fed() -> Iterator[tuple[str, dict]]:
-        schema = next(iter(plan.sources()))
-        for i, (_, payload) in enumerate(readings):
+        for i, (_, schema, payload) in enumerate(readings):
             current[0] = i
             yield schema.name, normalize_reading(schema, payload)
         current[0] = len(readings)
