@@ -132,8 +132,8 @@ def json_lines(records: list[dict[str, Any]]) -> bytes:
     orjson writes `[{...},{...}]`; the separators `},{"` become newlines. Inside a
     string every `"` is escaped, so `},{"` elsewhere needs a key or text value that
     ends in `},{` (the `"` is its closing quote); the records hold no nested objects
-    (validated values are scalars). Counting finds that case, and then each record is
-    encoded on its own.
+    (validated values are scalars). Counting the newlines after the replacement finds
+    that case, and then each record is encoded on its own.
 
     The result is always a new bytes object, never orjson's output itself: keeping
     those buffered until a flush cost ten times their encoding (measured, one reading
@@ -142,8 +142,10 @@ def json_lines(records: list[dict[str, Any]]) -> bytes:
     body = orjson.dumps(records)[1:-1]  # a copy: orjson's own output keeps spare room
     if len(records) == 1:
         return body
-    if body.count(b'},{"') == len(records) - 1:  # exactly the separators
-        return body.replace(b'},{"', b'}\n{"')
+    lines = body.replace(b'},{"', b'}\n{"')
+    # orjson escapes newlines inside strings, so each raw one is a replacement made here.
+    if lines.count(b"\n") == len(records) - 1:  # exactly the separators
+        return lines
     return b"\n".join(map(orjson.dumps, records))
 
 
