@@ -11,7 +11,8 @@ message, congestion and silent-detector episodes planted). At random moments of 
 * `dashboard`: kill -9 of the Streamlit server, restarted; it must answer again.
 
 Afterwards a heartbeat a day ahead closes every window, and the tables must hold:
-every generated reading in `readings_traffic` or `late_readings` exactly once, and the
+every generated reading in `readings_traffic` or `late_readings` exactly once (the
+late ones exactly those the simulator made late, duplicates removed), and the
 alerts `lookout replay` computes over the same readings (the same seed written to a
 file): same ids, none twice, none missing. It prints those checks and the figures:
 the achieved publish rate, the backlog drained after the last publish, and the
@@ -120,7 +121,7 @@ def main() -> int:
     sim = ["traffic", "--rate", str(args.rate), "--duration", str(args.duration),
            "--seed", str(args.seed), "--stations", str(args.stations), "--start", START,
            "--congestion", "3@10+30,7@20", "--silent", "5@15+20", "--disorder", "bounded:1",
-           "--quiet"]  # fmt: skip
+           "--late-fraction", "0.002", "--duplicate-fraction", "0.002", "--quiet"]  # fmt: skip
 
     # The undisturbed run: the same seed to a file, evaluated by replay.
     recording, truth = work / "readings.jsonl", work / "truth.jsonl"
@@ -129,6 +130,7 @@ def main() -> int:
         lookout_argv("simulate", *sim, "--out", str(recording), "--truth", str(truth)), check=True
     )
     lines = [orjson.loads(x) for x in recording.read_bytes().splitlines()]
+    truth_lines = [orjson.loads(x) for x in truth.read_bytes().splitlines()]
     generated = {(r["source"], r["seq"]) for r in lines}
     rule_set = load_rules([args.rules])
     want_ids = expected_alert_ids(rule_set, recording)
@@ -205,6 +207,10 @@ def main() -> int:
         late = rows(lakehouse, "late_readings", ["source", "seq"])
         keys = [(r["source"], r["seq"]) for r in readings + late]
         report["readings_once"] = len(keys) == len(set(keys)) and set(keys) == generated
+        # Late capture: exactly the readings the simulator made late, none dropped.
+        made_late = {(t["source"], t["seq"]) for t in truth_lines if t["type"] == "late"}
+        report["late_sent"] = len(made_late)
+        report["late_equal"] = {(r["source"], r["seq"]) for r in late} == made_late
         alerts = rows(lakehouse, "alerts", ["alert_id", "rule", "key", "event_time",
                                             "detected_at", "payload"])  # fmt: skip
         ids = [a["alert_id"] for a in alerts]
@@ -237,7 +243,7 @@ def main() -> int:
     print(text)
     if args.json:
         Path(args.json).write_text(text)
-    ok = report.get("readings_once") and report.get("alerts_equal")
+    ok = report.get("readings_once") and report.get("alerts_equal") and report.get("late_equal")
     print("PASS" if ok else "FAIL", f"(median latency {statistics.median(latency):.2f} s)"
           if latency else "")  # fmt: skip
     return 0 if ok else 1

@@ -81,6 +81,7 @@ class EngineJob:
                     "batch_ms": (progress.get("durationMs") or {}).get("triggerExecution"),
                     "watermark": (progress.get("eventTime") or {}).get("watermark"),
                     "state_rows": state[0].get("numRowsTotal"),
+                    "state_bytes": state[0].get("memoryUsedBytes"),
                     "rows_dropped_by_watermark": state[0].get("numRowsDroppedByWatermark"),
                 }
             )

@@ -32,6 +32,7 @@ def test_every_fault_loses_nothing_and_duplicates_no_alert(tmp_path: Path) -> No
     assert report["faults"] == ["ingest", "engine", "broker", "dashboard"]
     assert report["dashboard_back"], "the dashboard must serve again after its kill"
     assert report["readings_once"], "every reading in readings_traffic or late_readings, once"
+    assert report["late_equal"] and report["late_sent"] > 0, "late capture: all, and only, late"
     assert report["alerts_equal"], "the alerts of an undisturbed run: same ids, each once"
     assert report["alerts"] > 0
     assert run.returncode == 0
