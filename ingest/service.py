@@ -33,7 +33,7 @@ def build_ingester(
         max_payload_bytes=config.ingest.max_payload_bytes,
         max_clock_distance_ms=config.ingest.max_clock_distance_days * 86_400_000,
     )
-    landing = config.ingest.landing_url or config.landing
+    landing = config.landing
     return Ingester(
         validator,
         landing_root=(

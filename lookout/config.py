@@ -80,7 +80,10 @@ class Config:
 
     @property
     def landing(self) -> str:
-        """Folder where ingest lands readings for the Spark job (inside the lakehouse)."""
+        """Where ingest lands readings for the Spark job: `ingest.landing_url` (e.g. an
+        `s3://` prefix) when set, else `_landing` inside the lakehouse."""
+        if self.ingest.landing_url:
+            return self.ingest.landing_url
         return f"{self.lakehouse.rstrip('/')}/_landing"
 
     def table(self, name: str) -> str:
