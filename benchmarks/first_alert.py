@@ -23,25 +23,16 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
+from dashboard.testing import CHROMIUM, CHROMIUM_ARGS
 from lookout.broker import free_port
 
 IVY = Path.home() / ".ivy2.5.2"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 def alert_on_screen(url: str, deadline: float) -> float:
     """Poll the Alerts page until a congestion alert shows; returns when it did."""
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page()
         while time.monotonic() < deadline:
             try:
