@@ -1,7 +1,8 @@
 """Alert records: deterministic ids and messages (pure; shared by the live job and replay).
 
-An alert's id is a hash of what it is — rule, key, event time and the row the rule
-selected — never of when or where it was computed, so re-running the same input, or
+An alert's id is a hash of what it is — rule, key, event time, the row the rule
+selected and its place in the emitting evaluator's output — never of when or where it
+was computed, so re-running the same input, or
 restarting the job mid-stream, gives the same ids (DESIGN §2).
 """
 
@@ -35,9 +36,16 @@ def canonical_json(row: Mapping[str, Any]) -> str:
     return orjson.dumps(dict(row), option=orjson.OPT_SORT_KEYS).decode()
 
 
-def alert_id(rule: str, key: str, event_ms: int, row: Mapping[str, Any]) -> str:
-    """A stable id for one alert (hex, 24 characters)."""
-    text = f"{rule}\x1f{key}\x1f{event_ms}\x1f{canonical_json(row)}"
+def alert_id(
+    rule: str, key: str, event_ms: int, row: Mapping[str, Any], source: str, seq: int
+) -> str:
+    """A stable id for one alert (hex, 24 characters).
+
+    `source` and `seq` are the output's tie order (the evaluator that emitted it and its
+    emission count): two outputs with equal rows — two vehicles speeding alike in one
+    millisecond — are two alerts, and a re-run still gives each the same id.
+    """
+    text = f"{rule}\x1f{key}\x1f{event_ms}\x1f{canonical_json(row)}\x1f{source}\x1f{seq}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -74,7 +82,7 @@ def alert_rows(spec: AlertSpec, records: list[dict[str, Any]]) -> list[dict[str,
         row = orjson.loads(r["row"])
         rows.append(
             {
-                "alert_id": alert_id(spec.name, r["key"], r["ts"], row),
+                "alert_id": alert_id(spec.name, r["key"], r["ts"], row, r["source"], r["seq"]),
                 "rule": spec.name,
                 "severity": spec.severity,
                 "key": r["key"],

@@ -10,14 +10,15 @@ from __future__ import annotations
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from engine.alerts import iso_utc
-from engine.core.plan import ColumnType, Plan, StreamSchema
+from engine.alerts import alert_id, format_key, iso_utc
+from engine.core.evaluator import Output
+from engine.core.plan import ColumnType, Plan, SinkKind, StreamSchema
 from engine.core.replay import run
 from ingest.validate import normalize_reading
 from rules.language.loader import RuleCheckError, load_rules
@@ -75,6 +76,19 @@ def _render(row: dict[str, Any], schema: StreamSchema | None) -> dict[str, Any]:
         return row
     stamps = {c.name for c in schema.columns if c.type == ColumnType.TIMESTAMP}
     return {k: iso_utc(v) if k in stamps and isinstance(v, int) else v for k, v in row.items()}
+
+
+def alert_ids(plan: Plan, outputs: Iterable[Output]) -> list[str]:
+    """The ids the live job gives the alerts among `outputs` (one per alert output)."""
+    alerts = {q.sink.name for q in plan.queries if q.sink.kind == SinkKind.ALERT}
+    keys = {stage.name: stage.key for stage in plan.stages()}
+    ids = []
+    for out in outputs:
+        if out.sink in alerts:
+            stage, *values = orjson.loads(out.source)  # derived_source: [stage, *key]
+            key = format_key(keys[stage], tuple(values))
+            ids.append(alert_id(out.sink, key, out.ts, out.row, out.source, out.seq))
+    return ids
 
 
 def run_replay(rule_paths: Sequence[str], input_specs: Sequence[str], out: str) -> int:

@@ -15,14 +15,13 @@ import os
 import signal
 import subprocess
 import sys
-from datetime import datetime
 from pathlib import Path
 
 import orjson
 import pytest
 
-from engine.alerts import alert_id, format_key
-from lookout.replay import run_replay
+from engine.core.replay import run
+from lookout.replay import alert_ids, read_readings, run_replay
 from rules.language.loader import load_rules
 from tests.e2e.test_congestion import (
     CONGESTION_RULES,
@@ -113,16 +112,10 @@ def test_engine_kill_9_and_restart_gives_the_uninterrupted_tables(
             engine.wait(timeout=120)
 
     alerts = table_rows(spark, lookout_config, "alerts")
-    # The ids an uninterrupted run gives: computed from the replay's rows.
-    want_ids = sorted(
-        alert_id(
-            "congestion",
-            format_key(("station",), (a["station"],)),
-            _ms(a["ts"]),
-            {**a, "ts": _ms(a["ts"])},
-        )
-        for a in want_alerts
-    )
+    # The ids an uninterrupted run gives: replay's alert outputs, identified as live.
+    outputs = run(rule_set.plan, read_readings([(rule_set.plan.streams["traffic"], recording)]))
+    want_ids = sorted(alert_ids(rule_set.plan, outputs.outputs))
+    assert len(want_ids) == len(want_alerts)
     assert sorted(a["alert_id"] for a in alerts) == want_ids, (
         "alerts after kill -9 and restart must be the uninterrupted run's, each once"
     )
@@ -137,7 +130,3 @@ def test_engine_kill_9_and_restart_gives_the_uninterrupted_tables(
     assert sorted((r["source"], r["seq"]) for r in late_rows) == sorted(
         (orjson.loads(x)["source"], orjson.loads(x)["seq"]) for x in want_late
     )
-
-
-def _ms(text: str) -> int:
-    return round(datetime.fromisoformat(text).timestamp() * 1000)
