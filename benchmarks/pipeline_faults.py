@@ -259,7 +259,7 @@ def main() -> int:
 def expected_alert_ids(rule_set: RuleSet, recording: Path) -> set[str]:
     """The ids of the alerts an undisturbed run gives (replay of the same readings)."""
     plan = rule_set.plan
-    outputs = replay(plan, read_readings([(plan.streams["traffic"], recording)])).outputs
+    outputs = replay(plan, read_readings([((plan.streams["traffic"],), recording)])).outputs
     return set(alert_ids(plan, outputs))
 
 

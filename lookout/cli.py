@@ -95,7 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     replay = commands.add_parser("replay", help="evaluate rules over recorded JSON-lines readings")
     replay.add_argument("--rules", action="append", required=True, help="rule file or folder")
-    replay.add_argument("--input", action="append", required=True, metavar="STREAM=FILE")
+    replay.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        metavar="[STREAM=]FILE",
+        help="readings of STREAM, or (no STREAM=) of whichever source stream each line fits",
+    )
     replay.add_argument("--out", required=True, help="output folder")
     replay.set_defaults(func=_replay)
 

@@ -28,35 +28,59 @@ class ReplayInputError(Exception):
     """A recorded reading that cannot be used, located as file:line."""
 
 
-def _parse_inputs(specs: Sequence[str], plan: Plan) -> list[tuple[StreamSchema, Path]]:
+Input = tuple[tuple[StreamSchema, ...], Path]
+"""A recorded file and the source streams its lines may belong to (one: all of them)."""
+
+
+def _parse_inputs(specs: Sequence[str], plan: Plan) -> list[Input]:
+    """`STREAM=FILE` (every line is a reading of STREAM) or `FILE` (each line goes to the
+    one source stream whose declared columns it carries: a simulator's file mixing loop
+    detector readings and position reports)."""
     sources = {s.name: s for s in plan.sources()}
     inputs = []
     for spec in specs:
         stream, sep, file = spec.partition("=")
         if not sep:
-            raise ReplayInputError(f"--input {spec!r}: expected STREAM=FILE")
+            inputs.append((tuple(sources.values()), Path(spec)))
+            continue
         if stream not in sources:
             known = ", ".join(sorted(sources))
             raise ReplayInputError(
                 f"--input {spec!r}: no source stream {stream!r} (known: {known})"
             )
-        inputs.append((sources[stream], Path(file)))
+        inputs.append(((sources[stream],), Path(file)))
     return inputs
 
 
+def _stream_of(schemas: tuple[StreamSchema, ...], data: Any) -> StreamSchema:
+    if len(schemas) == 1:
+        return schemas[0]
+    fits = [s for s in schemas if isinstance(data, dict) and all(c.name in data for c in s.columns)]
+    if len(fits) != 1:
+        which = (
+            "no source stream"
+            if not fits
+            else "several streams: " + ", ".join(s.name for s in fits)
+        )
+        raise ValueError(f"the line carries the columns of {which} (give STREAM=FILE)")
+    return fits[0]
+
+
 def read_readings(
-    inputs: Sequence[tuple[StreamSchema, Path]], progress_every_s: float = 2.0
+    inputs: Sequence[Input], progress_every_s: float = 2.0
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """Yield (stream, reading) in file order, validated; progress on stderr for long inputs."""
     last = time.monotonic()
-    for schema, path in inputs:
+    for schemas, path in inputs:
         total = path.stat().st_size
         with open(path, "rb") as handle:
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
                 try:
-                    reading = normalize_reading(schema, orjson.loads(line), require_identity=False)
+                    data = orjson.loads(line)
+                    schema = _stream_of(schemas, data)
+                    reading = normalize_reading(schema, data, require_identity=False)
                 except (ValueError, orjson.JSONDecodeError) as err:
                     raise ReplayInputError(f"{path}:{number}: {err}") from None
                 yield schema.name, reading

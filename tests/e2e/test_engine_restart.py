@@ -113,7 +113,7 @@ def test_engine_kill_9_and_restart_gives_the_uninterrupted_tables(
 
     alerts = table_rows(spark, lookout_config, "alerts")
     # The ids an uninterrupted run gives: replay's alert outputs, identified as live.
-    outputs = run(rule_set.plan, read_readings([(rule_set.plan.streams["traffic"], recording)]))
+    outputs = run(rule_set.plan, read_readings([((rule_set.plan.streams["traffic"],), recording)]))
     want_ids = sorted(alert_ids(rule_set.plan, outputs.outputs))
     assert len(want_ids) == len(want_alerts)
     assert sorted(a["alert_id"] for a in alerts) == want_ids, (
