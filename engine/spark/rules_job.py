@@ -61,6 +61,9 @@ _TS_MS = "lookout_event_ms"
 _STAGE = "lookout_stage"
 _KEY = "lookout_key"
 _HEARTBEAT = "lookout_heartbeat"
+# Files of a readings or derived table per micro-batch: the landing writes one file per
+# stream and landing batch (about a second of readings).
+MAX_FILES_PER_BATCH = 20
 # The group (and output sink) of a query's clock: no stage is named with this prefix.
 CLOCK = "lookout_clock"
 _STATE = T.StructType([T.StructField("snapshot", T.BinaryType())])
@@ -286,7 +289,13 @@ def _input_rows(spark: SparkSession, config: Config, plan: Plan, stream: str, ts
     schema = plan.streams[stream]
     is_source = stream in {s.name for s in plan.sources()}
     table = tables.readings_table(stream) if is_source else stream
-    rows = spark.readStream.format("delta").load(config.table(table))
+    # A bounded batch after a backlog (a restart, a burst): its outputs are collected on
+    # the driver, and one batch of a whole day's readings does not fit there.
+    rows = (
+        spark.readStream.format("delta")
+        .option("maxFilesPerTrigger", MAX_FILES_PER_BATCH)
+        .load(config.table(table))
+    )
     columns = [
         F.unix_millis(F.col(c.name)).alias(c.name)
         if c.type == ColumnType.TIMESTAMP and c.name != ts

@@ -1,0 +1,295 @@
+"""Sliding windows on Spark: Lookout's runtime against Spark's own `window()`, one run.
+
+The input (issue 9): readings of `--stations` stations, `--rows` in all, 50 ms apart
+in event time. Each window is "average speed per station over 15 minutes", as
+
+* Spark: `groupBy(window(ts, '15 minutes', slide), station).avg(speed)`, a batch job
+  over the rows in Parquet, written to the `noop` sink (Spark's best case: no stream,
+  no state store);
+* Lookout: the same extents (WID, `FROM traffic [RANGE 15 MINUTES SLIDE s]
+  GROUP BY station`) run by the live runtime (`engine/spark/rules_job.py`: the Delta
+  table of readings → transformWithStateInPandas → the derived stream's Delta table),
+  from the query's start until its table holds every window;
+
+for slides of 1 minute, 10 s and 1 s, and the 15-minute tumble. Spark copies each row
+into (range / slide) windows: at 1 s that is 900 copies per row, so its 1 s run takes
+`--spark-1s-rows` rows only (the rate is per input row either way).
+
+Every Lookout result is checked against an independent evaluation of the extents
+(prefix sums per station, numpy): same (station, window end) groups, same averages (to
+1e-9). Then one keyed active-expiration rule (the silent-detector
+pattern: an alarm when a station sends nothing for 5 seconds) runs over the same rows
+with gaps planted, checked against `engine.core.replay`.
+
+    python benchmarks/spark_windows.py [--rows 2000000] [--stations 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, write_deltalake
+
+from engine import tables
+from engine.core.replay import run as replay
+from engine.spark.rules_job import stages_by_input, start_rules_query
+from engine.spark.session import build_session
+from lookout.config import Config, EngineConfig
+from rules.language.loader import load_rules
+
+START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+STEP_MS = 50
+SLIDES = [("1 minute", "1 MINUTE", 60), ("10 seconds", "10 SECONDS", 10),
+          ("1 second", "1 SECOND", 1), ("tumble", None, 900)]  # fmt: skip
+STREAM = """CREATE STREAM traffic (station INT, speed DOUBLE, ts TIMESTAMP)
+  ORDER BY ts SLACK 2 SECONDS SOURCE 'lookout/traffic/+/readings';
+"""
+
+
+def readings(rows: int, stations: int, gaps: bool = False) -> pa.Table:
+    """`rows` readings round-robin over the stations, 50 ms apart; with `gaps`, some
+    stations fall silent for 6-20 s now and then (for the expiration rule)."""
+    rng = random.Random(3)
+    station, ts, speed, seq = [], [], [], []
+    silent_until = [0] * stations
+    for i in range(rows):
+        t = START_MS + i * STEP_MS
+        s = i % stations
+        if gaps and silent_until[s] < t and rng.random() < 0.0005:
+            silent_until[s] = t + rng.randint(6_000, 20_000)
+        if silent_until[s] > t:
+            continue
+        station.append(s + 1)
+        ts.append(t)
+        speed.append(round(rng.uniform(5.0, 35.0), 3))
+        seq.append(i)
+    return pa.table(
+        {
+            "station": pa.array(station, pa.int32()),
+            "speed": pa.array(speed, pa.float64()),
+            "ts": pa.array(ts, pa.timestamp("ms")).cast(pa.timestamp("us", tz="UTC")),
+            "seq": pa.array(seq, pa.int64()),
+        }
+    )
+
+
+def fill_lakehouse(lakehouse: Path, data: pa.Table, rule_text: str) -> tuple[Config, object]:
+    """A fresh lakehouse whose `readings_traffic` holds `data`, with a heartbeat a day
+    past the end (the final heartbeat: every window closes)."""
+    shutil.rmtree(lakehouse, ignore_errors=True)
+    config = Config(lakehouse=str(lakehouse), engine=EngineConfig())
+    rules = lakehouse.parent / "bench.sql"
+    rules.write_text(STREAM + rule_text)
+    rule_set = load_rules([rules])
+    schema = tables.readings_schema(rule_set.plan.streams["traffic"])
+    n = data.num_rows
+    full = pa.table(
+        {
+            "station": data["station"],
+            "speed": data["speed"],
+            "ts": data["ts"],
+            "source": pa.array(["bench"] * n),
+            "seq": data["seq"],
+            "topic": pa.array(["lookout/traffic/bench/readings"] * n),
+            "received_at": data["ts"],
+        }
+    ).cast(schema)
+    # As the landing writes it: one file per commit (here 100,000 readings each).
+    for offset in range(0, n, 100_000):
+        write_deltalake(
+            config.table("readings_traffic"), full.slice(offset, 100_000), mode="append"
+        )
+    end = data["ts"][-1].as_py().timestamp() * 1000 + 86_400_000
+    beat = [{"stream": "traffic", "source": "bench", "ts": tables.to_timestamp(int(end)),
+             "received_at": tables.to_timestamp(int(end))}]  # fmt: skip
+    write_deltalake(config.table("heartbeats"), pa.Table.from_pylist(beat, tables.HEARTBEATS))
+    return config, rule_set
+
+
+def run_lookout(spark, config: Config, rule_set, sink: str, expected: int) -> float:
+    """Seconds from the rules query's start until `sink` holds `expected` rows."""
+    plan = rule_set.plan
+    ((stream, stages),) = stages_by_input(plan).items()
+    t0 = time.perf_counter()
+    query = start_rules_query(spark, config, plan, {}, stream, stages)
+    try:
+        while True:
+            if query.exception() is not None:
+                raise RuntimeError(str(query.exception()))
+            got = DeltaTable(config.table(sink)).count() if _exists(config, sink) else 0
+            if got >= expected:
+                return time.perf_counter() - t0
+            time.sleep(0.2)
+    finally:
+        query.stop()
+
+
+def _exists(config: Config, name: str) -> bool:
+    return Path(config.table(name), "_delta_log").is_dir()
+
+
+def spark_window_seconds(spark, parquet: str, slide: str | None) -> float:
+    """Seconds Spark's window() takes over the Parquet rows, to the noop sink."""
+    from pyspark.sql import functions as F
+
+    df = spark.read.parquet(parquet)
+    window = F.window("ts", "15 minutes", slide) if slide else F.window("ts", "15 minutes")
+    grouped = df.groupBy(window.alias("w"), "station").agg(F.avg("speed").alias("avg_speed"))
+    t0 = time.perf_counter()
+    grouped.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - t0
+
+
+def extents(data: pa.Table, slide_ms: int, range_ms: int = 900_000) -> dict:
+    """The oracle: avg speed per (station, window end) over [end - range, end), for every
+    end on the slide grid whose window holds a reading (Spark's and WID's extents)."""
+    station = data["station"].to_numpy()
+    ts = data["ts"].cast(pa.int64()).to_numpy() // 1000  # us -> ms
+    speed = data["speed"].to_numpy()
+    out = {}
+    for s in np.unique(station):
+        t, v = ts[station == s], speed[station == s]
+        prefix = np.concatenate([[0.0], np.cumsum(v)])
+        # [end - range, end) holds t  <=>  t < end <= t + range
+        ends = np.arange((t[0] // slide_ms + 1) * slide_ms, t[-1] + range_ms + 1, slide_ms)
+        hi = np.searchsorted(t, ends, "left")
+        lo = np.searchsorted(t, ends - range_ms, "left")
+        n = hi - lo
+        avg = (prefix[hi] - prefix[lo]) / np.maximum(n, 1)
+        for end, count, a in zip(ends.tolist(), n.tolist(), avg.tolist(), strict=True):
+            if count:
+                out[(int(s), end)] = a
+    return out
+
+
+def check(config: Config, sink: str, expected: dict) -> None:
+    """Lookout's windows equal the oracle's: same groups, same averages."""
+    rows = DeltaTable(config.table(sink)).to_pyarrow_table().to_pylist()
+    ours = {(r["station"], int(r["window_end"].timestamp() * 1000)): r["avg_speed"] for r in rows}
+    assert ours.keys() == expected.keys(), f"{sink}: {len(ours)} windows, oracle {len(expected)}"
+    bad = [k for k, v in ours.items() if not math.isclose(v, expected[k], rel_tol=1e-9)]
+    assert not bad, f"{sink}: {len(bad)} averages differ, e.g. {bad[:3]}"
+
+
+def timed(label: str, rows: int, fn: Callable[..., float], *args: object) -> float:
+    """Run `fn(*args)` (it returns the seconds it measured) and print the rate."""
+    seconds = fn(*args)
+    rate = rows / seconds
+    print(f"  {label:<44} {rows:>9,} rows {seconds:8.1f} s {rate:>11,.0f} rows/s", flush=True)
+    return rate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--stations", type=int, default=10)
+    parser.add_argument("--spark-1s-rows", type=int, default=100_000)
+    parser.add_argument("--only", choices=["windows", "expiration"], default=None)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="lookout-bench-"))
+    spark = build_session(EngineConfig(), "lookout-bench")
+    print(f"machine: {platform.node()} {os.cpu_count()} cores, {platform.platform()}")
+    print(f"Spark {spark.version}, master {spark.sparkContext.master}")
+    results: dict[str, tuple[float, float]] = {}
+    try:
+        if args.only in (None, "windows"):
+            data = readings(args.rows, args.stations)
+            parquet = str(work / "rows.parquet")
+            pq.write_table(data, parquet)
+            small = str(work / "rows-small.parquet")
+            pq.write_table(data.slice(0, args.spark_1s_rows), small)
+            print(f"{data.num_rows:,} readings, {args.stations} stations, avg per station "
+                  "over 15 minutes")  # fmt: skip
+            for label, spark_slide, slide_s in SLIDES:
+                print(f"slide {label}:")
+                few = slide_s == 1
+                spark_rate = timed(
+                    "Spark window()",
+                    args.spark_1s_rows if few else data.num_rows,
+                    spark_window_seconds,
+                    spark,
+                    small if few else parquet,
+                    spark_slide and spark_slide.lower(),
+                )
+                expected = extents(data, slide_s * 1000)
+                window = f"[RANGE 15 MINUTES SLIDE {slide_s} SECONDS]" if spark_slide else (
+                    "[RANGE 15 MINUTES]")  # fmt: skip
+                config, rule_set = fill_lakehouse(
+                    work / "lakehouse",
+                    data,
+                    "CREATE STREAM avg15 AS SELECT station, window_end, avg(speed) AS "
+                    f"avg_speed FROM traffic {window} GROUP BY station;\n",
+                )
+                ours = timed(
+                    "Lookout extents (transformWithStateInPandas)",
+                    data.num_rows,
+                    run_lookout,
+                    spark,
+                    config,
+                    rule_set,
+                    "avg15",
+                    len(expected),
+                )
+                check(config, "avg15", expected)
+                results[label] = (spark_rate, ours)
+                print(f"  {len(expected):,} windows, as the oracle's; "
+                      f"Lookout / Spark = {ours / spark_rate:,.1f}x")  # fmt: skip
+        if args.only in (None, "expiration"):
+            data = readings(args.rows, args.stations, gaps=True)
+            config, rule_set = fill_lakehouse(
+                work / "lakehouse",
+                data,
+                "CREATE AGGREGATE silence(ts TIMESTAMP) RETURNS TIMESTAMP\n"
+                "  LANGUAGE PYTHON AS 'rules.udas:Silence';\n"
+                "CREATE STREAM silent AS SELECT station, silence(ts) OVER (PARTITION BY "
+                "station RANGE 5 SECONDS PRECEDING ACTIVE EXPIRATION) AS last_seen "
+                "FROM traffic;\n",
+            )
+            rows = [("traffic", {"station": s, "speed": v, "ts": t, "source": "bench",
+                                 "seq": q})
+                    for s, v, t, q in zip(data["station"].to_pylist(),
+                                          data["speed"].to_pylist(),
+                                          [int(x.timestamp() * 1000) for x in
+                                           data["ts"].to_pylist()],
+                                          data["seq"].to_pylist(), strict=True)]  # fmt: skip
+            want = sum(1 for o in replay(rule_set.plan, rows).outputs if o.sink == "silent")
+            print(f"keyed active expiration: {data.num_rows:,} readings, {want} alarms")
+            rate = timed(
+                "Lookout silent detector (5 s)",
+                data.num_rows,
+                run_lookout,
+                spark,
+                config,
+                rule_set,
+                "silent",
+                want,
+            )
+            got = DeltaTable(config.table("silent")).count()
+            assert got == want, f"{got} alarms live, {want} in replay"
+            results["active expiration"] = (float("nan"), rate)
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print("\n| window | Spark window() rows/s | Lookout rows/s | ratio |")
+    print("|---|---:|---:|---:|")
+    for label, (theirs, ours) in results.items():
+        ratio = "" if math.isnan(theirs) else f"{ours / theirs:,.1f}x"
+        theirs_text = "" if math.isnan(theirs) else f"{theirs:,.0f}"
+        print(f"| {label} | {theirs_text} | {ours:,.0f} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
