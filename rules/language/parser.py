@@ -68,11 +68,7 @@ _EXPR_START = {"NAME", "INT", "DECIMAL", "STRING", "TRUE", "FALSE", "NULL", "CAS
 @cache
 def _parser() -> Lark:
     grammar = resources.files("rules.language").joinpath("grammar.lark").read_text()
-    # cache=True keeps the built LALR tables in the temp folder (keyed by the grammar's
-    # hash): a fresh process (a dashboard page, `rules check`) skips ~0.3 s of building.
-    return Lark(
-        grammar, parser="lalr", propagate_positions=True, maybe_placeholders=False, cache=True
-    )
+    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=False)
 
 
 def _pos(item: Token | Tree | Any) -> Pos:
