@@ -45,7 +45,7 @@ from deltalake import DeltaTable
 
 from engine.core.replay import run as replay
 from lookout.broker import Broker, free_port
-from lookout.demo import Part, lookout_argv
+from lookout.demo import Part, lookout_argv, wait_for_parts
 from lookout.health import read_health
 from lookout.replay import alert_ids, read_readings
 from rules.language.loader import RULES_DIR, RuleSet, load_rules
@@ -64,19 +64,6 @@ def rows(lakehouse: Path, table: str, columns: list[str]) -> list[dict]:
     if not (path / "_delta_log").is_dir():
         return []
     return DeltaTable(str(path)).to_pyarrow_table(columns=columns).to_pylist()
-
-
-def wait(check, what: str, timeout: float, parts: list[Part]) -> float:
-    """Poll `check` until true; returns the seconds it took. Fails if a part died."""
-    t0 = time.monotonic()
-    while not check():
-        for part in parts:
-            if part.process is not None and part.process.poll() is not None:
-                raise RuntimeError(f"{part.name} exited while waiting for {what}:\n{part.tail()}")
-        if time.monotonic() - t0 > timeout:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(1.0)
-    return time.monotonic() - t0
 
 
 def kill9(part: Part) -> None:
@@ -157,13 +144,21 @@ def main() -> int:
     report: dict = {"rate": args.rate, "duration": args.duration, "faults": faults}
     try:
         parts["ingest"].start(env)
-        wait(lambda: (read_health(lakehouse, "ingest-0") or {}).get("subscribed"), "ingest",
-             60, list(parts.values())[:1])  # fmt: skip
+        wait_for_parts(
+            lambda: (read_health(lakehouse, "ingest-0") or {}).get("subscribed"),
+            "ingest",
+            [parts["ingest"]],
+            60,
+        )
         parts["engine"].start(env)
-        wait(lambda: read_health(lakehouse, "engine") is not None, "the engine", 300,
-             [parts["engine"]])  # fmt: skip
+        wait_for_parts(
+            lambda: read_health(lakehouse, "engine") is not None,
+            "the engine",
+            [parts["engine"]],
+            300,
+        )
         parts["dashboard"].start(env)
-        wait(lambda: dashboard_up(dash_port), "the dashboard", 120, [parts["dashboard"]])
+        wait_for_parts(lambda: dashboard_up(dash_port), "the dashboard", [parts["dashboard"]], 120)
 
         rng = random.Random(args.seed)
         schedule = sorted((rng.uniform(0.2, 0.8) * args.duration, f) for f in faults)
@@ -187,7 +182,7 @@ def main() -> int:
         print(f"published {len(lines):,} readings in {published_s:.1f} s "
               f"({report['publish_rate']:,.0f}/s)", flush=True)  # fmt: skip
         if "dashboard" in faults:
-            wait(lambda: dashboard_up(dash_port), "the dashboard after its kill", 120, [])
+            wait_for_parts(lambda: dashboard_up(dash_port), "the dashboard after its kill", [], 120)
             report["dashboard_back"] = True
 
         end = orjson.dumps({"source": "gw", "ts": int(time.time() * 1000) + 86_400_000})
@@ -197,10 +192,18 @@ def main() -> int:
         def stored() -> int:
             return count(lakehouse, "readings_traffic") + count(lakehouse, "late_readings")
 
-        report["drain_s"] = wait(lambda: stored() >= len(generated), "every reading stored",
-                                 900, [parts["engine"], parts["ingest"]])  # fmt: skip
-        wait(lambda: count(lakehouse, "alerts") >= len(want_ids), "the alerts", 600,
-             [parts["engine"]])  # fmt: skip
+        report["drain_s"] = wait_for_parts(
+            lambda: stored() >= len(generated),
+            "every reading stored",
+            [parts["engine"], parts["ingest"]],
+            900,
+        )
+        wait_for_parts(
+            lambda: count(lakehouse, "alerts") >= len(want_ids),
+            "the alerts",
+            [parts["engine"]],
+            600,
+        )
         time.sleep(5)  # anything more (a duplicate) would show up now
 
         readings = rows(lakehouse, "readings_traffic", ["source", "seq", "ts", "received_at"])

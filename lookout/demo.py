@@ -62,15 +62,18 @@ def lookout_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "lookout.cli", *args]
 
 
-def _wait_for(check: Callable[[], Any], what: str, parts: list[Part], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
+def wait_for_parts(check: Callable[[], Any], what: str, parts: list[Part], timeout: float) -> float:
+    """Poll `check` until it is true; returns the seconds it took. Raises if one of
+    `parts` exits meanwhile (with the end of its log) or after `timeout` seconds."""
+    started = time.monotonic()
     while not check():
         for part in parts:
             if part.process is not None and part.process.poll() is not None:
                 raise RuntimeError(f"{part.name} exited while waiting for {what}:\n{part.tail()}")
-        if time.monotonic() > deadline:
+        if time.monotonic() - started > timeout:
             raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(0.5)
+    return time.monotonic() - started
 
 
 def _say(text: str) -> None:
@@ -133,21 +136,21 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
             part.start(env)
             started.append(part)
         _say("waiting for ingest to subscribe (logs in .lookout/logs/)")
-        _wait_for(
+        wait_for_parts(
             lambda: (read_health(config.lakehouse, "ingest-0") or {}).get("subscribed"),
             "ingest",
             started,
             60,
         )
         _say("waiting for the Spark engine to start its queries (first run downloads Delta)")
-        _wait_for(
+        wait_for_parts(
             lambda: read_health(config.lakehouse, "engine") is not None, "the engine", started, 900
         )
         for part in (simulator, dashboard):
             part.start(env)
             started.append(part)
         url = f"http://{config.dashboard.address}:{config.dashboard.port}"
-        _wait_for(
+        wait_for_parts(
             lambda: port_is_open(config.dashboard.address, config.dashboard.port),
             "the dashboard",
             started,

@@ -22,17 +22,14 @@ from lookout.replay import run_replay
 from rules.language.loader import load_rules
 from tests.e2e.test_live_equals_replay import normalised
 from tests.pipeline import publish, running_engine, running_ingest, table_rows, wait_for
+from tests.rules.test_union import STREAMS
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
 
-RULES = """\
-CREATE STREAM north (station INT, speed DOUBLE, ts TIMESTAMP)
-  ORDER BY ts SLACK 2 SECONDS SOURCE 'lookout/north/+/readings';
-CREATE STREAM south (detector INT, velocity DOUBLE, at TIMESTAMP)
-  ORDER BY at SLACK 5 SECONDS SOURCE 'lookout/south/+/readings';
-CREATE STREAM both_ways AS
-  SELECT station, speed, ts FROM north
-  UNION ALL SELECT detector, velocity, at FROM south WHERE velocity > 0;
+# The union of tests/rules/test_union.py, read by a row window, a time window, an alert.
+RULES = (
+    STREAMS
+    + """\
 CREATE STREAM smoothed AS
   SELECT station, ts, avg(speed) OVER (PARTITION BY station ROWS 2 PRECEDING) AS avg_speed
   FROM both_ways;
@@ -41,6 +38,7 @@ CREATE STREAM busy AS
 CREATE ALERT slow SEVERITY warning MESSAGE 'station {station}: {avg_speed} m/s'
   AS SELECT station, ts, avg_speed FROM smoothed WHERE avg_speed < 15;
 """
+)
 START = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 
