@@ -26,13 +26,14 @@ def flink_python(path: str | None = None) -> Path:
 
 
 def flink_rates(
-    parquet_path: str, slides: list[tuple[str, int]], python: str | None = None
+    parquet_path: str, slides: list[tuple[str, int]], python: str | None = None, repeat: int = 1
 ) -> dict[str, float]:
     """Rows/s of Flink SQL's HOP (TUMBLE for a 900 s slide) per slide label, over the
-    Parquet readings at `parquet_path`; `slides` are (label, slide seconds) pairs.
+    Parquet readings at `parquet_path`; `slides` are (label, slide seconds) pairs; each
+    rate is the median of `repeat` timed runs.
 
-    Each slide's windows are checked against the oracle by flink_windows.py (it exits
-    non-zero on a mismatch, raised here as CalledProcessError). Returns {} when the
+    Each slide's windows are checked against the oracle by flink_windows.py; a mismatch
+    or any failure there is raised here as RuntimeError. Returns {} when the
     Flink virtualenv is missing, after saying how to make it."""
     exe = flink_python(python)
     if not exe.is_file():
@@ -40,12 +41,12 @@ def flink_rates(
               "or set LOOKOUT_FLINK_PYTHON")  # fmt: skip
         return {}
     seconds = [str(s) for _, s in slides]
-    done = subprocess.run(
-        [str(exe), str(SCRIPT), "--input", parquet_path, "--json", "--slides", *seconds],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    command = [str(exe), str(SCRIPT), "--input", parquet_path, "--json"]
+    command += ["--repeat", str(repeat), "--slides", *seconds]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        # flink_windows.py exits with the reason (a window mismatch, a Java error) last
+        raise RuntimeError(f"{SCRIPT.name} failed ({done.returncode}): {done.stderr[-3000:]}")
     lines = done.stdout.splitlines()
     for line in lines:
         if line.startswith("  Flink SQL"):
