@@ -15,7 +15,8 @@ and compares them with an oracle computed here from the same rows (the windows h
 at least one reading, and a brute-force average of a sample of them); then the timed
 run writes to the `blackhole` sink, after one untimed job that warms the JVM. The time
 is wall time from job submit to finish (planning, PyFlink's local cluster, the run), with
-the job's own net runtime and the JVM's CPU seconds beside it.
+the job's own net runtime and the JVM's CPU seconds beside it (rows per CPU second
+moves less than the wall rate when other work shares the 2 cores).
 
 Runs in its own virtualenv (apache-flink pins its own numpy/pandas/pyarrow), with the
 Parquet format's jars in `<venv>/jars` (`benchmarks/flink_setup.sh` makes both):
@@ -257,7 +258,8 @@ def main() -> None:
         check = "" if windows is None else f", {windows:,} windows (oracle {expected:,})"
         print(f"  Flink SQL {'TUMBLE' if slide_s == RANGE_S else 'HOP'} {name:<10} "
               f"{rows.num_rows:>9,} rows {run['seconds']:7.1f} s {rate:>10,.0f} rows/s "
-              f"(net {run['net_seconds']:.1f} s, JVM CPU {run['cpu_seconds']:.1f} s)"
+              f"(net {run['net_seconds']:.1f} s, JVM CPU {run['cpu_seconds']:.1f} s: "
+              f"{rows.num_rows / run['cpu_seconds']:,.0f} rows/CPU-s)"
               f"{check}", flush=True)  # fmt: skip
         results[str(slide_s)] = {"label": name, "rows": rows.num_rows, "rate": rate,
                                  "windows": windows, "oracle_windows": expected, **run}  # fmt: skip
