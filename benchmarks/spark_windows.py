@@ -41,6 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
+from flink_peer import flink_rates
 
 from engine import tables
 from engine.core.replay import run as replay
@@ -95,6 +96,9 @@ def fill_lakehouse(lakehouse: Path, data: pa.Table, rule_text: str) -> tuple[Con
     rule_set = load_rules([rules])
     schema = tables.readings_schema(rule_set.plan.streams["traffic"])
     n = data.num_rows
+    ts_ms = data["ts"].cast(pa.int64()).to_numpy() // 1000
+    # The landing's stamp: the highest event time so far minus the stream's slack (2 s).
+    arrival = np.maximum.accumulate(ts_ms) - 2_000
     full = pa.table(
         {
             "station": data["station"],
@@ -104,6 +108,7 @@ def fill_lakehouse(lakehouse: Path, data: pa.Table, rule_text: str) -> tuple[Con
             "seq": data["seq"],
             "topic": pa.array(["lookout/traffic/bench/readings"] * n),
             "received_at": data["ts"],
+            "arrival_watermark": pa.array(arrival, pa.timestamp("ms")),
         }
     ).cast(schema)
     # As the landing writes it: one file per commit (here 100,000 readings each).
@@ -197,13 +202,17 @@ def main() -> None:
     parser.add_argument("--stations", type=int, default=10)
     parser.add_argument("--spark-1s-rows", type=int, default=100_000)
     parser.add_argument("--only", choices=["windows", "expiration"], default=None)
+    parser.add_argument("--slides", nargs="+", choices=[s[0] for s in SLIDES], default=None)
+    parser.add_argument("--flink-python", default=None, help="the Flink venv's python")
     args = parser.parse_args()
+    slides = [s for s in SLIDES if args.slides is None or s[0] in args.slides]
 
     work = Path(tempfile.mkdtemp(prefix="lookout-bench-"))
     spark = build_session(EngineConfig(), "lookout-bench")
     print(f"machine: {platform.node()} {os.cpu_count()} cores, {platform.platform()}")
     print(f"Spark {spark.version}, master {spark.sparkContext.master}")
     results: dict[str, tuple[float, float]] = {}
+    flink: dict[str, float] = {}
     try:
         if args.only in (None, "windows"):
             data = readings(args.rows, args.stations)
@@ -213,7 +222,9 @@ def main() -> None:
             pq.write_table(data.slice(0, args.spark_1s_rows), small)
             print(f"{data.num_rows:,} readings, {args.stations} stations, avg per station "
                   "over 15 minutes")  # fmt: skip
-            for label, spark_slide, slide_s in SLIDES:
+            print("PyFlink SQL HOP (TUMBLE) over the same Parquet rows:")
+            flink = flink_rates(parquet, [(label, s) for label, _, s in slides], args.flink_python)
+            for label, spark_slide, slide_s in slides:
                 print(f"slide {label}:")
                 few = slide_s == 1
                 spark_rate = timed(
@@ -283,12 +294,21 @@ def main() -> None:
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-    print("\n| window | Spark window() rows/s | Lookout rows/s | ratio |")
-    print("|---|---:|---:|---:|")
+    print("\n| window | Spark window() rows/s | PyFlink SQL rows/s | Lookout rows/s | "
+          "Lookout / Spark | Lookout / Flink |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|")
     for label, (theirs, ours) in results.items():
-        ratio = "" if math.isnan(theirs) else f"{ours / theirs:,.1f}x"
-        theirs_text = "" if math.isnan(theirs) else f"{theirs:,.0f}"
-        print(f"| {label} | {theirs_text} | {ours:,.0f} | {ratio} |")
+        peer = flink.get(label, math.nan)
+        print(f"| {label} | {_rate(theirs)} | {_rate(peer)} | {ours:,.0f} | "
+              f"{_ratio(ours, theirs)} | {_ratio(ours, peer)} |")  # fmt: skip
+
+
+def _rate(value: float) -> str:
+    return "" if math.isnan(value) else f"{value:,.0f}"
+
+
+def _ratio(ours: float, theirs: float) -> str:
+    return "" if math.isnan(theirs) else f"{ours / theirs:,.2f}x"
 
 
 if __name__ == "__main__":

@@ -41,7 +41,9 @@ class LandingOutput:
     max_event_ms: dict[str, int] = field(default_factory=dict)
 
 
-def _stored_reading(schema: StreamSchema, line: Mapping[str, Any]) -> dict[str, Any]:
+def _stored_reading(
+    schema: StreamSchema, line: Mapping[str, Any], watermark: int
+) -> dict[str, Any]:
     row = {
         c.name: to_timestamp(line[c.name]) if c.type == ColumnType.TIMESTAMP else line[c.name]
         for c in schema.columns
@@ -51,6 +53,7 @@ def _stored_reading(schema: StreamSchema, line: Mapping[str, Any]) -> dict[str, 
         seq=line["seq"],
         topic=line.get("_topic"),
         received_at=to_timestamp(line.get("_received_ms")),
+        arrival_watermark=to_timestamp(watermark),
     )
     return row
 
@@ -112,7 +115,9 @@ class LandingSequencer:
         if verdict is Verdict.DUPLICATE:
             out.duplicates[stream] = out.duplicates.get(stream, 0) + 1
         elif verdict is Verdict.ON_TIME:
-            out.readings.setdefault(stream, []).append(_stored_reading(schema, line))
+            # The clock after this reading: every reading still to come is at or above it.
+            stamp = sequencer.clock.watermark
+            out.readings.setdefault(stream, []).append(_stored_reading(schema, line, stamp))
         else:
             reading = {c.name: line[c.name] for c in schema.columns}
             reading.update(source=line["source"], seq=line["seq"])

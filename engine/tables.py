@@ -111,12 +111,15 @@ def derived_schema(schema: StreamSchema) -> pa.Schema:
 
 
 def readings_schema(schema: StreamSchema) -> pa.Schema:
-    """Schema of `readings_<stream>`: the declared columns plus provenance."""
+    """Schema of `readings_<stream>`: the declared columns plus provenance, and the
+    stream's watermark once the reading had arrived (no on-time reading after it is
+    older: the rules runtime may finalise every instant below it)."""
     provenance = [
         ("source", pa.string()),
         ("seq", pa.int64()),
         ("topic", pa.string()),
         ("received_at", TIMESTAMP),
+        ("arrival_watermark", TIMESTAMP),
     ]
     return pa.schema([*stream_schema(schema), *(pa.field(n, t) for n, t in provenance)])
 
@@ -137,21 +140,22 @@ def ensure_table(path: str, schema: pa.Schema) -> None:
 def append_once(
     path: str,
     schema: pa.Schema,
-    rows: Sequence[Mapping[str, Any]],
+    rows: Sequence[Mapping[str, Any]] | pa.Table,
     writer_id: str,
     batch_id: int,
 ) -> bool:
-    """Append `rows` to the table at `path` exactly once for (writer_id, batch_id).
+    """Append `rows` (dicts, or a table already in `schema`) to the table at `path`
+    exactly once for (writer_id, batch_id).
 
     Returns False when the table already holds this writer's batch (a re-run).
     """
-    if not rows:
+    if len(rows) == 0:
         return False
     table = DeltaTable(path)
     done = table.transaction_version(writer_id)
     if done is not None and done >= batch_id:
         return False
-    data = pa.Table.from_pylist(list(rows), schema=schema)
+    data = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema=schema)
     write_deltalake(
         table,
         data,

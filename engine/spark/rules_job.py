@@ -2,19 +2,24 @@
 
 All stages that read one stream share one streaming query (one read of the stream):
 
-    readStream(Delta table of the stream)
-      .withWatermark(ts, slack + 1 ms)           # Spark drops ts <= watermark; our pin
-                                                 # keeps ts == max - slack on time
-      explode: one row per (stage, row), tagged with the stage's name and key
+    readStream(Delta table of the stream) + its heartbeats   # timestamps as epoch ms
+      .mapInArrow(Router)                  # per Arrow batch: one packed row per (stage,
+                                           # key) holding that key's rows (packing.py)
+      .withWatermark(latest event time, slack + 1 ms)
       .groupBy(stage, key)
       .transformWithStateInPandas(StageProcessor) # one KeyedEvaluator per group, its
                                                   # snapshot in the RocksDB state store
       .foreachBatch(OutputWriter)                 # exactly-once Delta appends
 
-The processor calls `advance(spark_watermark + 1)`: every row still to come has
-ts > spark_watermark, so instants up to the watermark are final. It keeps one event-time
-timer per group at the evaluator's `next_wakeup`, which is how expirations and time
-slides fire in a batch with no input for that key.
+Spark drops rows at or below its watermark; the pin keeps `ts == max - slack` on time,
+hence the extra millisecond, and the watermark over packed rows is the one over their
+rows (each packed row's event time is its latest). The processor advances its evaluator
+to the higher of `spark_watermark + 1` (every row still to come has ts > spark_watermark)
+and the landing's `arrival_watermark` stamps on the rows it got: Spark's watermark is the
+previous batch's, the stamps are this batch's, so most rows are final in the batch that
+brings them instead of being pickled into the state store until the next one. It keeps
+one event-time timer per group at the evaluator's `next_wakeup`, which is how
+expirations and time slides fire in a batch with no input for that key.
 
 A derived stream's readers need its producer's event time, not only its rows: when the
 producer's input goes quiet (or a final heartbeat arrives), the rows still pending in
@@ -37,6 +42,8 @@ from typing import Any
 
 import orjson
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -52,29 +59,35 @@ from engine import tables
 from engine.alerts import AlertSpec, alert_rows, format_key
 from engine.core.evaluator import KeyedEvaluator, Output
 from engine.core.plan import ColumnType, Plan, SinkKind, Stage, StreamSchema
+from engine.spark.packing import (
+    ARRIVAL_WM,
+    CLOCK,
+    EVENT_TIME,
+    HEARTBEAT,
+    KEY,
+    PACKED_DDL,
+    ROWS,
+    STAGE,
+    Route,
+    Router,
+    unpack,
+)
 from lookout.config import Config
 
 OUTPUT_SCHEMA = "sink STRING, ts LONG, key STRING, row STRING, source STRING, seq LONG"
-# Spark hands pandas positional names (`_3`) for columns whose name starts with `_`,
-# so the adapter's own columns are prefixed `lookout_` instead.
-_TS_MS = "lookout_event_ms"
-_STAGE = "lookout_stage"
-_KEY = "lookout_key"
-_HEARTBEAT = "lookout_heartbeat"
 # Files of a readings or derived table per micro-batch: the landing writes one file per
 # stream and landing batch (about a second of readings).
 MAX_FILES_PER_BATCH = 20
-# The group (and output sink) of a query's clock: no stage is named with this prefix.
-CLOCK = "lookout_clock"
 _STATE = T.StructType([T.StructField("snapshot", T.BinaryType())])
 
 
 class StageProcessor(StatefulProcessor):
     """Runs the `KeyedEvaluator` of (stage, partition key) inside Spark.
 
-    One processor serves every stage that reads the same table: Spark groups rows by
-    (stage name, key as JSON), so each group is exactly one evaluator. Keying by name
-    keeps a stage's state across restarts when other rules are added.
+    One processor serves every stage that reads the same table: Spark groups packed
+    rows (`engine.spark.packing`) by (stage name, key as JSON), so each group is exactly
+    one evaluator. Keying by name keeps a stage's state across restarts when other rules
+    are added.
     """
 
     def __init__(self, stages: Mapping[str, Stage]) -> None:
@@ -92,23 +105,24 @@ class StageProcessor(StatefulProcessor):
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
-        if key[0] == CLOCK:
+        if key[0] in (CLOCK, HEARTBEAT):
             for _ in rows:  # heartbeats: only their arrival matters
                 pass
-            yield from self._tick(timerValues)
+            if key[0] == CLOCK:
+                yield from self._tick(timerValues)
             return
         stage = self.stages[key[0]]
         evaluator = self._load(stage)
-        # The timestamp comes as int ms (`_TS_MS`); its datetime column stays unread
-        # (turning it into Python datetimes cost ~15 % of the worker's time).
-        skip = (_STAGE, _KEY, stage.timestamp)
+        # Spark's watermark is the previous batch's; the landing's stamps are this one's,
+        # so this batch's rows are final now rather than pickled until the next batch.
+        watermark = timerValues.getCurrentWatermarkInMs() + 1
         for frame in rows:
-            columns = {name: frame[name].tolist() for name in frame.columns if name not in skip}
-            columns[stage.timestamp] = columns.pop(_TS_MS)
-            names = list(columns)
-            for values in zip(*columns.values(), strict=True):
-                evaluator.insert(dict(zip(names, values, strict=True)))
-        yield from self._advance(key, stage, evaluator, timerValues)
+            for payload, stamp in zip(frame[ROWS], frame[ARRIVAL_WM], strict=True):
+                if not pd.isna(stamp):
+                    watermark = max(watermark, int(stamp))
+                for row in unpack(payload):
+                    evaluator.insert(row)
+        yield from self._advance(key, stage, evaluator, watermark)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
@@ -117,7 +131,9 @@ class StageProcessor(StatefulProcessor):
             yield from self._tick(timerValues)
             return
         stage = self.stages[key[0]]
-        yield from self._advance(key, stage, self._load(stage), timerValues)
+        yield from self._advance(
+            key, stage, self._load(stage), timerValues.getCurrentWatermarkInMs() + 1
+        )
 
     def _tick(self, timer_values: TimerValues) -> Iterator[pd.DataFrame]:
         """The clock group: report the watermark every stage of this batch advanced to."""
@@ -138,9 +154,11 @@ class StageProcessor(StatefulProcessor):
         )
 
     def _advance(
-        self, key: Any, stage: Stage, evaluator: KeyedEvaluator, timer_values: TimerValues
+        self, key: Any, stage: Stage, evaluator: KeyedEvaluator, watermark: int
     ) -> Iterator[pd.DataFrame]:
-        outputs = evaluator.advance(timer_values.getCurrentWatermarkInMs() + 1)
+        """Advance to `watermark` (never back: the landing's stamps may have taken the
+        evaluator past Spark's watermark) and re-arm the group's timer."""
+        outputs = evaluator.advance(max(watermark, evaluator.watermark))
         self.state.update((evaluator.snapshot(),))
         for timer in list(self.handle.listTimers()):
             self.handle.deleteTimer(timer)
@@ -149,8 +167,7 @@ class StageProcessor(StatefulProcessor):
             # Fires once the Spark watermark reaches wakeup - 1, i.e. advance(wakeup).
             self.handle.registerTimer(wakeup - 1)
         if outputs:
-            values = orjson.loads(key[1]) if stage.key else {}
-            yield _frame(outputs, format_key(stage.key, tuple(values[k] for k in stage.key)))
+            yield _frame(outputs, format_key(stage.key, tuple(orjson.loads(key[1]))))
 
     def close(self) -> None:
         pass
@@ -190,21 +207,22 @@ class OutputWriter:
         self.fed = fed_streams(plan, stages)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        by_sink: dict[str, list[dict[str, Any]]] = {}
-        for record in batch.toArrow().to_pylist():
-            by_sink.setdefault(record["sink"], []).append(record)
-        ticks = by_sink.pop(CLOCK, [])
+        outputs = batch.toArrow()
+        sinks = outputs.column("sink")
         alerts: list[dict[str, Any]] = []
-        for sink, records in sorted(by_sink.items()):
-            if self.kinds[sink] == SinkKind.ALERT:
-                alerts += alert_rows(self.alerts.get(sink, AlertSpec(sink, "warning")), records)
+        ticks: list[int] = []
+        for sink in sorted(pc.unique(sinks).to_pylist()):
+            part = outputs.filter(pc.equal(sinks, sink))
+            if sink == CLOCK:
+                ticks = part.column("ts").to_pylist()
+            elif self.kinds[sink] == SinkKind.ALERT:
+                spec = self.alerts.get(sink, AlertSpec(sink, "warning"))
+                alerts += alert_rows(spec, part.to_pylist())
             else:
-                schema = self.plan.streams[sink]
-                rows = [stream_row(schema, r) for r in records]
                 tables.append_once(
                     self.config.table(sink),
-                    tables.derived_schema(schema),
-                    rows,
+                    tables.derived_schema(self.plan.streams[sink]),
+                    stream_rows(self.plan.streams[sink], part),
                     f"lookout-{self.name}-{sink}",
                     batch_id,
                 )
@@ -217,7 +235,7 @@ class OutputWriter:
         )
         if ticks:
             # After the rows: a reader that sees this heartbeat sees every row it covers.
-            at = tables.to_timestamp(max(r["ts"] for r in ticks))
+            at = tables.to_timestamp(max(ticks))
             now = datetime.now(UTC)
             beats = [
                 {"stream": s, "source": self.name, "ts": at, "received_at": now} for s in self.fed
@@ -231,18 +249,21 @@ class OutputWriter:
             )
 
 
-def stream_row(schema: StreamSchema, record: Mapping[str, Any]) -> dict[str, Any]:
-    """A derived stream's output as its table stores it: the SELECT list (timestamps as
-    datetimes) and the (source, seq) tie order that stages reading the stream use."""
-    row = orjson.loads(record["row"])
-    stored = {
-        c.name: tables.to_timestamp(row.get(c.name))
+def stream_rows(schema: StreamSchema, outputs: pa.Table) -> pa.Table:
+    """A derived stream's outputs as its table stores them: the SELECT list and the
+    (source, seq) tie order that stages reading the stream use. Built column by column
+    (a batch can hold a million windows)."""
+    rows = [orjson.loads(text) for text in outputs.column("row").to_pylist()]
+    columns = [
+        pa.array([row.get(c.name) for row in rows], pa.timestamp("ms", tz="UTC")).cast(
+            tables.TIMESTAMP
+        )
         if c.type == ColumnType.TIMESTAMP
-        else row.get(c.name)
+        else pa.array([row.get(c.name) for row in rows], tables.ARROW_TYPES[c.type])
         for c in schema.columns
-    }
-    stored.update(source=record["source"], seq=record["seq"])
-    return stored
+    ]
+    columns += [outputs.column("source").combine_chunks(), outputs.column("seq").combine_chunks()]
+    return pa.Table.from_arrays(columns, schema=tables.derived_schema(schema))
 
 
 def _sinks(stage: Stage) -> dict[str, SinkKind]:
@@ -279,12 +300,15 @@ def stages_by_input(plan: Plan) -> dict[str, tuple[Stage, ...]]:
     return {stream: tuple(stages) for stream, stages in grouped.items()}
 
 
-def _input_rows(spark: SparkSession, config: Config, plan: Plan, stream: str, ts: str) -> DataFrame:
-    """The rows of `stream` and the heartbeats that move its time, watermarked.
+def _branches(
+    spark: SparkSession, config: Config, plan: Plan, stream: str, ts: str
+) -> list[tuple[DataFrame, int]]:
+    """The rows of `stream` and the heartbeats that move its time, each branch with the
+    slack its watermark gets; every timestamp in epoch ms.
 
-    A source stream is read from its accepted readings with its sensors' heartbeats,
-    watermarked at its slack. A derived one is read from its own table with its
-    producers' clock heartbeats, one watermark per producing query.
+    A source stream is one branch: its accepted readings with its sensors' heartbeats,
+    at its slack. A derived one has a branch per producing query: the rows that query's
+    stages wrote, with its clock heartbeats, at no slack.
     """
     schema = plan.streams[stream]
     is_source = stream in {s.name for s in plan.sources()}
@@ -298,43 +322,45 @@ def _input_rows(spark: SparkSession, config: Config, plan: Plan, stream: str, ts
     )
     columns = [
         F.unix_millis(F.col(c.name)).alias(c.name)
-        if c.type == ColumnType.TIMESTAMP and c.name != ts
+        if c.type == ColumnType.TIMESTAMP
         else F.col(c.name)
         for c in schema.columns
     ]
     # Readings and derived rows alike carry their (source, seq) tie order.
     columns += [F.col("source"), F.col("seq")]
-    rows = rows.select(*columns, F.lit(False).alias(_HEARTBEAT))
+    columns.append(
+        F.unix_millis(F.col("arrival_watermark")).alias(ARRIVAL_WM)
+        if is_source
+        else F.lit(None).cast("long").alias(ARRIVAL_WM)
+    )
+    rows = rows.select(*columns, F.lit(False).alias(HEARTBEAT))
 
-    def with_beats(rows: DataFrame, which: Any, slack_ms: int) -> DataFrame:
+    def with_beats(rows: DataFrame, which: Any) -> DataFrame:
         beats = (
             spark.readStream.format("delta")
             .load(config.table("heartbeats"))
             .where(which)
-            .select(F.col("ts").alias(ts), F.lit(True).alias(_HEARTBEAT))
+            .select(F.unix_millis(F.col("ts")).alias(ts), F.lit(True).alias(HEARTBEAT))
         )
         # Heartbeats first: Spark reads its sources' offsets in plan order, and a
         # heartbeat is appended after the rows it covers, so seeing it means seeing them.
-        # The watermark is set before the routing, so heartbeats count in it.
-        return beats.unionByName(rows, allowMissingColumns=True).withWatermark(
-            ts, f"{slack_ms + 1} milliseconds"
-        )
+        return beats.unionByName(rows, allowMissingColumns=True)
 
     if is_source:
-        return with_beats(rows, F.col("stream") == stream, schema.slack_ms)
+        return [(with_beats(rows, F.col("stream") == stream), schema.slack_ms)]
     writers = producers(plan, stream)
-    branches = [
-        with_beats(
-            rows.where(F.get_json_object("source", "$[0]").isin(*names))
-            if len(writers) > 1
-            else rows,
-            (F.col("stream") == stream) & (F.col("source") == query_name(producer)),
+    return [
+        (
+            with_beats(
+                rows.where(F.get_json_object("source", "$[0]").isin(*names))
+                if len(writers) > 1
+                else rows,
+                (F.col("stream") == stream) & (F.col("source") == query_name(producer)),
+            ),
             0,
         )
         for producer, names in sorted(writers.items())
     ]
-    # A UNION ALL sink: Spark's watermark is the lowest of the branches' (policy min).
-    return reduce(DataFrame.unionByName, branches)
 
 
 def start_rules_query(
@@ -354,34 +380,30 @@ def start_rules_query(
                 tables.ensure_table(config.table(sink.name), tables.derived_schema(sink))
     tables.ensure_table(config.table("alerts"), tables.ALERTS)
     tables.ensure_table(config.table("heartbeats"), tables.HEARTBEATS)
-    rows = _input_rows(spark, config, plan, stream, ts)
-    # One row per (stage, row): each stage groups by its own key columns.
-    to_stages = F.when(
-        ~F.col(_HEARTBEAT),
-        F.array(
-            *[
-                F.struct(
-                    F.lit(stage.name).alias(_STAGE),
-                    (F.to_json(F.struct(*stage.key)) if stage.key else F.lit("")).alias(_KEY),
-                )
-                for stage in stages
-            ]
-        ),
-    )
-    if fed_streams(plan, stages):
+    router = Router(
+        tuple(Route(stage.name, stage.key) for stage in stages),
+        ts,
+        (*(c.name for c in plan.streams[stream].columns), "source", "seq"),
         # Heartbeats start the clock (its timer keeps it ticking afterwards).
-        to_stages = to_stages.otherwise(
-            F.array(F.struct(F.lit(CLOCK).alias(_STAGE), F.lit("").alias(_KEY)))
-        )
-    routes = F.explode(to_stages).alias("route")
-    name = query_name(stream)
-    prepared = (
-        rows.select(*rows.columns, F.unix_millis(F.col(ts)).alias(_TS_MS), routes)
-        .select("*", f"route.{_STAGE}", f"route.{_KEY}")
-        .drop("route", _HEARTBEAT)
+        clock=bool(fed_streams(plan, stages)),
     )
-    outputs = prepared.groupBy(_STAGE, _KEY).transformWithStateInPandas(
-        StageProcessor({s.name: s for s in stages}), OUTPUT_SCHEMA, "Append", "EventTime"
+    # The watermark is set on the packed rows' latest event time: Spark's watermark is
+    # the max over them, the same as over the rows, and heartbeats count in it. Each
+    # branch gets its own; Spark keeps the lowest (a UNION ALL sink waits for its
+    # slowest producer; one that has seen nothing yet counts as 0).
+    packed = [
+        rows.mapInArrow(router, PACKED_DDL).withWatermark(
+            EVENT_TIME, f"{slack_ms + 1} milliseconds"
+        )
+        for rows, slack_ms in _branches(spark, config, plan, stream, ts)
+    ]
+    name = query_name(stream)
+    outputs = (
+        reduce(DataFrame.unionByName, packed)
+        .groupBy(STAGE, KEY)
+        .transformWithStateInPandas(
+            StageProcessor({s.name: s for s in stages}), OUTPUT_SCHEMA, "Append", "EventTime"
+        )
     )
     return (
         outputs.writeStream.foreachBatch(OutputWriter(config, plan, alerts, name, stages))

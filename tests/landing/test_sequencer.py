@@ -108,6 +108,45 @@ def test_verdicts_match_the_slack_pin(entries, per_file, batches, seed):
     assert judged(entries, per_file, batches, seed) == oracle(entries)
 
 
+@settings(max_examples=150, deadline=None)
+@given(lines_strategy, st.integers(1, 7), st.integers(0, 6), st.integers(0, 10**6))
+def test_each_reading_carries_the_watermark_no_later_reading_is_below(
+    entries, per_file, batches, seed
+):
+    """The stamp the rules runtime advances to: the highest event time arrived so far,
+    this reading included, minus the slack; no on-time reading arriving later is older."""
+    lines = landed(entries, per_file)
+    sequencer = LandingSequencer([TRAFFIC])
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(lines)), min(batches, len(lines) - 1))) if lines else []
+    stored = []  # (ts, stamp) of the on-time readings, in the order they were stored
+    for start, end in zip([0, *cuts], [*cuts, len(lines)], strict=True):
+        batch = lines[start:end]
+        rng.shuffle(batch)
+        for row in sequencer.split(batch).readings.get("traffic", []):
+            stored.append((_ms(row["ts"]), _ms(row["arrival_watermark"])))
+    expected, highest = [], None
+    verdicts = _with_beats(oracle(entries), entries)
+    for (ts, _, _, beat), verdict in zip(entries, verdicts, strict=True):
+        ts += 1_000_000
+        highest = ts if highest is None else max(highest, ts)
+        if not beat and verdict == "on_time":
+            expected.append((ts, highest - SLACK))
+    assert stored == expected
+    for i, (_, stamp) in enumerate(stored):
+        assert all(ts >= stamp for ts, _ in stored[i + 1 :])
+
+
+def _with_beats(verdicts: list[tuple[str, str, int]], entries) -> list[str | None]:
+    """The oracle's verdicts aligned with `entries` (None for a heartbeat)."""
+    readings = iter(verdicts)
+    return [None if beat else next(readings)[0] for *_, beat in entries]
+
+
+def _ms(value) -> int:
+    return round(value.timestamp() * 1000)
+
+
 def test_exactly_slack_behind_is_on_time_and_one_more_is_late():
     entries = [(10_000, "a", 1, False), (8_000, "a", 2, False), (7_999, "a", 3, False)]
     assert [v for v, _, _ in judged(entries, 5, 0, 0)] == ["on_time", "on_time", "late"]
