@@ -51,6 +51,12 @@ def _write(root: Path, name: str, table: pa.Table) -> None:
     write_deltalake(str(root / name), table, mode="append")
 
 
+def _arrival(ts_ms: np.ndarray, stream: str) -> pa.Array:
+    """The landing's stamp for readings arriving in `ts_ms` order: the stream's
+    watermark once each had arrived."""
+    return _ts(np.maximum.accumulate(ts_ms) - _SOURCES[stream].slack_ms)
+
+
 def traffic_readings(end_ms: int, rows: int, seed: int = 7) -> pa.Table:
     """`rows` vehicles spread over the 8 stations during the hour before `end_ms`."""
     rng = np.random.default_rng(seed)
@@ -78,6 +84,7 @@ def traffic_readings(end_ms: int, rows: int, seed: int = 7) -> pa.Table:
             "seq": np.arange(n, dtype="int64"),
             "topic": np.char.add(np.char.add("lookout/traffic/", station.astype(str)), "/readings"),
             "received_at": _ts(ts + 40),
+            "arrival_watermark": _arrival(ts, "traffic"),
         },
         schema=READINGS_TRAFFIC,
     )
@@ -189,6 +196,7 @@ def rfid_readings(end_ms: int, seed: int = 7) -> tuple[pa.Table, pa.Table]:
             "seq": np.arange(n, dtype="int64"),
             "topic": [f"lookout/rfid/{r[2]}/readings" for r in reads],
             "received_at": _ts([r[3] + 30 for r in reads]),
+            "arrival_watermark": _arrival(np.array([r[3] for r in reads]), "tag_readings"),
         },
         schema=READINGS_TAGS,
     )
