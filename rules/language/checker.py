@@ -406,6 +406,16 @@ class Checker:
                     )
                 info.stream = rel
                 info.window = src.window
+                if rel.timestamp is None:
+                    # Replay could feed it at its emission instants, but its table keeps
+                    # none: live and replay would disagree, so nobody reads it.
+                    self.error(
+                        file,
+                        src.name.pos,
+                        f"stream '{rel.name}' has no timestamp column, so no rule can read "
+                        "it (the live runtime orders and windows a stream by its "
+                        "timestamp); select its timestamp where it is derived",
+                    )
             else:
                 info.tables.append(rel)
                 if src.window is not None:
@@ -574,19 +584,6 @@ class Checker:
 
     def _window(self, file: str, spec: ast.WindowSpec, stream: Relation) -> None:
         """A window the stream can have, with sensible sizes."""
-        time_based = (
-            spec.kind in ("range", "now", "since", "until", "band")
-            or spec.slide_ms is not None
-            or spec.reset_ms is not None
-        )
-        if time_based and stream.timestamp is None:
-            self.error(
-                file,
-                spec.pos,
-                f"stream '{stream.name}' has no timestamp column, so it cannot have a "
-                f"time-based {describe(spec)} window; select its timestamp where it "
-                "is derived",
-            )
         # `ROWS 0 PRECEDING` is the current row alone; a CQL `[ROWS 0]` is empty.
         rows = spec.rows if spec.origin == "from" else None
         for value, what in (

@@ -72,9 +72,17 @@ CASES = [
     pytest.param(
         TRAFFIC + "CREATE STREAM counts AS SELECT station, count(*) OVER (ROWS 9 PRECEDING) "
         "AS n FROM traffic;\nCREATE STREAM c2 AS SELECT station, n FROM counts [RANGE 1 MINUTE];",
-        "4:52",
-        "stream 'counts' has no timestamp column, so it cannot have a time-based RANGE window",
+        "4:44",
+        "stream 'counts' has no timestamp column, so no rule can read it",
         id="time-window-without-timestamp",
+    ),
+    pytest.param(
+        TRAFFIC + "CREATE STREAM gone AS SELECT DSTREAM(station, ts) FROM traffic "
+        "[RANGE 10 SECONDS];\nCREATE STREAM g2 AS SELECT station, count(*) OVER "
+        "(ROWS 3 PRECEDING) AS n FROM gone;",
+        "4:80",
+        "stream 'gone' has no timestamp column, so no rule can read it",
+        id="rows-window-over-dstream",
     ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT ts, count(*) OVER (ROWS 9 PRECEDING ACTIVE "
