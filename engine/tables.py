@@ -129,12 +129,27 @@ def to_timestamp(ms: int | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
+class TableSchemaError(ValueError):
+    """A table in the lakehouse lacks a column this version of Lookout writes."""
+
+
 def ensure_table(path: str, schema: pa.Schema) -> None:
-    """Create an empty Delta table at `path` if none is there (readers may start first)."""
+    """Create an empty Delta table at `path` if none is there (readers may start first);
+    refuse one that lacks a column of `schema` (an older Lookout's, or other rules'),
+    which would otherwise fail later, mid-stream, with a schema mismatch."""
     try:
-        DeltaTable(path)
+        table = DeltaTable(path)
     except TableNotFoundError:
         write_deltalake(path, schema.empty_table(), mode="append", configuration=_TABLE_PROPERTIES)
+        return
+    have = {field.name for field in table.schema().fields}
+    missing = [name for name in schema.names if name not in have]
+    if missing:
+        raise TableSchemaError(
+            f"the Delta table at {path} has no column {', '.join(map(repr, missing))}: it was "
+            "written by an older Lookout or for other rules; move it (or the whole lakehouse) "
+            "aside and start again"
+        )
 
 
 def append_once(

@@ -56,6 +56,7 @@ def _rules_or_report(config: Config, paths: Sequence[str] | None) -> RuleSet | N
 def run_engine(config: Config, rule_paths: Sequence[str] | None) -> int:
     """Run the Spark job until a signal arrives."""
     from engine.spark.job import EngineJob
+    from engine.tables import TableSchemaError
 
     rule_set = _rules_or_report(config, rule_paths)
     if rule_set is None:
@@ -63,7 +64,11 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None) -> int:
     stop = threading.Event()
     _stop_on_signals(stop)
     job = EngineJob(config, rule_set.plan, alert_specs(rule_set))
-    job.run_until(stop)
+    try:
+        job.run_until(stop)
+    except TableSchemaError as err:
+        print(f"lookout engine: {err}", file=sys.stderr)
+        return 2
     return 0
 
 
