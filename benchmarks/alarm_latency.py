@@ -37,6 +37,7 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from engine.core.sequencer import SlackClock
 from engine.spark.job import EngineJob
 from ingest.heartbeats import SilenceHeartbeats
 from ingest.landing import LandingWriter
@@ -72,7 +73,7 @@ class Feeder:
         self.rng = random.Random(seed)
         self.silent_until = [0] * stations
         self.seq = 0
-        self.max_ts = 0
+        self.clock = SlackClock(SLACK_MS)  # the stream's watermark, as the landing keeps it
         self.landed: list[tuple[int, int]] = []  # (landed at, watermark after) per file
 
     def tick(self, wall: int, silence: bool) -> None:
@@ -91,16 +92,18 @@ class Feeder:
                              "source": f"loop-{s + 1}"})  # fmt: skip
         if readings:
             self.writer.add_readings("traffic", readings, "lookout/traffic/bench/readings", wall)
-            self.max_ts = max(self.max_ts, wall)
-            self.writer.flush()
-            self.landed.append((now_ms(), self.max_ts - SLACK_MS))
+            self._land(wall)
 
     def heartbeat(self, event_ms: int, wall: int) -> None:
         """Land a heartbeat of the stream at `event_ms`."""
         self.writer.add_heartbeat("traffic", {"ts": event_ms, "source": "bench"}, wall)
+        self._land(event_ms)
+
+    def _land(self, latest_ms: int) -> None:
+        """Flush the file and note when it landed and the watermark after it."""
         self.writer.flush()
-        self.max_ts = max(self.max_ts, event_ms)
-        self.landed.append((now_ms(), self.max_ts - SLACK_MS))
+        self.clock.admit(latest_ms)
+        self.landed.append((now_ms(), self.clock.watermark))
 
 
 def passed_at(landed: list[tuple[int, int]], instant: int) -> int | None:
@@ -188,7 +191,7 @@ def main() -> None:
         # Quiet: nobody sends; heartbeats as `ingest --heartbeat-after` would land them.
         quiet_from = now_ms()
         beats = SilenceHeartbeats(int(args.heartbeat_after * 1000))
-        beats.observe("traffic", feeder.max_ts, quiet_from)
+        beats.observe("traffic", feeder.clock.max_ts or quiet_from, quiet_from)
         while now_ms() - quiet_from < 15_000:
             wall = now_ms()
             for _, event_ms in beats.due(wall):

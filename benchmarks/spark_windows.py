@@ -97,8 +97,8 @@ def fill_lakehouse(lakehouse: Path, data: pa.Table, rule_text: str) -> tuple[Con
     schema = tables.readings_schema(rule_set.plan.streams["traffic"])
     n = data.num_rows
     ts_ms = data["ts"].cast(pa.int64()).to_numpy() // 1000
-    # The landing's stamp: the highest event time so far minus the stream's slack (2 s).
-    arrival = np.maximum.accumulate(ts_ms) - 2_000
+    # The landing's stamp: the highest event time so far minus the stream's slack.
+    arrival = np.maximum.accumulate(ts_ms) - rule_set.plan.streams["traffic"].slack_ms
     full = pa.table(
         {
             "station": data["station"],
