@@ -115,17 +115,22 @@ def pack(batch: pa.RecordBatch, router: Router) -> pa.RecordBatch:
                 orjson.dumps(key).decode(),
                 times[start:end],
                 stamps.slice(start, end - start),
-                _ipc(members.slice(start, end - start)),
+                ipc_bytes(members.slice(start, end - start)),
             )
     return pa.RecordBatch.from_pydict(out, schema=PACKED_SCHEMA)
 
 
-def _ipc(batch: pa.RecordBatch) -> bytes:
-    """The batch as an Arrow IPC stream: no Python object per row on either side."""
+def ipc_bytes(data: pa.RecordBatch | pa.Table) -> bytes:
+    """`data` as an Arrow IPC stream: no Python object per row on either side."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
+    with pa.ipc.new_stream(sink, data.schema) as writer:
+        writer.write(data)
     return sink.getvalue().to_pybytes()
+
+
+def read_ipc(payload: bytes) -> pa.Table:
+    """The table an :func:`ipc_bytes` payload holds."""
+    return pa.ipc.open_stream(payload).read_all()
 
 
 def _cuts(rows: pa.RecordBatch, key: tuple[str, ...]) -> list[int]:
@@ -141,6 +146,6 @@ def _cuts(rows: pa.RecordBatch, key: tuple[str, ...]) -> list[int]:
 
 def unpack(payload: bytes) -> list[dict[str, Any]]:
     """The rows of a packed row, as the engine core takes them."""
-    columns = pa.ipc.open_stream(payload).read_all().to_pydict()
+    columns = read_ipc(payload).to_pydict()
     names = list(columns)
     return [dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True)]

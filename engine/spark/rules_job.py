@@ -43,7 +43,6 @@ from typing import Any
 import orjson
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -70,11 +69,25 @@ from engine.spark.packing import (
     STAGE,
     Route,
     Router,
+    ipc_bytes,
+    read_ipc,
     unpack,
 )
 from lookout.config import Config
 
-OUTPUT_SCHEMA = "sink STRING, ts LONG, key STRING, row STRING, source STRING, seq LONG"
+# What the processor emits: per group advance and sink, that sink's outputs as one Arrow
+# IPC payload (`stream_rows` for a derived stream, `RAW_OUTPUTS` for an alert or the
+# clock), so Spark carries a row per group rather than per output.
+OUTPUT_SCHEMA = "sink STRING, outputs BINARY"
+RAW_OUTPUTS = pa.schema(
+    [
+        pa.field("ts", pa.int64()),
+        pa.field("key", pa.string()),
+        pa.field("row", pa.string()),
+        pa.field("source", pa.string()),
+        pa.field("seq", pa.int64()),
+    ]
+)
 # Files of a readings or derived table per micro-batch: the landing writes one file per
 # stream and landing batch (about a second of readings).
 MAX_FILES_PER_BATCH = 20
@@ -90,8 +103,9 @@ class StageProcessor(StatefulProcessor):
     are added.
     """
 
-    def __init__(self, stages: Mapping[str, Stage]) -> None:
+    def __init__(self, stages: Mapping[str, Stage], streams: Mapping[str, StreamSchema]) -> None:
         self.stages = dict(stages)
+        self.streams = dict(streams)  # the derived streams the stages write, by name
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -142,16 +156,7 @@ class StageProcessor(StatefulProcessor):
             self.handle.deleteTimer(timer)
         # Expires in the next batch whose watermark is higher: one tick per advance.
         self.handle.registerTimer(watermark + 1)
-        yield pd.DataFrame(
-            {
-                "sink": [CLOCK],
-                "ts": [watermark + 1],
-                "key": [""],
-                "row": ["{}"],
-                "source": [""],
-                "seq": [0],
-            }
-        )
+        yield packed_outputs([Output(CLOCK, watermark + 1, {})], "", {})
 
     def _advance(
         self, key: Any, stage: Stage, evaluator: KeyedEvaluator, watermark: int
@@ -167,22 +172,39 @@ class StageProcessor(StatefulProcessor):
             # Fires once the Spark watermark reaches wakeup - 1, i.e. advance(wakeup).
             self.handle.registerTimer(wakeup - 1)
         if outputs:
-            yield _frame(outputs, format_key(stage.key, tuple(orjson.loads(key[1]))))
+            key_text = format_key(stage.key, tuple(orjson.loads(key[1])))
+            yield packed_outputs(outputs, key_text, self.streams)
 
     def close(self) -> None:
         pass
 
 
-def _frame(outputs: list[Output], key: str) -> pd.DataFrame:
-    return pd.DataFrame(
-        {
-            "sink": [o.sink for o in outputs],
-            "ts": [o.ts for o in outputs],
-            "key": [key] * len(outputs),
-            "row": [orjson.dumps(o.row).decode() for o in outputs],
-            "source": [o.source for o in outputs],
-            "seq": [o.seq for o in outputs],
-        }
+def packed_outputs(
+    outputs: list[Output], key: str, streams: Mapping[str, StreamSchema]
+) -> pd.DataFrame:
+    """`OUTPUT_SCHEMA` rows for one group's outputs (`key` as alerts show it): one per
+    sink, typed as the derived stream's table in `streams`, else as `RAW_OUTPUTS`."""
+    by_sink: dict[str, list[Output]] = {}
+    for output in outputs:
+        by_sink.setdefault(output.sink, []).append(output)
+    payloads = [
+        ipc_bytes(stream_rows(streams[sink], part) if sink in streams else raw_outputs(part, key))
+        for sink, part in by_sink.items()
+    ]
+    return pd.DataFrame({"sink": list(by_sink), "outputs": payloads})
+
+
+def raw_outputs(outputs: list[Output], key: str) -> pa.Table:
+    """Outputs as `RAW_OUTPUTS` rows: the row as JSON, for the driver's alert rows."""
+    return pa.Table.from_arrays(
+        [
+            pa.array([o.ts for o in outputs], pa.int64()),
+            pa.array([key] * len(outputs), pa.string()),
+            pa.array([orjson.dumps(o.row).decode() for o in outputs], pa.string()),
+            pa.array([o.source for o in outputs], pa.string()),
+            pa.array([o.seq for o in outputs], pa.int64()),
+        ],
+        schema=RAW_OUTPUTS,
     )
 
 
@@ -207,12 +229,16 @@ class OutputWriter:
         self.fed = fed_streams(plan, stages)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        outputs = batch.toArrow()
-        sinks = outputs.column("sink")
+        packed = batch.toArrow()
+        parts: dict[str, list[pa.Table]] = {}
+        for sink, payload in zip(
+            packed.column("sink").to_pylist(), packed.column("outputs").to_pylist(), strict=True
+        ):
+            parts.setdefault(sink, []).append(read_ipc(payload))
         alerts: list[dict[str, Any]] = []
         ticks: list[int] = []
-        for sink in sorted(pc.unique(sinks).to_pylist()):
-            part = outputs.filter(pc.equal(sinks, sink))
+        for sink in sorted(parts):
+            part = pa.concat_tables(parts[sink])
             if sink == CLOCK:
                 ticks = part.column("ts").to_pylist()
             elif self.kinds[sink] == SinkKind.ALERT:
@@ -222,7 +248,7 @@ class OutputWriter:
                 tables.append_once(
                     self.config.table(sink),
                     tables.derived_schema(self.plan.streams[sink]),
-                    stream_rows(self.plan.streams[sink], part),
+                    part,  # typed as the table by the processor (`stream_rows`)
                     f"lookout-{self.name}-{sink}",
                     batch_id,
                 )
@@ -249,20 +275,24 @@ class OutputWriter:
             )
 
 
-def stream_rows(schema: StreamSchema, outputs: pa.Table) -> pa.Table:
+def stream_rows(schema: StreamSchema, outputs: list[Output]) -> pa.Table:
     """A derived stream's outputs as its table stores them: the SELECT list and the
     (source, seq) tie order that stages reading the stream use. Built column by column
-    (a batch can hold a million windows)."""
-    rows = [orjson.loads(text) for text in outputs.column("row").to_pylist()]
+    (a batch can hold a million windows); timestamps are epoch ms in the rows."""
+    rows = [o.row for o in outputs]
     columns = [
-        pa.array([row.get(c.name) for row in rows], pa.timestamp("ms", tz="UTC")).cast(
-            tables.TIMESTAMP
-        )
-        if c.type == ColumnType.TIMESTAMP
-        else pa.array([row.get(c.name) for row in rows], tables.ARROW_TYPES[c.type])
+        pa.array(
+            [row.get(c.name) for row in rows],
+            pa.timestamp("ms", tz="UTC")
+            if c.type == ColumnType.TIMESTAMP
+            else tables.ARROW_TYPES[c.type],
+        ).cast(tables.ARROW_TYPES[c.type])
         for c in schema.columns
     ]
-    columns += [outputs.column("source").combine_chunks(), outputs.column("seq").combine_chunks()]
+    columns += [
+        pa.array([o.source for o in outputs], pa.string()),
+        pa.array([o.seq for o in outputs], pa.int64()),
+    ]
     return pa.Table.from_arrays(columns, schema=tables.derived_schema(schema))
 
 
@@ -373,11 +403,14 @@ def start_rules_query(
 ) -> StreamingQuery:
     """Start the one streaming query that runs every stage reading `stream`."""
     ts = stages[0].timestamp
-    for stage in stages:
-        for q in (stage.query, *stage.downstream):
-            if q.sink.kind == SinkKind.STREAM:
-                sink = plan.streams[q.sink.name]
-                tables.ensure_table(config.table(sink.name), tables.derived_schema(sink))
+    written = {
+        sink: plan.streams[sink]
+        for stage in stages
+        for sink, kind in _sinks(stage).items()
+        if kind == SinkKind.STREAM
+    }
+    for sink in written.values():
+        tables.ensure_table(config.table(sink.name), tables.derived_schema(sink))
     tables.ensure_table(config.table("alerts"), tables.ALERTS)
     tables.ensure_table(config.table("heartbeats"), tables.HEARTBEATS)
     router = Router(
@@ -402,7 +435,10 @@ def start_rules_query(
         reduce(DataFrame.unionByName, packed)
         .groupBy(STAGE, KEY)
         .transformWithStateInPandas(
-            StageProcessor({s.name: s for s in stages}), OUTPUT_SCHEMA, "Append", "EventTime"
+            StageProcessor({s.name: s for s in stages}, written),
+            OUTPUT_SCHEMA,
+            "Append",
+            "EventTime",
         )
     )
     return (
