@@ -29,7 +29,6 @@ from __future__ import annotations
 import itertools
 import json
 import pickle
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,13 +36,12 @@ from engine.core.plan import (
     END_OF_TIME,
     R2S,
     ExtentWindow,
-    Filter,
-    LookupJoin,
     OverWindow,
     Query,
     RelationWindow,
+    RowOps,
     Stage,
-    StatelessOp,
+    compile_ops,
 )
 from engine.core.windows import (
     ExtentOperator,
@@ -92,20 +90,6 @@ class Output:
     row: dict[str, Any]
     source: str = ""
     seq: int = 0
-
-
-def apply_ops(ops: Iterable[StatelessOp], row: Row) -> list[Row]:
-    """Run stateless ops on a row: the rows that come out (a filter may drop it, a
-    lookup join may give several)."""
-    rows = [row]
-    for op in ops:
-        if isinstance(op, Filter):
-            rows = [r for r in rows if op.predicate(r)]
-        elif isinstance(op, LookupJoin):
-            rows = [joined for r in rows for joined in op.matches(r)]
-        else:
-            rows = [{name: expr(r) for name, expr in op.columns} for r in rows]
-    return rows
 
 
 class KeyedEvaluator:
@@ -157,10 +141,14 @@ class KeyedEvaluator:
         self.pending: list[tuple[int, str, int, int, Row]] = []
         self._tiebreak = itertools.count()
         self.pre = stage.query.pre
+        self._pre, self._post = compile_ops(self.pre), compile_ops(stage.query.post)
         self.ts_column = stage.timestamp
-        self._consumers: dict[str, list[Query]] = {}
+        # Per stream this stage writes: the stateless queries reading it, with their
+        # pre and post ops.
+        self._consumers: dict[str, list[tuple[Query, RowOps, RowOps]]] = {}
         for q in stage.downstream:
-            self._consumers.setdefault(q.input, []).append(q)
+            entry = (q, compile_ops(q.pre), compile_ops(q.post))
+            self._consumers.setdefault(q.input, []).append(entry)
 
     def insert(self, row: Row) -> None:
         """Buffer one input tuple (processed by a later ``advance``)."""
@@ -176,7 +164,7 @@ class KeyedEvaluator:
             return
         source, seq = row["source"], row["seq"]
         # Several rows of one tuple (a lookup join's matches) keep the table's row order.
-        for kept in apply_ops(self.pre, row):
+        for kept in self._pre(row):
             self.pending.append((ts, source, seq, next(self._tiebreak), kept))
 
     def advance(self, watermark: int) -> list[Output]:
@@ -231,7 +219,7 @@ class KeyedEvaluator:
                     self._deliver(query, ts, row, out)
                 continue
             for ts, row in results:
-                self._emit(query, ts, row, out)
+                self._emit(query, self._post, ts, row, out)
         del pending[:i]
         if self.change is not None and self.change[0] < watermark:
             self._commit(out)
@@ -239,17 +227,16 @@ class KeyedEvaluator:
         self.watermark = max(self.watermark, watermark)
         return out
 
-    def _emit(self, query: Query, ts: int, row: Row, out: list[Output]) -> None:
-        """Run ``query``'s post ops and deliver the result."""
-        for final in apply_ops(query.post, row):
+    def _emit(self, query: Query, post: RowOps, ts: int, row: Row, out: list[Output]) -> None:
+        """Run ``query``'s post ops (``post``) and deliver the result."""
+        for final in post(row):
             self._deliver(query, ts, final, out)
 
     def _relation_change(self, ts: int, results: list[Result], out: list[Output]) -> None:
         """Note R's rows from instant ``ts`` on; an earlier pending change is final now."""
         if self.change is not None and self.change[0] < ts:
             self._commit(out)
-        post = self.stage.query.post
-        rows = [r for _, row in results for r in apply_ops(post, row)]
+        rows = [r for _, row in results for r in self._post(row)]
         self.change = (ts, rows)
 
     def _commit(self, out: list[Output]) -> None:
@@ -275,9 +262,9 @@ class KeyedEvaluator:
         """Write a row to ``query``'s sink, then feed the stateless queries reading it."""
         out.append(Output(query.sink.name, ts, final, self.source, self.emitted))
         self.emitted += 1
-        for consumer in self._consumers.get(query.sink.name, ()):
-            for kept in apply_ops(consumer.pre, final):
-                self._emit(consumer, ts, kept, out)
+        for consumer, pre, post in self._consumers.get(query.sink.name, ()):
+            for kept in pre(final):
+                self._emit(consumer, post, ts, kept, out)
 
     def next_wakeup(self) -> int | None:
         """The smallest watermark at which ``advance`` would emit something new."""

@@ -39,7 +39,7 @@ Contract (read by ``rules/language`` and ``engine/spark``; changes here are addi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -159,6 +159,37 @@ class LookupJoin:
 
 
 StatelessOp = Filter | Project | LookupJoin
+RowOps = Callable[[Mapping[str, Any]], list[dict[str, Any]]]
+"""Stateless ops compiled into one function (:func:`compile_ops`)."""
+
+
+def compile_ops(ops: Sequence[StatelessOp]) -> RowOps:
+    """The ops as one function from a row to the rows that come out (a filter may drop
+    it, a lookup join may give several), built once: it runs per tuple and per output,
+    where dispatching on each op's type would cost more than a projection."""
+
+    def step(op: StatelessOp) -> Callable[[list[Any]], list[Any]]:
+        if isinstance(op, Filter):
+            keep = op.predicate
+            return lambda rows: [r for r in rows if keep(r)]
+        if isinstance(op, LookupJoin):
+            matches = op.matches
+            return lambda rows: [joined for r in rows for joined in matches(r)]
+        columns = op.columns
+        return lambda rows: [{name: expr(r) for name, expr in columns} for r in rows]
+
+    if len(ops) == 1 and isinstance(ops[0], Project):  # the usual post: a SELECT list
+        columns = ops[0].columns
+        return lambda row: [{name: expr(row) for name, expr in columns}]
+    steps = [step(op) for op in ops]
+
+    def run(row: Mapping[str, Any]) -> list[Any]:
+        rows = [row]
+        for one in steps:
+            rows = one(rows)
+        return rows
+
+    return run
 
 
 class FrameUnits(StrEnum):

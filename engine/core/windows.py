@@ -39,12 +39,11 @@ from engine.core.plan import (
     R2S,
     AggCall,
     ExtentWindow,
-    Filter,
     FrameUnits,
-    LookupJoin,
     OverWindow,
     RelationWindow,
     StatelessOp,
+    compile_ops,
 )
 
 Row = dict[str, Any]
@@ -128,15 +127,7 @@ class _Aggregating:
     def _bind(self) -> None:
         """Hot-path shortcuts (per tuple, every attribute lookup counts): the argument
         reader and, when all aggregates are incremental, their bound methods."""
-        if len(self.calls) == 1 and len(self.calls[0].args) == 1:
-            only = self.calls[0].args[0]
-            self._read_args = lambda row: ((only(row),),)
-        elif all(len(c.args) == 1 for c in self.calls):
-            firsts = [c.args[0] for c in self.calls]
-            self._read_args = lambda row: tuple([(e(row),) for e in firsts])
-        else:
-            every = [c.args for c in self.calls]
-            self._read_args = lambda row: tuple([tuple([e(row) for e in a]) for a in every])
+        self._read_args = args_reader(self.calls)
         if self.all_incremental:
             self._accumulate = [a.accumulate for a in self.aggs]  # type: ignore[attr-defined]
             self._retract = [a.retract for a in self.aggs]  # type: ignore[attr-defined]
@@ -232,6 +223,19 @@ class _Aggregating:
         for agg, s in zip(self.aggs, aggs, strict=True):
             agg.set_state(s)
         self.views = [None if v is None else BufferView(deque(v)) for v in views]
+
+
+def args_reader(calls: tuple[AggCall, ...]) -> Callable[[Row], tuple[tuple[Any, ...], ...]]:
+    """A row's argument tuple per call, with the common shapes (one call of one
+    argument, one argument each) read without nested loops: it runs per tuple."""
+    if len(calls) == 1 and len(calls[0].args) == 1:
+        only = calls[0].args[0]
+        return lambda row: ((only(row),),)
+    if all(len(c.args) == 1 for c in calls):
+        firsts = [c.args[0] for c in calls]
+        return lambda row: tuple([(e(row),) for e in firsts])
+    every = [c.args for c in calls]
+    return lambda row: tuple([tuple([e(row) for e in a]) for a in every])
 
 
 def _as_is(emitted: list[list[Any]]) -> list[list[Any]]:
@@ -715,12 +719,14 @@ class _PaneQueue:
 
     def __init__(self, calls: tuple[AggCall, ...]) -> None:
         self.calls = calls
+        # A pane per slide can mean a partial per output: construct, don't look up.
+        self.makers = tuple(_maker(c) for c in calls)
         self.front: list[tuple[int, list[IncrementalAggregate]]] = []
         self.back: list[tuple[int, list[IncrementalAggregate]]] = []
         self.back_total = self.fresh()
 
     def fresh(self) -> list[IncrementalAggregate]:
-        return [_incremental(c) for c in self.calls]
+        return [make() for make in self.makers]
 
     def merged(self, *parts: list[IncrementalAggregate]) -> list[IncrementalAggregate]:
         """A fresh partial merging ``parts``, oldest first."""
@@ -749,10 +755,15 @@ class _PaneQueue:
         """Drop the panes older than ``index``."""
         while (oldest := self.oldest()) is not None and oldest < index:
             if not self.front:
+                # Each pane absorbs the newer ones' merge in place: once in `front`
+                # only its suffix merge is read (`back_total` no longer holds it).
                 suffix: list[IncrementalAggregate] | None = None
                 for j, pane in reversed(self.back):
-                    suffix = self.merged(pane, suffix) if suffix is not None else pane
-                    self.front.append((j, suffix))
+                    if suffix is not None:
+                        for agg, newer in zip(pane, suffix, strict=True):
+                            agg.merge(newer)
+                    suffix = pane
+                    self.front.append((j, pane))
                 self.back, self.back_total = [], self.fresh()
             self.front.pop()
 
@@ -804,6 +815,7 @@ class PaneExtentOperator:
         self.window = window
         self.calls = window.aggregates
         self.pane_ms = math.gcd(window.range_ms, window.slide_ms)
+        self._read_args = args_reader(self.calls)
         self.queue = _PaneQueue(self.calls)
         self.current: list[IncrementalAggregate] | None = None  # the newest, open pane
         self.current_index = 0
@@ -830,9 +842,35 @@ class PaneExtentOperator:
             self.queue.evict_before(low)
             self.current, self.current_index = self.queue.fresh(), index
         for _, row in group:
-            for agg, call in zip(self.current, self.calls, strict=True):
-                agg.accumulate(*[e(row) for e in call.args])
+            for agg, args in zip(self.current, self._read_args(row), strict=True):
+                agg.accumulate(*args)
         return []
+
+    def arrive_slot(
+        self, pending: list[tuple[int, str, int, int, Row]], i: int, n: int, watermark: int
+    ) -> int:
+        """``arrive`` for a run of the evaluator's sorted ``pending`` entries ``(ts,
+        source, seq, tiebreak, row)`` from index ``i`` (below ``n``): those below
+        ``watermark`` that come before the next timer. A tuple that opens a pane goes
+        through ``arrive`` (its checks, eviction), and only that can move the timer; the
+        tuples after it in the same pane are accumulated directly. Returns the index
+        after the run; no outputs (extents are emitted by timers)."""
+        pane_ms, read = self.pane_ms, self._read_args
+        j = i
+        while True:
+            ts, _, _, _, row = pending[j]
+            self.arrive([(ts, row)])
+            j += 1
+            timer = self.next_timer()
+            stop = watermark if timer is None else min(watermark, timer + 1)
+            if self.current is not None:
+                index, current = self.current_index, self.current
+                while j < n and (ts := pending[j][0]) < stop and ts // pane_ms == index:
+                    for agg, args in zip(current, read(pending[j][4]), strict=False):
+                        agg.accumulate(*args)
+                    j += 1
+            if j == n or pending[j][0] >= stop:
+                return j
 
     def _close_pane(self) -> None:
         if self.current is not None:
@@ -866,9 +904,11 @@ class PaneExtentOperator:
         self.showing = len(self.queue) > 0
         if not self.showing:
             return []
-        values = [[agg.get_value()] for agg in self.queue.total()]
         row = {**(self.key or {}), "window_start": start, "window_end": end}
-        return _combine(end, row, self.calls, values)
+        # Incremental aggregates give one value each: one row, no combinations.
+        for call, agg in zip(self.calls, self.queue.total(), strict=True):
+            row[call.alias] = agg.get_value()
+        return [(end, row)]
 
     def settle(self, watermark: int) -> None:
         """Panes leave at extent closes (timers), never in between."""
@@ -936,7 +976,7 @@ class RelationOperator:
         _check_relation(window)
         self.window = window
         self.r2s = r2s
-        self.post = post
+        self._rows = compile_ops(post)  # a tuple's rows: post applied once, on arrival
         self.rows_frame = window.units is FrameUnits.ROWS
         leaves = self.rows_frame or window.range_ms is not None or bool(window.reset_every_ms)
         self.keep = leaves or r2s is R2S.RSTREAM
@@ -963,12 +1003,6 @@ class RelationOperator:
         if w.reset_every_ms:
             return enter, (ts // w.reset_every_ms + 1) * w.reset_every_ms
         return enter, None
-
-    def _rows(self, row: Row) -> list[Row]:
-        rows = [row]
-        for op in self.post:
-            rows = _apply_op(op, rows)
-        return rows
 
     def arrive(self, group: list[Arrival]) -> list[Result]:
         """The instant of the group: its tuples enter (now or later), others leave."""
@@ -1051,15 +1085,6 @@ class RelationOperator:
         self.waiting, self.members = deque(waiting), deque(members)
 
 
-def _apply_op(op: StatelessOp, rows: list[Row]) -> list[Row]:
-    """One stateless op over rows (as ``evaluator.apply_ops``)."""
-    if isinstance(op, Filter):
-        return [r for r in rows if op.predicate(r)]
-    if isinstance(op, LookupJoin):
-        return [joined for r in rows for joined in op.matches(r)]
-    return [{name: expr(r) for name, expr in op.columns} for r in rows]
-
-
 def _bag_minus(rows: list[Row], other: list[Row]) -> list[Row]:
     """``rows`` minus ``other`` as bags (one copy of ``other`` cancels one of ``rows``),
     the survivors in their order."""
@@ -1107,6 +1132,12 @@ def _incremental(call: AggCall) -> IncrementalAggregate:
     agg = make_aggregate(call.name, call.factory)
     assert isinstance(agg, IncrementalAggregate)
     return agg
+
+
+def _maker(call: AggCall) -> Callable[[], IncrementalAggregate]:
+    """What makes the call's incremental aggregate (checked once, here)."""
+    first = _incremental(call)
+    return call.factory if call.factory is not None else type(first)  # type: ignore[return-value]
 
 
 def pane_eligible(window: OverWindow) -> bool:

@@ -128,8 +128,10 @@ def compile_expr(
             value = node.value
             return lambda row: value
         if isinstance(node, ast.Column):
-            name = row_keys.get((node.qualifier, node.name), node.name)
-            return lambda row: row.get(name)
+            # C-level `row.get(name)`: column reads run per tuple and per output.
+            return operator.methodcaller(
+                "get", row_keys.get((node.qualifier, node.name), node.name)
+            )
         if isinstance(node, ast.Unary):
             inner = build(node.operand)
             if node.op == "NOT":
@@ -145,8 +147,7 @@ def compile_expr(
         if isinstance(node, ast.Case):
             return case(node)
         if node in aggs:
-            alias = aggs[node]
-            return lambda row: row.get(alias)
+            return operator.methodcaller("get", aggs[node])
         if node.over is not None or (node.name not in _SCALARS and node.name != "coalesce"):
             raise Unsupported(node.pos, f"the aggregate '{node.name}' here")
         args = [build(a) for a in node.args]
