@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import json
 import pickle
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,20 +153,32 @@ class KeyedEvaluator:
 
     def insert(self, row: Row) -> None:
         """Buffer one input tuple (processed by a later ``advance``)."""
-        ts = row[self.ts_column]
-        if ts < self.watermark:
+        self.insert_many((row,))
+
+    def insert_many(self, rows: Sequence[Row]) -> None:
+        """Buffer input tuples (processed by a later ``advance``), in arrival order."""
+        if not rows:
+            return
+        ts_column, tiebreak = self.ts_column, self._tiebreak
+        times = [row[ts_column] for row in rows]
+        if (oldest := min(times)) < self.watermark:
             raise ValueError(
-                f"late tuple: ts {ts} < watermark {self.watermark} (the runtime must divert it)"
+                f"late tuple: ts {oldest} < watermark {self.watermark} (the runtime must divert it)"
             )
         if not self.source:
-            self.source = derived_source(self.stage.name, tuple(row.get(c) for c in self.stage.key))
+            key = tuple(rows[0].get(c) for c in self.stage.key)
+            self.source = derived_source(self.stage.name, key)
         if not self.pre:
-            self.pending.append((ts, row["source"], row["seq"], next(self._tiebreak), row))
+            self.pending += [
+                (ts, row["source"], row["seq"], next(tiebreak), row)
+                for ts, row in zip(times, rows, strict=True)
+            ]
             return
-        source, seq = row["source"], row["seq"]
-        # Several rows of one tuple (a lookup join's matches) keep the table's row order.
-        for kept in self._pre(row):
-            self.pending.append((ts, source, seq, next(self._tiebreak), kept))
+        for ts, row in zip(times, rows, strict=True):
+            # Several rows of one tuple (a lookup join's matches) keep the table's row order.
+            source, seq = row["source"], row["seq"]
+            for kept in self._pre(row):
+                self.pending.append((ts, source, seq, next(tiebreak), kept))
 
     def advance(self, watermark: int) -> list[Output]:
         """Process every buffered tuple and timer strictly below ``watermark``."""
