@@ -597,9 +597,8 @@ class PaneOperator:
     The stream is cut into panes of ``g = gcd(n + 1, s)`` rows, each summarised by one
     partial aggregate per call instead of its tuples; every yield tuple ends a pane, and
     its window is exactly the last ``k = (n + 1) / g`` panes. The panes slide through a
-    two-stack queue (only ``merge`` needed, no inverse): ``back`` holds the newest panes
-    and their running merge, ``front`` the suffix merges of the oldest ones, rebuilt from
-    ``back`` when it runs dry, so a yield costs O(1) merges amortised. State: at most
+    :class:`_PaneQueue` (only ``merge`` needed, no inverse), so a yield costs O(1)
+    merges amortised. State: at most
     ``k + 2`` partials per call (``window / slide + 2`` when the slide divides the
     window) against ``n + 1`` buffered tuples without panes. Outputs equal
     :class:`OverOperator`'s up to float round-off (partials merge, not retract).
@@ -612,59 +611,32 @@ class PaneOperator:
         self.slide = window.slide_rows
         self.pane_rows = math.gcd(window.preceding + 1, self.slide)
         self.per_window = (window.preceding + 1) // self.pane_rows
-        self.front: list[list[IncrementalAggregate]] = []  # suffix merges, oldest on top
-        self.back: list[list[IncrementalAggregate]] = []  # newest panes, oldest first
-        self.back_total = self._fresh()
-        self.current = self._fresh()
+        self._read_args = args_reader(self.calls)
+        self.queue = _PaneQueue(self.calls)  # completed panes, numbered from 0
+        self.current = self.queue.fresh()
         self.arrived = 0
-
-    def _fresh(self) -> list[IncrementalAggregate]:
-        return [_incremental(c) for c in self.calls]
-
-    def _merged(self, *parts: list[IncrementalAggregate]) -> list[IncrementalAggregate]:
-        """A fresh partial merging ``parts``, oldest first."""
-        total = self._fresh()
-        for part in parts:
-            for agg, partial in zip(total, part, strict=True):
-                agg.merge(partial)
-        return total
 
     def arrive(self, group: list[Arrival]) -> list[Result]:
         """Accumulate into the open pane; at each yield tuple, read the window's panes."""
         out: list[Result] = []
         for ts, row in group:
-            for agg, call in zip(self.current, self.calls, strict=True):
-                agg.accumulate(*[e(row) for e in call.args])
+            for agg, args in zip(self.current, self._read_args(row), strict=True):
+                agg.accumulate(*args)
             self.arrived += 1
             if self.arrived % self.pane_rows:
                 continue
-            self.back.append(self.current)
-            self.back_total = self._merged(self.back_total, self.current)
-            self.current = self._fresh()
-            if len(self.front) + len(self.back) > self.per_window:
-                self._evict()
+            done = self.arrived // self.pane_rows  # panes completed, this one included
+            self.queue.push(done - 1, self.current)
+            self.current = self.queue.fresh()
+            self.queue.evict_before(done - self.per_window)
             if self.arrived % self.slide == 0:
-                window = (
-                    self._merged(self.front[-1], self.back_total)
-                    if self.front
-                    else (self.back_total)
-                )
-                out.extend(_combine(ts, row, self.calls, [[a.get_value()] for a in window]))
+                values = [[a.get_value()] for a in self.queue.total()]
+                out.extend(_combine(ts, row, self.calls, values))
         return out
-
-    def _evict(self) -> None:
-        """Drop the oldest pane, first turning ``back`` into suffix merges if needed."""
-        if not self.front:
-            suffix: list[IncrementalAggregate] | None = None
-            for pane in reversed(self.back):
-                suffix = self._merged(pane, suffix) if suffix is not None else pane
-                self.front.append(suffix)
-            self.back, self.back_total = [], self._fresh()
-        self.front.pop()
 
     def partials(self) -> int:
         """How many partial aggregates (per call) the operator holds."""
-        return len(self.front) + len(self.back) + 2
+        return len(self.queue) + 2
 
     def next_timer(self) -> int | None:
         """Row panes need no timers."""
@@ -678,32 +650,29 @@ class PaneOperator:
         """Panes move by arrivals only."""
 
     def get_state(self) -> Any:
-        """The partials' states and the arrival count."""
-
-        def states(part: list[IncrementalAggregate]) -> list[Any]:
-            return [a.get_state() for a in part]
-
+        """The partials' states and the arrival count (pane numbers follow from it)."""
+        front, back, back_total = self.queue.get_state()
         return (
-            [states(p) for p in self.front],
-            [states(p) for p in self.back],
-            states(self.back_total),
-            states(self.current),
+            [p for _, p in front],
+            [p for _, p in back],
+            back_total,
+            [a.get_state() for a in self.current],
             self.arrived,
         )
 
     def set_state(self, state: Any) -> None:
         """Restore what ``get_state`` returned."""
         front, back, back_total, current, self.arrived = state
-        self.front = [self._restored(p) for p in front]
-        self.back = [self._restored(p) for p in back]
-        self.back_total = self._restored(back_total)
-        self.current = self._restored(current)
-
-    def _restored(self, states: list[Any]) -> list[IncrementalAggregate]:
-        aggs = self._fresh()
-        for agg, st in zip(aggs, states, strict=True):
-            agg.set_state(st)
-        return aggs
+        # `back` holds the newest completed panes, `front` the ones before, oldest last.
+        first_back = self.arrived // self.pane_rows - len(back)
+        self.queue.set_state(
+            (
+                [(first_back - 1 - k, p) for k, p in enumerate(front)],
+                [(first_back + k, p) for k, p in enumerate(back)],
+                back_total,
+            )
+        )
+        self.current = self.queue.restored(current)
 
 
 MAX_EXTENT_PANES = 4096
@@ -715,7 +684,7 @@ class _PaneQueue:
     """A FIFO of pane partials ``(pane index, one partial per call)`` whose total merge is
     read in O(1) amortised with ``merge`` only: ``back`` holds the newest panes and their
     running merge ``back_total``; ``front`` holds suffix merges of the oldest ones
-    (oldest on top), rebuilt from ``back`` when it runs dry (as :class:`PaneOperator`)."""
+    (oldest on top), rebuilt from ``back`` when it runs dry."""
 
     def __init__(self, calls: tuple[AggCall, ...]) -> None:
         self.calls = calls
