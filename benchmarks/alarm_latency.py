@@ -17,7 +17,10 @@ clock, and now and then one station falls silent for 8 s.
   have passed the expiry (e + slack), i.e. processing plus what waiting for heartbeats
   costs; the difference to the busy figure is the heartbeats' extra latency.
 
-    python benchmarks/alarm_latency.py [--seconds 90] [--trigger 1.0]
+    python benchmarks/alarm_latency.py [--seconds 90] [--trigger 1.0] [--conf KEY=VALUE ...]
+
+`--conf` sets a Spark SQL setting on the session before the queries start (to compare
+a setting against the session's own).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from deltalake import DeltaTable
 
 from engine.core.sequencer import SlackClock
 from engine.spark.job import EngineJob
+from engine.spark.session import build_session
 from ingest.heartbeats import SilenceHeartbeats
 from ingest.landing import LandingWriter
 from lookout.config import Config, EngineConfig
@@ -164,6 +168,8 @@ def main() -> None:
     parser.add_argument("--trigger", type=float, default=EngineConfig.trigger_seconds)
     parser.add_argument("--heartbeat-after", type=float, default=1.0)
     parser.add_argument("--partitions", type=int, default=EngineConfig.shuffle_partitions)
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark SQL setting for this run (repeatable)")  # fmt: skip
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="lookout-latency-"))
@@ -176,7 +182,12 @@ def main() -> None:
     print(f"{args.stations} stations, a file every {args.tick} s, trigger {args.trigger} s, "
           f"{args.partitions} shuffle partitions, "
           f"slack {SLACK_MS / 1000} s, silence alarm after 5 s")  # fmt: skip
-    job = EngineJob(config, rule_set.plan, alert_specs(rule_set))
+    spark = build_session(engine_config)
+    for setting in args.conf:
+        key, _, value = setting.partition("=")
+        spark.conf.set(key, value)
+        print(f"setting {key} = {value}")
+    job = EngineJob(config, rule_set.plan, alert_specs(rule_set), spark)
     stop = threading.Event()
     engine = threading.Thread(target=job.run_until, args=(stop,), daemon=True)
     engine.start()
