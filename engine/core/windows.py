@@ -722,6 +722,9 @@ class _PaneQueue:
 
     def evict_before(self, index: int) -> None:
         """Drop the panes older than ``index``."""
+        front = self.front
+        while front and front[-1][0] < index:  # the usual case: one pane, from the top
+            front.pop()
         while (oldest := self.oldest()) is not None and oldest < index:
             if not self.front:
                 # Each pane absorbs the newer ones' merge in place: once in `front`

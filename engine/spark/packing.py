@@ -146,6 +146,4 @@ def _cuts(rows: pa.RecordBatch, key: tuple[str, ...]) -> list[int]:
 
 def unpack(payload: bytes) -> list[dict[str, Any]]:
     """The rows of a packed row, as the engine core takes them."""
-    columns = read_ipc(payload).to_pydict()
-    names = list(columns)
-    return [dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+    return read_ipc(payload).to_pylist()
