@@ -120,6 +120,11 @@ class IncrementalAggregate(WindowAggregate):
         merged aggregate is only read, never retracted."""
         raise NotImplementedError
 
+    # Optional, for algebraic aggregates: ``merged_value(later)`` returns the value of
+    # this partial merged with ``later`` without building the merge or changing either
+    # (a sliding window reads it once per slide). Without it the window merges copies.
+    merged_value: Callable[[IncrementalAggregate], Any] | None = None
+
     def iterate(self, args: tuple[Any, ...], inwindow: InWindow) -> Iterable[Any]:
         """ESL view: accumulate and emit the new value."""
         self.accumulate(*args)
@@ -154,6 +159,10 @@ class Count(IncrementalAggregate):
         assert isinstance(other, Count)
         self.n += other.n
 
+    def merged_value(self, later: IncrementalAggregate) -> int:  # type: ignore[override]
+        assert isinstance(later, Count)
+        return self.n + later.n
+
 
 class Sum(IncrementalAggregate):
     """``sum(x)``; NULL over no non-NULL value."""
@@ -173,9 +182,6 @@ class Sum(IncrementalAggregate):
             # Reset on empty so float round-off does not outlive the values behind it.
             self.total = self.total - x if self.n else 0
 
-    def get_value(self) -> Any:
-        return self.total if self.n else None
-
     algebraic = True
 
     def merge(self, other: IncrementalAggregate) -> None:
@@ -184,12 +190,27 @@ class Sum(IncrementalAggregate):
             self.total = self.total + other.total if self.n else other.total
             self.n += other.n
 
+    def get_value(self) -> Any:
+        return self.total if self.n else None
+
+    def merged_value(self, later: IncrementalAggregate) -> Any:  # type: ignore[override]
+        assert isinstance(later, Sum)
+        if not (self.n and later.n):
+            return (self if self.n else later).get_value()
+        return self.total + later.total
+
 
 class Avg(Sum):
     """``avg(x)`` as sum / count."""
 
     def get_value(self) -> float | None:
         return self.total / self.n if self.n else None
+
+    def merged_value(self, later: IncrementalAggregate) -> float | None:  # type: ignore[override]
+        assert isinstance(later, Avg)
+        if not (self.n and later.n):
+            return (self if self.n else later).get_value()
+        return (self.total + later.total) / (self.n + later.n)
 
 
 class Var(IncrementalAggregate):
@@ -283,6 +304,12 @@ class Max(IncrementalAggregate):
         value = other.get_value()
         if value is not None:
             self.accumulate(value)
+
+    def merged_value(self, later: IncrementalAggregate) -> Any:  # type: ignore[override]
+        mine, theirs = self.get_value(), later.get_value()
+        if theirs is None or mine is None:
+            return mine if theirs is None else theirs
+        return theirs if self._dominates(theirs, mine) else mine
 
 
 class Min(Max):

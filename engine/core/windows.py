@@ -630,7 +630,7 @@ class PaneOperator:
             self.current = self.queue.fresh()
             self.queue.evict_before(done - self.per_window)
             if self.arrived % self.slide == 0:
-                values = [[a.get_value()] for a in self.queue.total()]
+                values = [[v] for v in self.queue.values()]
                 out.extend(_combine(ts, row, self.calls, values))
         return out
 
@@ -690,6 +690,7 @@ class _PaneQueue:
         self.calls = calls
         # A pane per slide can mean a partial per output: construct, don't look up.
         self.makers = tuple(_maker(c) for c in calls)
+        self.reads_merged = all(agg.merged_value is not None for agg in self.fresh())
         self.front: list[tuple[int, list[IncrementalAggregate]]] = []
         self.back: list[tuple[int, list[IncrementalAggregate]]] = []
         self.back_total = self.fresh()
@@ -738,6 +739,16 @@ class _PaneQueue:
                     self.front.append((j, pane))
                 self.back, self.back_total = [], self.fresh()
             self.front.pop()
+
+    def values(self) -> list[Any]:
+        """Each call's value over every pane held; read through ``merged_value`` when
+        every aggregate has it (no merge built: this runs once per slide)."""
+        if not (self.front and self.back):
+            return [agg.get_value() for agg in self.total()]
+        older, newer = self.front[-1][1], self.back_total
+        if self.reads_merged:
+            return [a.merged_value(b) for a, b in zip(older, newer, strict=True)]  # type: ignore[misc]
+        return [agg.get_value() for agg in self.merged(older, newer)]
 
     def total(self) -> list[IncrementalAggregate]:
         """The merge of every pane held (read only)."""
@@ -878,8 +889,8 @@ class PaneExtentOperator:
             return []
         row = {**(self.key or {}), "window_start": start, "window_end": end}
         # Incremental aggregates give one value each: one row, no combinations.
-        for call, agg in zip(self.calls, self.queue.total(), strict=True):
-            row[call.alias] = agg.get_value()
+        for call, value in zip(self.calls, self.queue.values(), strict=True):
+            row[call.alias] = value
         return [(end, row)]
 
     def settle(self, watermark: int) -> None:
