@@ -226,7 +226,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="lookout-bench-"))
     spark = build_session(EngineConfig(), "lookout-bench")
     print(f"machine: {platform.node()} {os.cpu_count()} cores, {platform.platform()}")
-    print(f"Spark {spark.version}, master {spark.sparkContext.master}")
+    print(f"Spark {spark.version}, master {spark.sparkContext.master}, "
+          f"{spark.conf.get('spark.sql.shuffle.partitions')} shuffle partitions")  # fmt: skip
     results: dict[str, tuple[float, float]] = {}
     flink: dict[str, float] = {}
     warm_up(spark, work / "warm-up")
