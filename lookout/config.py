@@ -54,7 +54,7 @@ class EngineConfig:
     shuffle_partitions: int = 2
     # An expiration alarm needs two rules batches after its readings land (Spark's
     # timers fire on the previous batch's watermark); at 0.5 s they run nearly back to
-    # back. Alarm latency median 2.5 s at 1 s / 4 partitions -> 1.4-1.6 s (docs/runtime.md).
+    # back. Alarm latency median 2.5 s at 1 s / 4 partitions -> 1.4-1.8 s (docs/runtime.md).
     trigger_seconds: float = 0.5
 
 
