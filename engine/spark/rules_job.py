@@ -114,9 +114,8 @@ class StageProcessor(StatefulProcessor):
         self.state = handle.getValueState("evaluator", _STATE)
 
     def _load(self, stage: Stage) -> KeyedEvaluator:
-        if self.state.exists():
-            return KeyedEvaluator.restore(stage, self.state.get()[0])
-        return KeyedEvaluator(stage)
+        saved = self.state.get()  # one round trip to the state server, not two
+        return KeyedEvaluator(stage) if saved is None else KeyedEvaluator.restore(stage, saved[0])
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
@@ -130,6 +129,7 @@ class StageProcessor(StatefulProcessor):
         stage = self.stages[key[0]]
         with _collector_paused():
             evaluator = self._load(stage)
+            armed = evaluator.next_wakeup()  # the timer the last advance left (see _advance)
             # Spark's watermark is the previous batch's; the landing's stamps are this
             # one's, so this batch's rows are final now rather than pickled until the next.
             watermark = timerValues.getCurrentWatermarkInMs() + 1
@@ -138,7 +138,7 @@ class StageProcessor(StatefulProcessor):
                     if not pd.isna(stamp):
                         watermark = max(watermark, int(stamp))
                     evaluator.insert_many(unpack(payload))
-            outputs = self._advance(key, stage, evaluator, watermark)
+            outputs = self._advance(key, stage, evaluator, watermark, armed)
         if outputs is not None:
             yield outputs
 
@@ -151,7 +151,8 @@ class StageProcessor(StatefulProcessor):
         stage = self.stages[key[0]]
         watermark = timerValues.getCurrentWatermarkInMs() + 1
         with _collector_paused():
-            outputs = self._advance(key, stage, self._load(stage), watermark)
+            # The expiring timer was the group's only one; Spark deletes it after this.
+            outputs = self._advance(key, stage, self._load(stage), watermark, None)
         if outputs is not None:
             yield outputs
 
@@ -165,19 +166,30 @@ class StageProcessor(StatefulProcessor):
         yield packed_outputs([Output(CLOCK, watermark + 1, {})], "", {})
 
     def _advance(
-        self, key: Any, stage: Stage, evaluator: KeyedEvaluator, watermark: int
+        self,
+        key: Any,
+        stage: Stage,
+        evaluator: KeyedEvaluator,
+        watermark: int,
+        armed: int | None,
     ) -> pd.DataFrame | None:
         """Advance to `watermark` (never back: the landing's stamps may have taken the
         evaluator past Spark's watermark), re-arm the group's timer, and return the
-        outputs packed (None if there are none)."""
+        outputs packed (None if there are none).
+
+        A group has at most one timer, at its evaluator's `next_wakeup() - 1` as last
+        saved: `armed` is that wakeup (None if no timer is set), so the timer moves only
+        when the wakeup does, without listing timers (each call is a round trip to the
+        JVM's state server, per key and batch)."""
         outputs = evaluator.advance(max(watermark, evaluator.watermark))
         self.state.update((evaluator.snapshot(),))
-        for timer in list(self.handle.listTimers()):
-            self.handle.deleteTimer(timer)
         wakeup = evaluator.next_wakeup()
-        if wakeup is not None:
-            # Fires once the Spark watermark reaches wakeup - 1, i.e. advance(wakeup).
-            self.handle.registerTimer(wakeup - 1)
+        if wakeup != armed:
+            if armed is not None:
+                self.handle.deleteTimer(armed - 1)
+            if wakeup is not None:
+                # Fires once the Spark watermark reaches wakeup - 1, i.e. advance(wakeup).
+                self.handle.registerTimer(wakeup - 1)
         if not outputs:
             return None
         key_text = format_key(stage.key, tuple(orjson.loads(key[1])))

@@ -145,7 +145,8 @@ def drive(
 ) -> list[Output]:
     """Insert ``arrivals`` one evaluator per key; after arrival i, advance to the slack
     watermark if ``schedule[i]`` is odd, and swap every evaluator for a restored copy of
-    its snapshot if i is in ``restore_at``; finish at END_OF_TIME."""
+    its snapshot if i is in ``restore_at`` (its next wakeup unchanged); finish at
+    END_OF_TIME."""
     evaluators: dict[tuple, KeyedEvaluator] = {}
     out: list[Output] = []
     max_ts = -END_OF_TIME
@@ -157,9 +158,13 @@ def drive(
             for ev in evaluators.values():
                 out.extend(ev.advance(max_ts - SLACK))
         if i in restore_at:
-            evaluators = {
+            restored = {
                 k: KeyedEvaluator.restore(stage, ev.snapshot()) for k, ev in evaluators.items()
             }
+            # The Spark runtime reads the timer it set from the restored evaluator.
+            for k, ev in evaluators.items():
+                assert restored[k].next_wakeup() == ev.next_wakeup()
+            evaluators = restored
     for ev in evaluators.values():
         out.extend(ev.advance(END_OF_TIME))
     return sorted(out, key=lambda o: (o.ts, repr(o.row)))
