@@ -741,20 +741,16 @@ class _PaneQueue:
             self.front.pop()
 
     def values(self) -> list[Any]:
-        """Each call's value over every pane held; read through ``merged_value`` when
-        every aggregate has it (no merge built: this runs once per slide)."""
+        """Each call's value over every pane held. With panes on both stacks the two
+        partials are read through ``merged_value`` when every aggregate has it, else
+        through a fresh merge (this runs once per slide)."""
         if not (self.front and self.back):
-            return [agg.get_value() for agg in self.total()]
+            only = self.front[-1][1] if self.front else self.back_total
+            return [agg.get_value() for agg in only]
         older, newer = self.front[-1][1], self.back_total
         if self.reads_merged:
             return [a.merged_value(b) for a, b in zip(older, newer, strict=True)]  # type: ignore[misc]
         return [agg.get_value() for agg in self.merged(older, newer)]
-
-    def total(self) -> list[IncrementalAggregate]:
-        """The merge of every pane held (read only)."""
-        if self.front and self.back:
-            return self.merged(self.front[-1][1], self.back_total)
-        return self.front[-1][1] if self.front else self.back_total
 
     def get_state(self) -> Any:
         def states(part: list[IncrementalAggregate]) -> list[Any]:
