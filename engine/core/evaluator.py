@@ -32,6 +32,7 @@ import pickle
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from engine.core.chunks import ChunkReader
 from engine.core.plan import (
     END_OF_TIME,
     R2S,
@@ -56,8 +57,9 @@ from engine.core.windows import (
     pane_eligible,
 )
 
-_SNAPSHOT_VERSION = 6
-"""6: extent windows over algebraic aggregates keep pane partials (PaneExtentOperator);
+_SNAPSHOT_VERSION = 7
+"""7: a data-driven RANGE frame's buffer may be a chunk index (:meth:`KeyedEvaluator.save`);
+6: extent windows over algebraic aggregates keep pane partials (PaneExtentOperator);
 a version-5 snapshot still restores (its buffered tuples are regrouped into panes)."""
 
 
@@ -90,6 +92,15 @@ class Output(NamedTuple):
     row: dict[str, Any]
     source: str = ""
     seq: int = 0
+
+
+class SavedState(NamedTuple):
+    """What :meth:`KeyedEvaluator.save` gives the runtime's state store: the ``head``
+    snapshot, the buffer chunks to write (number -> bytes) and the ones to delete."""
+
+    head: bytes
+    writes: dict[int, bytes]
+    deletes: list[int]
 
 
 class KeyedEvaluator:
@@ -143,6 +154,7 @@ class KeyedEvaluator:
         self.pre = stage.query.pre
         self._pre, self._post = compile_ops(self.pre), compile_ops(stage.query.post)
         self.ts_column = stage.timestamp
+        self.chunked = False  # whether the operator's buffer is kept in chunks (`save`)
         # Per stream this stage writes: the stateless queries reading it, with their
         # pre and post ops.
         self._consumers: dict[str, list[tuple[Query, RowOps, RowOps]]] = {}
@@ -183,6 +195,8 @@ class KeyedEvaluator:
         """Process every buffered tuple and timer strictly below ``watermark``."""
         out: list[Output] = []
         op = self.operator
+        if self.chunked:
+            op.prepare(watermark)  # type: ignore[union-attr]
         pending = self.pending
         pending.sort()
         n, i = len(pending), 0
@@ -292,12 +306,30 @@ class KeyedEvaluator:
 
     def snapshot(self) -> bytes:
         """The whole state as bytes (plain data only: no callables, no plan)."""
+        return self._dump(self.operator.get_state())
+
+    def save(self) -> SavedState:
+        """The state for a key-value store, changed parts only: a data-driven RANGE
+        frame's buffer goes in chunks (:mod:`engine.core.chunks`), of which only the
+        ones with new tuples are written; the rest of the state is the ``head``.
+        Restore with :meth:`load`; every other operator's state is all in the head."""
+        op = self.operator
+        if not self.chunked:
+            store = getattr(op, "store_in_chunks", None)
+            self.chunked = store is not None and store(None)
+        if not self.chunked:
+            return SavedState(self.snapshot(), {}, [])
+        head = self._dump(op.get_state(chunked=True))  # type: ignore[call-arg]
+        chunks = op.chunks  # type: ignore[union-attr]
+        return SavedState(head, chunks.writes, chunks.deletes)
+
+    def _dump(self, op_state: Any) -> bytes:
         pending = [(ts, src, seq, row) for ts, src, seq, _, row in sorted(self.pending)]
         state = (
             _SNAPSHOT_VERSION,
             self.watermark,
             pending,
-            self.operator.get_state(),
+            op_state,
             self.relation,
             self.change,
             self.source,
@@ -308,17 +340,30 @@ class KeyedEvaluator:
     @classmethod
     def restore(cls, stage: Stage, data: bytes) -> KeyedEvaluator:
         """Rebuild an evaluator from the stage (recompiled from the rules) and a snapshot."""
+        ev = cls(stage)
+        ev._apply(data)
+        return ev
+
+    @classmethod
+    def load(cls, stage: Stage, head: bytes, read: ChunkReader) -> KeyedEvaluator:
+        """Rebuild an evaluator from what :meth:`save` stored: its head, and its chunks
+        through ``read`` (chunk number -> bytes), which reads only the ones it needs."""
+        ev = cls(stage)
+        store = getattr(ev.operator, "store_in_chunks", None)
+        ev.chunked = store is not None and store(read)
+        ev._apply(head)
+        return ev
+
+    def _apply(self, data: bytes) -> None:
         state = pickle.loads(data)
-        if state[0] not in (5, _SNAPSHOT_VERSION):
+        if state[0] not in (5, 6, _SNAPSHOT_VERSION):
             raise ValueError(f"unsupported snapshot version {state[0]}")
         version, watermark, pending, op_state, relation, change, source, emitted = state
-        ev = cls(stage)
-        ev.source, ev.emitted = source, emitted
-        ev.relation, ev.change = relation, change
-        ev.watermark = watermark
-        ev.pending = [(ts, src, seq, next(ev._tiebreak), row) for ts, src, seq, row in pending]
-        if version == 5 and isinstance(ev.operator, PaneExtentOperator):
-            ev.operator.set_tuple_state(op_state)  # saved by an ExtentOperator
+        self.source, self.emitted = source, emitted
+        self.relation, self.change = relation, change
+        self.watermark = watermark
+        self.pending = [(ts, src, seq, next(self._tiebreak), row) for ts, src, seq, row in pending]
+        if version == 5 and isinstance(self.operator, PaneExtentOperator):
+            self.operator.set_tuple_state(op_state)  # saved by an ExtentOperator
         else:
-            ev.operator.set_state(op_state)
-        return ev
+            self.operator.set_state(op_state)

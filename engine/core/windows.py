@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine.core.aggregates import IncrementalAggregate, WindowAggregate, make_aggregate
+from engine.core.chunks import ChunkedBuffer, ChunkReader
 from engine.core.plan import (
     END_OF_TIME,
     R2S,
@@ -122,6 +123,11 @@ class _Aggregating:
         self.buffer: deque[tuple[int, int, Row | None, tuple[tuple[Any, ...], ...]]] = deque()
         self.added = 0  # tuples ever added: their uids
         self.fresh = True  # the next tuple gets INITIALIZE
+        # Whether the buffer keeps only the tuples some inwindow holds (`_prune`); the
+        # window decides (only a data-driven RANGE frame may).
+        self.prune = False
+        # Set when the runtime keeps the buffer in chunks (`OverOperator.store_in_chunks`).
+        self.chunks: ChunkedBuffer | None = None
         self._bind()
 
     def _bind(self) -> None:
@@ -137,6 +143,8 @@ class _Aggregating:
         self.aggs = [make_aggregate(c.name, c.factory) for c in self.calls]
         self.views = [None if inc else BufferView() for inc in self.incremental]
         self.buffer.clear()
+        if self.chunks is not None:
+            self.chunks.cleared()
         self.fresh = True
         self._bind()
 
@@ -163,7 +171,22 @@ class _Aggregating:
                 emitted.append([*step(a, view), *agg.terminate(view)])
                 view.entries.append((self.added, a))
         self.fresh = False
+        if self.prune:
+            self._prune()
         return emitted
+
+    def _prune(self) -> None:
+        """Drop the buffered tuples that no inwindow holds any more. With only ESL-shaped
+        aggregates such a tuple can neither emit nor be read when it expires, and keeping
+        it would hold every tuple of the range in the state (a silence detector deletes
+        all but the newest) and fire a timer at each one's expiry."""
+        views = [v for v in self.views if v is not None]
+        live = len(views[0].entries) if len(views) == 1 else None
+        if live == len(self.buffer):
+            return
+        kept = {uid for v in views for uid, _ in v.entries}
+        if len(kept) < len(self.buffer):
+            self.buffer = deque(e for e in self.buffer if e[0] in kept)
 
     def _values(self, emitted: list[list[Any]]) -> list[list[Any]]:
         """Fill in the incremental aggregates' current values."""
@@ -204,12 +227,21 @@ class _Aggregating:
                 view.entries.popleft()
             else:
                 emitted.append([])  # deleted from inwindow earlier: it does not expire
+        if self.prune:
+            self._prune()  # an expire may delete from inwindow too
         return row, emitted
 
-    def get_state(self) -> Any:
-        """Plain data: buffer, aggregate states, inwindows, counters."""
+    def get_state(self, chunked: bool = False) -> Any:
+        """Plain data: buffer, aggregate states, inwindows, counters. ``chunked``: the
+        buffer as its chunk index, the changed chunks left in ``self.chunks.writes``."""
+        if self.chunks is not None and chunked:
+            buffer: Any = self.chunks.save(self.buffer)
+        else:
+            if self.chunks is not None:
+                self.buffer = self.chunks.fill(self.buffer)
+            buffer = list(self.buffer)
         return (
-            list(self.buffer),
+            buffer,
             [a.get_state() for a in self.aggs],
             [None if v is None else list(v.entries) for v in self.views],
             self.added,
@@ -219,7 +251,12 @@ class _Aggregating:
     def set_state(self, state: Any) -> None:
         """Restore what ``get_state`` returned."""
         buffer, aggs, views, self.added, self.fresh = state
-        self.buffer = deque(buffer)
+        if not ChunkedBuffer.is_stored(buffer):
+            self.buffer = deque(buffer)
+        elif self.chunks is None:
+            raise ValueError("this snapshot keeps its buffer in chunks: restore it with load()")
+        else:
+            self.buffer = self.chunks.restore(buffer)
         for agg, s in zip(self.aggs, aggs, strict=True):
             agg.set_state(s)
         self.views = [None if v is None else BufferView(deque(v)) for v in views]
@@ -270,6 +307,10 @@ class OverOperator(_Aggregating):
         # The common RANGE case, settled straight off the buffer's front: passive
         # expiry, no lag (None otherwise).
         self.passive_range = self.range if not window.active_expiration and not self.lag else None
+        # A RANGE frame's tuples leave by time, so with only ESL-shaped aggregates the
+        # ones deleted from every inwindow may go at once. Not for ROWS frames (they
+        # count deleted tuples) nor a relation (each expiry replaces its rows).
+        self.prune = self.range is not None and not any(self.incremental) and not relation
         self.waiting: deque[tuple[int, Row]] = deque()
         self.arrived = 0
         self.period: int | None = None
@@ -503,11 +544,25 @@ class OverOperator(_Aggregating):
             else:
                 return
 
-    def get_state(self) -> Any:
+    def store_in_chunks(self, read: ChunkReader | None) -> bool:
+        """Keep the buffer in chunks between batches (:mod:`engine.core.chunks`), read
+        through ``read``, if the frame only appends tuples and expires them by time:
+        a RANGE frame, not a relation, not pruned. Returns whether it does."""
+        if self.range is None or self.relation or self.prune:
+            return False
+        self.chunks = ChunkedBuffer(self.range + self.lag, read)
+        return True
+
+    def prepare(self, watermark: int) -> None:
+        """Load the stored chunks an advance to ``watermark`` may expire."""
+        if self.chunks is not None:
+            self.buffer = self.chunks.prepare(self.buffer, watermark)
+
+    def get_state(self, chunked: bool = False) -> Any:
         """The frame's state plus the lag queue, counters and the pending yield."""
         self._value_pending()  # the values as they were when it arrived
         return (
-            super().get_state(),
+            super().get_state(chunked),
             list(self.waiting),
             self.arrived,
             self.period,

@@ -7,8 +7,9 @@ All stages that read one stream share one streaming query (one read of the strea
                                            # key) holding that key's rows (packing.py)
       .withWatermark(latest event time, slack + 1 ms)
       .groupBy(stage, key)
-      .transformWithStateInPandas(StageProcessor) # one KeyedEvaluator per group, its
-                                                  # snapshot in the RocksDB state store
+      .transformWithStateInPandas(StageProcessor) # one KeyedEvaluator per group, saved
+                                                  # in the RocksDB state store: a head,
+                                                  # and a RANGE frame's tuples in chunks
       .foreachBatch(OutputWriter)                 # exactly-once Delta appends
 
 Spark drops rows at or below its watermark; the pin keeps `ts == max - slack` on time,
@@ -94,6 +95,8 @@ RAW_OUTPUTS = pa.schema(
 # stream and landing batch (about a second of readings).
 MAX_FILES_PER_BATCH = 20
 _STATE = T.StructType([T.StructField("snapshot", T.BinaryType())])
+_CHUNK_NUMBER = T.StructType([T.StructField("number", T.LongType())])
+_CHUNK = T.StructType([T.StructField("data", T.BinaryType())])
 
 
 class StageProcessor(StatefulProcessor):
@@ -112,10 +115,29 @@ class StageProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.state = handle.getValueState("evaluator", _STATE)
+        # A RANGE frame's tuples, in chunks (`KeyedEvaluator.save`): a batch reads and
+        # writes the window's ends, not the whole window.
+        self.chunks = handle.getMapState("chunks", _CHUNK_NUMBER, _CHUNK)
 
     def _load(self, stage: Stage) -> KeyedEvaluator:
         saved = self.state.get()  # one round trip to the state server, not two
-        return KeyedEvaluator(stage) if saved is None else KeyedEvaluator.restore(stage, saved[0])
+        if saved is None:
+            return KeyedEvaluator(stage)
+        return KeyedEvaluator.load(stage, saved[0], self._read_chunk)
+
+    def _read_chunk(self, number: int) -> bytes:
+        found = self.chunks.getValue((number,))
+        if found is None:
+            raise KeyError(f"state chunk {number} missing from the state store")
+        return found[0]
+
+    def _save(self, evaluator: KeyedEvaluator) -> None:
+        saved = evaluator.save()
+        self.state.update((saved.head,))
+        for number in saved.deletes:
+            self.chunks.removeKey((number,))
+        for number, data in saved.writes.items():
+            self.chunks.updateValue((number,), (data,))
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
@@ -182,7 +204,7 @@ class StageProcessor(StatefulProcessor):
         when the wakeup does, without listing timers (each call is a round trip to the
         JVM's state server, per key and batch)."""
         outputs = evaluator.advance(max(watermark, evaluator.watermark))
-        self.state.update((evaluator.snapshot(),))
+        self._save(evaluator)
         wakeup = evaluator.next_wakeup()
         if wakeup != armed:
             if armed is not None:

@@ -25,6 +25,7 @@ from engine.core.plan import (
     StreamSchema,
 )
 from engine.core.replay import run
+from rules.udas import Silence
 from tests.engine.helpers import col, over_plan
 
 SECOND = 1_000
@@ -316,3 +317,57 @@ def test_theft_alarm_is_order_and_restore_independent(
         return sorted((o.ts, o.row["tagid"], o.row["alarm"]) for o in out)
 
     assert alarms(arrival, restore_at) == alarms(list(range(len(rows))), set())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    raw=st.lists(
+        st.tuples(st.integers(0, 60), st.sampled_from(["item", "ap"]), st.integers(0, 1)),
+        max_size=30,
+    ),
+    uda=st.sampled_from(["item_alarm", "silence", "window_max"]),
+    r=st.integers(1, 12),
+)
+def test_tuples_deleted_from_inwindow_leave_the_buffer_unseen(raw: list, uda: str, r: int) -> None:
+    # With only ESL-shaped aggregates the frame keeps just what some inwindow holds: the
+    # outputs are those of the unpruned frame, and the state holds no other tuple.
+    calls = {
+        "item_alarm": AggCall(
+            "item_alarm", (col("tagid"), col("tagtype"), col("tagtime")), "v", factory=ItemAlarm
+        ),
+        "silence": AggCall("silence", (col("tagtime"),), "v", factory=Silence),
+        "window_max": AggCall("window_max", (col("tagtime"),), "v", factory=WindowMax),
+    }
+    window = OverWindow((calls[uda],), FrameUnits.RANGE, r * 100, ("door",), active_expiration=True)
+    (stage,) = over_plan(window, TAGS, extra=("tagid",)).stages()
+    rows = [
+        {
+            "tagid": f"t{i}",
+            "tagtype": kind,
+            "door": door,
+            "tagtime": s * 50,
+            "source": "r",
+            "seq": i,
+        }
+        for i, (s, kind, door) in enumerate(sorted(raw))
+    ]
+
+    def outputs(prune: bool) -> list[tuple]:
+        evaluators: dict[int, KeyedEvaluator] = {}
+        out: list[Output] = []
+        for row in rows:
+            ev = evaluators.get(row["door"])
+            if ev is None:
+                ev = evaluators[row["door"]] = KeyedEvaluator(stage)
+                ev.operator.prune = prune
+            ev.insert(dict(row))
+            out += ev.advance(row["tagtime"])
+            if prune:
+                op = ev.operator
+                held = {uid for view in op.views for uid, _ in view.entries}
+                assert {entry[0] for entry in op.buffer} == held
+        for ev in evaluators.values():
+            out += ev.advance(END_OF_TIME)
+        return [(o.ts, o.row["tagid"], o.row["v"], o.seq) for o in out]
+
+    assert outputs(prune=True) == outputs(prune=False)
