@@ -97,6 +97,13 @@ def readings_table(stream: str) -> str:
     return f"readings_{stream}"
 
 
+def heartbeats_table(stream: str) -> str:
+    """Name of the table holding a stream's heartbeats: one table per stream, so a
+    stream's rules query wakes for its own heartbeats only (Delta's streaming source
+    reads every commit of its table; it cannot skip another stream's rows unread)."""
+    return f"heartbeats_{stream}"
+
+
 def stream_schema(schema: StreamSchema) -> pa.Schema:
     """Arrow schema of a stream's rows: its declared columns."""
     return pa.schema([(c.name, ARROW_TYPES[c.type]) for c in schema.columns])

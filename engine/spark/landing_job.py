@@ -56,10 +56,12 @@ class LandingJob:
                 self.config.table(tables.readings_table(schema.name)),
                 tables.readings_schema(schema),
             )
+            tables.ensure_table(
+                self.config.table(tables.heartbeats_table(schema.name)), tables.HEARTBEATS
+            )
         for name, schema in (
             ("late_readings", tables.LATE_READINGS),
             ("quarantine", tables.QUARANTINE),
-            ("heartbeats", tables.HEARTBEATS),
             ("_stream_progress", tables.STREAM_PROGRESS),
         ):
             tables.ensure_table(self.config.table(name), schema)
@@ -133,7 +135,11 @@ class LandingJob:
                 batch_id,
             )
         self._append("late_readings", tables.LATE_READINGS, out.late, batch_id)
-        self._append("heartbeats", tables.HEARTBEATS, out.heartbeats, batch_id)
+        beats: dict[str, list[dict]] = {}
+        for beat in out.heartbeats:
+            beats.setdefault(beat["stream"], []).append(beat)
+        for stream, rows in beats.items():
+            self._append(tables.heartbeats_table(stream), tables.HEARTBEATS, rows, batch_id)
         self._append("quarantine", tables.QUARANTINE, out.quarantine, batch_id)
         # Last: once a batch's progress row exists, every other append of it is done.
         progress = [

@@ -319,16 +319,14 @@ class OutputWriter:
             # After the rows: a reader that sees this heartbeat sees every row it covers.
             at = tables.to_timestamp(max(ticks))
             now = datetime.now(UTC)
-            beats = [
-                {"stream": s, "source": self.name, "ts": at, "received_at": now} for s in self.fed
-            ]
-            tables.append_once(
-                self.config.table("heartbeats"),
-                tables.HEARTBEATS,
-                beats,
-                f"lookout-{self.name}-clock",
-                batch_id,
-            )
+            for stream in self.fed:
+                tables.append_once(
+                    self.config.table(tables.heartbeats_table(stream)),
+                    tables.HEARTBEATS,
+                    [{"stream": stream, "source": self.name, "ts": at, "received_at": now}],
+                    f"lookout-{self.name}-clock",
+                    batch_id,
+                )
 
 
 def stream_rows(schema: StreamSchema, outputs: list[Output]) -> pa.Table:
@@ -421,19 +419,17 @@ def _branches(
     )
     rows = rows.select(*columns, F.lit(False).alias(HEARTBEAT))
 
-    def with_beats(rows: DataFrame, which: Any) -> DataFrame:
-        beats = (
-            spark.readStream.format("delta")
-            .load(config.table("heartbeats"))
-            .where(which)
-            .select(F.unix_millis(F.col("ts")).alias(ts), F.lit(True).alias(HEARTBEAT))
-        )
+    def with_beats(rows: DataFrame, producer: str | None = None) -> DataFrame:
+        beats = spark.readStream.format("delta").load(config.table(tables.heartbeats_table(stream)))
+        if producer is not None:  # a derived stream's table holds every producer's clock
+            beats = beats.where(F.col("source") == query_name(producer))
+        beats = beats.select(F.unix_millis(F.col("ts")).alias(ts), F.lit(True).alias(HEARTBEAT))
         # Heartbeats first: Spark reads its sources' offsets in plan order, and a
         # heartbeat is appended after the rows it covers, so seeing it means seeing them.
         return beats.unionByName(rows, allowMissingColumns=True)
 
     if is_source:
-        return [(with_beats(rows, F.col("stream") == stream), schema.slack_ms)]
+        return [(with_beats(rows), schema.slack_ms)]
     writers = producers(plan, stream)
     return [
         (
@@ -441,7 +437,7 @@ def _branches(
                 rows.where(F.get_json_object("source", "$[0]").isin(*names))
                 if len(writers) > 1
                 else rows,
-                (F.col("stream") == stream) & (F.col("source") == query_name(producer)),
+                producer,
             ),
             0,
         )
@@ -468,7 +464,8 @@ def start_rules_query(
     for sink in written.values():
         tables.ensure_table(config.table(sink.name), tables.derived_schema(sink))
     tables.ensure_table(config.table("alerts"), tables.ALERTS)
-    tables.ensure_table(config.table("heartbeats"), tables.HEARTBEATS)
+    for beats in (stream, *fed_streams(plan, stages)):
+        tables.ensure_table(config.table(tables.heartbeats_table(beats)), tables.HEARTBEATS)
     router = Router(
         tuple(Route(stage.name, stage.key) for stage in stages),
         ts,
