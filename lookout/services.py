@@ -55,6 +55,7 @@ def _rules_or_report(config: Config, paths: Sequence[str] | None) -> RuleSet | N
 
 def run_engine(config: Config, rule_paths: Sequence[str] | None) -> int:
     """Run the Spark job until a signal arrives."""
+    from engine.spark.checkpoint_layout import CheckpointLayoutError
     from engine.spark.job import EngineJob
     from engine.tables import TableSchemaError
 
@@ -66,7 +67,7 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None) -> int:
     job = EngineJob(config, rule_set.plan, alert_specs(rule_set))
     try:
         job.run_until(stop)
-    except TableSchemaError as err:
+    except (TableSchemaError, CheckpointLayoutError) as err:
         print(f"lookout engine: {err}", file=sys.stderr)
         return 2
     return 0

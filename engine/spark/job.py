@@ -16,6 +16,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from engine.alerts import AlertSpec
 from engine.core.plan import Plan
+from engine.spark.checkpoint_layout import check_checkpoint_layout
 from engine.spark.landing_job import LandingJob
 from engine.spark.rules_job import stages_by_input, start_rules_query
 from engine.spark.session import build_session
@@ -44,6 +45,7 @@ class EngineJob:
 
     def start(self) -> None:
         """Start the landing query, then one rules query per stream that stages read."""
+        check_checkpoint_layout(self.config)
         self.queries.append(self.landing.start(self.config.engine.trigger_seconds))
         for stream, stages in stages_by_input(self.plan).items():
             self.queries.append(

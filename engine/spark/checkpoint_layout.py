@@ -1,0 +1,57 @@
+"""Which layout a lakehouse's rules checkpoints have, so an incompatible one is refused
+with a clear message instead of a Spark stack trace.
+
+A rules query's checkpoint names the Delta tables it reads and the state variables its
+processor keeps. A Lookout version that changes either cannot resume an earlier one's
+checkpoints: Spark stops the query (`DIFFERENT_DELTA_TABLE_READ_BY_STREAMING_SOURCE`).
+The engine writes `<lakehouse>/_checkpoints/LAYOUT` when it starts on a lakehouse without
+rules checkpoints, and refuses to start where the file says otherwise or is missing
+beside existing checkpoints (those predate the file: layout 1).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+from lookout.config import Config
+
+CHECKPOINT_LAYOUT = 2
+"""2: heartbeats in one table per stream, and a RANGE frame's tuples in a chunk map
+beside each evaluator's head (state per change). 1: one `heartbeats` table."""
+CHECKPOINT_LAYOUT_CHANGE = "per-stream heartbeat tables and chunked window state"
+
+
+class CheckpointLayoutError(RuntimeError):
+    """The lakehouse's rules checkpoints were written in another layout."""
+
+
+def check_checkpoint_layout(config: Config) -> None:
+    """Raise :class:`CheckpointLayoutError` if the lakehouse's rules checkpoints cannot be
+    resumed by this version; mark a lakehouse without any as this version's."""
+    location = config.table("_checkpoints")
+    if "://" in location:
+        fs, root = pafs.FileSystem.from_uri(location)
+    else:
+        fs, root = pafs.LocalFileSystem(), str(Path(location).resolve())
+    marker = f"{root}/LAYOUT"
+    if fs.get_file_info(marker).type == pafs.FileType.File:
+        with fs.open_input_stream(marker) as f:
+            found = int(f.read().decode().strip() or 0)
+    else:
+        listing = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+        found = 1 if any(Path(i.path).name.startswith("rules-") for i in listing) else None
+    if found is None:
+        fs.create_dir(root, recursive=True)
+        with fs.open_output_stream(marker) as f:
+            f.write(f"{CHECKPOINT_LAYOUT}\n".encode())
+        return
+    if found != CHECKPOINT_LAYOUT:
+        raise CheckpointLayoutError(
+            f"{location} holds rules checkpoints of another Lookout version (layout {found}; "
+            f"this version resumes layout {CHECKPOINT_LAYOUT}: {CHECKPOINT_LAYOUT_CHANGE}), so "
+            f"its queries cannot resume them. Run this version on a new lakehouse (set "
+            f"[lakehouse] path, or move {config.lakehouse} aside), or keep the version that "
+            f"wrote it; `lookout replay` recomputes rule outputs from recorded readings."
+        )

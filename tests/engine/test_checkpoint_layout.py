@@ -1,0 +1,48 @@
+"""The engine refuses rules checkpoints it cannot resume, before Spark fails on them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.spark.checkpoint_layout import (
+    CHECKPOINT_LAYOUT,
+    CheckpointLayoutError,
+    check_checkpoint_layout,
+)
+from lookout.config import Config
+
+
+def config_at(lakehouse: Path) -> Config:
+    return Config(lakehouse=str(lakehouse))
+
+
+def test_a_new_lakehouse_is_marked_and_then_accepted(tmp_path: Path) -> None:
+    config = config_at(tmp_path / "lake")
+    check_checkpoint_layout(config)
+    marker = tmp_path / "lake/_checkpoints/LAYOUT"
+    assert marker.read_text().strip() == str(CHECKPOINT_LAYOUT)
+    (tmp_path / "lake/_checkpoints/rules-traffic").mkdir()
+    check_checkpoint_layout(config)  # its own checkpoints resume
+
+
+@pytest.mark.parametrize("marker", [None, "1", "99"])
+def test_checkpoints_of_another_layout_are_refused_with_what_to_do(
+    tmp_path: Path, marker: str | None
+) -> None:
+    checkpoints = tmp_path / "lake/_checkpoints"
+    (checkpoints / "rules-traffic").mkdir(parents=True)
+    if marker is not None:
+        (checkpoints / "LAYOUT").write_text(marker)
+    with pytest.raises(CheckpointLayoutError) as refused:
+        check_checkpoint_layout(config_at(tmp_path / "lake"))
+    message = str(refused.value)
+    assert f"layout {marker or 1}" in message
+    assert str(tmp_path / "lake") in message and "new lakehouse" in message
+
+
+def test_a_landing_checkpoint_alone_is_no_rules_layout(tmp_path: Path) -> None:
+    (tmp_path / "lake/_checkpoints/landing").mkdir(parents=True)
+    check_checkpoint_layout(config_at(tmp_path / "lake"))
+    assert (tmp_path / "lake/_checkpoints/LAYOUT").exists()
