@@ -262,6 +262,21 @@ def test_uda_with_inwindow_delete_agrees_with_builtin_max(raw: list, r: int) -> 
     assert set(uda) <= set(builtin)
 
 
+def tag_rows(raw: list[tuple[int, str, int]], step_ms: int) -> list[dict]:
+    """RFID readings from (step, tag type, door) triples, in time order."""
+    return [
+        {
+            "tagid": f"t{i}",
+            "tagtype": kind,
+            "door": door,
+            "tagtime": s * step_ms,
+            "source": "r",
+            "seq": i,
+        }
+        for i, (s, kind, door) in enumerate(sorted(raw))
+    ]
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     raw=st.lists(
@@ -285,17 +300,7 @@ def test_theft_alarm_is_order_and_restore_independent(
         active_expiration=True,
     )
     (stage,) = over_plan(window, TAGS, extra=("tagid",)).stages()
-    rows = [
-        {
-            "tagid": f"t{i}",
-            "tagtype": kind,
-            "door": door,
-            "tagtime": s * 500,
-            "source": "r",
-            "seq": i,
-        }
-        for i, (s, kind, door) in enumerate(sorted(raw))
-    ]
+    rows = tag_rows(raw, 500)
     arrival = sorted(range(len(rows)), key=lambda i: (rows[i]["tagtime"] + delays[i], i))
 
     def alarms(order: list[int], restore: set[int]) -> list[tuple]:
@@ -340,17 +345,7 @@ def test_tuples_deleted_from_inwindow_leave_the_buffer_unseen(raw: list, uda: st
     }
     window = OverWindow((calls[uda],), FrameUnits.RANGE, r * 100, ("door",), active_expiration=True)
     (stage,) = over_plan(window, TAGS, extra=("tagid",)).stages()
-    rows = [
-        {
-            "tagid": f"t{i}",
-            "tagtype": kind,
-            "door": door,
-            "tagtime": s * 50,
-            "source": "r",
-            "seq": i,
-        }
-        for i, (s, kind, door) in enumerate(sorted(raw))
-    ]
+    rows = tag_rows(raw, 50)
 
     def outputs(prune: bool) -> list[tuple]:
         evaluators: dict[int, KeyedEvaluator] = {}
