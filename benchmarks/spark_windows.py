@@ -119,7 +119,8 @@ def fill_lakehouse(lakehouse: Path, data: pa.Table, rule_text: str) -> tuple[Con
     end = data["ts"][-1].as_py().timestamp() * 1000 + 86_400_000
     beat = [{"stream": "traffic", "source": "bench", "ts": tables.to_timestamp(int(end)),
              "received_at": tables.to_timestamp(int(end))}]  # fmt: skip
-    write_deltalake(config.table("heartbeats"), pa.Table.from_pylist(beat, tables.HEARTBEATS))
+    beats = pa.Table.from_pylist(beat, tables.HEARTBEATS)
+    write_deltalake(config.table(tables.heartbeats_table("traffic")), beats)
     return config, rule_set
 
 
