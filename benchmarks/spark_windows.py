@@ -124,19 +124,32 @@ def fill_lakehouse(lakehouse: Path, data: pa.Table, rule_text: str) -> tuple[Con
     return config, rule_set
 
 
+STALL_S = 180.0
+"""A run whose sink gains no row for this long has stalled (e.g. its windows never close)."""
+
+
 def run_lookout(spark, config: Config, rule_set, sink: str, expected: int) -> float:
     """Seconds from the rules query's start until `sink` holds `expected` rows."""
     plan = rule_set.plan
     ((stream, stages),) = stages_by_input(plan).items()
     t0 = time.perf_counter()
     query = start_rules_query(spark, config, plan, {}, stream, stages)
+    seen, since = -1, t0
     try:
         while True:
             if query.exception() is not None:
                 raise RuntimeError(str(query.exception()))
             got = DeltaTable(config.table(sink)).count() if _exists(config, sink) else 0
+            now = time.perf_counter()
             if got >= expected:
-                return time.perf_counter() - t0
+                return now - t0
+            if got != seen:
+                seen, since = got, now
+            elif now - since > STALL_S:
+                raise RuntimeError(
+                    f"{sink} stalled at {got:,} of {expected:,} rows: no new row for "
+                    f"{STALL_S:.0f} s (last batch: {query.lastProgress})"
+                )
             time.sleep(0.2)
     finally:
         query.stop()
