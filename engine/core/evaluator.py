@@ -314,10 +314,7 @@ class KeyedEvaluator:
         ones with new tuples are written; the rest of the state is the ``head``.
         Restore with :meth:`load`; every other operator's state is all in the head."""
         op = self.operator
-        if not self.chunked:
-            store = getattr(op, "store_in_chunks", None)
-            self.chunked = store is not None and store(None)
-        if not self.chunked:
+        if not (self.chunked or self._store_in_chunks(None)):
             return SavedState(self.snapshot(), {}, [])
         head = self._dump(op.get_state(chunked=True))  # type: ignore[call-arg]
         chunks = op.chunks  # type: ignore[union-attr]
@@ -349,10 +346,16 @@ class KeyedEvaluator:
         """Rebuild an evaluator from what :meth:`save` stored: its head, and its chunks
         through ``read`` (chunk number -> bytes), which reads only the ones it needs."""
         ev = cls(stage)
-        store = getattr(ev.operator, "store_in_chunks", None)
-        ev.chunked = store is not None and store(read)
+        ev._store_in_chunks(read)
         ev._apply(head)
         return ev
+
+    def _store_in_chunks(self, read: ChunkReader | None) -> bool:
+        """Have the operator keep its buffer in chunks if it can (a data-driven RANGE
+        frame); sets and returns ``chunked``."""
+        store = getattr(self.operator, "store_in_chunks", None)
+        self.chunked = store is not None and store(read)
+        return self.chunked
 
     def _apply(self, data: bytes) -> None:
         state = pickle.loads(data)
