@@ -38,7 +38,13 @@ def check_checkpoint_layout(config: Config) -> None:
     marker = f"{root}/LAYOUT"
     if fs.get_file_info(marker).type == pafs.FileType.File:
         with fs.open_input_stream(marker) as f:
-            found = int(f.read().decode().strip() or 0)
+            text = f.read().decode(errors="replace").strip()
+        if not text.isdigit():
+            raise CheckpointLayoutError(
+                f"{marker}: expected a layout number (this version writes "
+                f"{CHECKPOINT_LAYOUT}), found {text!r}; it is not a file Lookout wrote"
+            )
+        found = int(text)
     else:
         listing = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
         found = 1 if any(Path(i.path).name.startswith("rules-") for i in listing) else None

@@ -46,3 +46,12 @@ def test_a_landing_checkpoint_alone_is_no_rules_layout(tmp_path: Path) -> None:
     (tmp_path / "lake/_checkpoints/landing").mkdir(parents=True)
     check_checkpoint_layout(config_at(tmp_path / "lake"))
     assert (tmp_path / "lake/_checkpoints/LAYOUT").exists()
+
+
+@pytest.mark.parametrize("content", ["", "two\n", "2.0"])
+def test_an_unreadable_layout_file_is_named_not_guessed(tmp_path: Path, content: str) -> None:
+    checkpoints = tmp_path / "lake/_checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "LAYOUT").write_text(content)
+    with pytest.raises(CheckpointLayoutError, match="LAYOUT: expected a layout number"):
+        check_checkpoint_layout(config_at(tmp_path / "lake"))
