@@ -206,6 +206,11 @@ class KeyedEvaluator:
         next_timer, arrive, r2s = op.next_timer, op.arrive, self.r2s
         # A run of arrivals no timer separates, in one call (the sliding RANGE window).
         arrive_slot = getattr(op, "arrive_slot", None)
+        # Arrivals and timers in one call, where no relation needs a hook per timer.
+        run = getattr(op, "run", None)
+        if run is not None and r2s is None:
+            i, results = run(pending, i, n, watermark)
+            self._emit_all(query, results, out)
         while True:
             arrival = pending[i][0] if i < n else None
             if arrival is not None and arrival >= watermark:
@@ -240,12 +245,7 @@ class KeyedEvaluator:
                 if results:  # an OVER relation changes where its window emits
                     self._relation_change(results[0][0], results, out)
                 continue
-            if self._final:
-                for ts, row in results:
-                    self._deliver(query, ts, row, out)
-                continue
-            for ts, row in results:
-                self._emit(query, self._post, ts, row, out)
+            self._emit_all(query, results, out)
         del pending[:i]
         if self.change is not None and self.change[0] < watermark:
             self._commit(out)
@@ -253,10 +253,18 @@ class KeyedEvaluator:
         self.watermark = max(self.watermark, watermark)
         return out
 
+    def _emit_all(self, query: Query, results: list[Result], out: list[Output]) -> None:
+        """Deliver the operator's ``results`` as ``query``'s outputs (through its post ops
+        unless the operator ran them)."""
+        if self._final:
+            self._deliver_all(query, results, out)
+            return
+        post = self._post
+        self._deliver_all(query, [(ts, final) for ts, row in results for final in post(row)], out)
+
     def _emit(self, query: Query, post: RowOps, ts: int, row: Row, out: list[Output]) -> None:
         """Run ``query``'s post ops (``post``) and deliver the result."""
-        for final in post(row):
-            self._deliver(query, ts, final, out)
+        self._deliver_all(query, [(ts, final) for final in post(row)], out)
 
     def _relation_change(self, ts: int, results: list[Result], out: list[Output]) -> None:
         """Note R's rows from instant ``ts`` on; an earlier pending change is final now."""
@@ -286,11 +294,20 @@ class KeyedEvaluator:
 
     def _deliver(self, query: Query, ts: int, final: Row, out: list[Output]) -> None:
         """Write a row to ``query``'s sink, then feed the stateless queries reading it."""
-        out.append(Output(query.sink.name, ts, final, self.source, self.emitted))
-        self.emitted += 1
-        for consumer, pre, post in self._consumers.get(query.sink.name, ()):
-            for kept in pre(final):
-                self._emit(consumer, post, ts, kept, out)
+        self._deliver_all(query, ((ts, final),), out)
+
+    def _deliver_all(self, query: Query, finals: Sequence[Result], out: list[Output]) -> None:
+        """Write rows ``(ts, row)`` to ``query``'s sink in order, each followed by what the
+        stateless queries reading it make of it (their outputs number after it)."""
+        sink, source = query.sink.name, self.source
+        consumers = self._consumers.get(sink, ())
+        append = out.append
+        for ts, final in finals:
+            append(Output(sink, ts, final, source, self.emitted))
+            self.emitted += 1
+            for consumer, pre, post in consumers:
+                for kept in pre(final):
+                    self._emit(consumer, post, ts, kept, out)
 
     def next_wakeup(self) -> int | None:
         """The smallest watermark at which ``advance`` would emit something new."""

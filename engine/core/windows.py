@@ -275,6 +275,27 @@ def args_reader(calls: tuple[AggCall, ...]) -> Callable[[Row], tuple[tuple[Any, 
     return lambda row: tuple([tuple([e(row) for e in a]) for a in every])
 
 
+def pane_accumulator(
+    calls: tuple[AggCall, ...],
+) -> Callable[[list[IncrementalAggregate], Row], None]:
+    """A function adding one row to a pane's partials (one per call), with the one-call,
+    one-argument shape (``avg(speed)``) done without argument tuples: it runs per tuple."""
+    if len(calls) == 1 and len(calls[0].args) == 1:
+        only = calls[0].args[0]
+
+        def add_one(pane: list[IncrementalAggregate], row: Row) -> None:
+            pane[0].accumulate(only(row))
+
+        return add_one
+    read = args_reader(calls)
+
+    def add(pane: list[IncrementalAggregate], row: Row) -> None:
+        for agg, args in zip(pane, read(row), strict=True):
+            agg.accumulate(*args)
+
+    return add
+
+
 def _as_is(emitted: list[list[Any]]) -> list[list[Any]]:
     return emitted
 
@@ -666,7 +687,7 @@ class PaneOperator:
         self.slide = window.slide_rows
         self.pane_rows = math.gcd(window.preceding + 1, self.slide)
         self.per_window = (window.preceding + 1) // self.pane_rows
-        self._read_args = args_reader(self.calls)
+        self._add = pane_accumulator(self.calls)
         self.queue = _PaneQueue(self.calls)  # completed panes, numbered from 0
         self.current = self.queue.fresh()
         self.arrived = 0
@@ -675,8 +696,7 @@ class PaneOperator:
         """Accumulate into the open pane; at each yield tuple, read the window's panes."""
         out: list[Result] = []
         for ts, row in group:
-            for agg, args in zip(self.current, self._read_args(row), strict=True):
-                agg.accumulate(*args)
+            self._add(self.current, row)
             self.arrived += 1
             if self.arrived % self.pane_rows:
                 continue
@@ -781,19 +801,21 @@ class _PaneQueue:
         front = self.front
         while front and front[-1][0] < index:  # the usual case: one pane, from the top
             front.pop()
-        while (oldest := self.oldest()) is not None and oldest < index:
-            if not self.front:
-                # Each pane absorbs the newer ones' merge in place: once in `front`
-                # only its suffix merge is read (`back_total` no longer holds it).
-                suffix: list[IncrementalAggregate] | None = None
-                for j, pane in reversed(self.back):
-                    if suffix is not None:
-                        for agg, newer in zip(pane, suffix, strict=True):
-                            agg.merge(newer)
-                    suffix = pane
-                    self.front.append((j, pane))
-                self.back, self.back_total = [], self.fresh()
-            self.front.pop()
+        back = self.back
+        if front or not back or back[0][0] >= index:  # `front` holds the oldest panes
+            return
+        # Each pane absorbs the newer ones' merge in place: once in `front` only its
+        # suffix merge is read (`back_total` no longer holds it).
+        suffix: list[IncrementalAggregate] | None = None
+        for j, pane in reversed(back):
+            if suffix is not None:
+                for agg, newer in zip(pane, suffix, strict=True):
+                    agg.merge(newer)
+            suffix = pane
+            front.append((j, pane))
+        self.back, self.back_total = [], self.fresh()
+        while front and front[-1][0] < index:
+            front.pop()
 
     def values(self) -> list[Any]:
         """Each call's value over every pane held. With panes on both stacks the two
@@ -849,7 +871,8 @@ class PaneExtentOperator:
         self.window = window
         self.calls = window.aggregates
         self.pane_ms = math.gcd(window.range_ms, window.slide_ms)
-        self._read_args = args_reader(self.calls)
+        self._add = pane_accumulator(self.calls)
+        self._aliases = [c.alias for c in self.calls]
         self.queue = _PaneQueue(self.calls)
         self.current: list[IncrementalAggregate] | None = None  # the newest, open pane
         self.current_index = 0
@@ -866,45 +889,91 @@ class PaneExtentOperator:
         ts = group[0][0]
         if self.key is None:
             self.key = {c: group[0][1][c] for c in self.window.group_by}
+        if not self._enter_pane(ts):
+            return []
+        current, add = self.current, self._add
+        for _, row in group:
+            add(current, row)  # type: ignore[arg-type]
+        return []
+
+    def _enter_pane(self, ts: int) -> bool:
+        """Make the pane of ``ts`` the open one (closing the previous, evicting the panes
+        no later extent reads); False when ``ts`` is in no extent still to close."""
         slide = self.window.slide_ms
         low = ((ts // slide + 1) * slide - self.window.range_ms) // self.pane_ms
         index = ts // self.pane_ms
         if index < low:
-            return []
+            return False
         if self.current is None or index != self.current_index:
             self._close_pane()
             self.queue.evict_before(low)
             self.current, self.current_index = self.queue.fresh(), index
-        for _, row in group:
-            for agg, args in zip(self.current, self._read_args(row), strict=True):
-                agg.accumulate(*args)
-        return []
+        return True
+
+    def run(
+        self, pending: list[tuple[int, str, int, int, Row]], i: int, n: int, watermark: int
+    ) -> tuple[int, list[Result]]:
+        """Every arrival and extent close below ``watermark``, in time order, from the
+        evaluator's sorted ``pending`` entries ``(ts, source, seq, tiebreak, row)`` at
+        index ``i`` (below ``n``): what the evaluator's loop does with ``arrive_slot`` and
+        ``fire``, in one loop for an evaluator with no hook per close (no relation
+        reading; a sliding window closes an extent per slide). An arrival at an extent's
+        last instant comes before its close. Returns the index after the last arrival
+        taken and the extents' results."""
+        results: list[Result] = []
+        fire, arrive_before, next_timer = self.fire, self._arrive_before, self.next_timer
+        slide = self.window.slide_ms
+        while True:
+            timer = self.closed + slide - 1 if self.showing else next_timer()
+            due = timer is not None and timer < watermark
+            stop = timer + 1 if due else watermark  # type: ignore[operator]
+            if i < n and pending[i][0] < stop:
+                i = arrive_before(pending, i, n, watermark, stop)
+            elif due:
+                results += fire(timer)  # type: ignore[arg-type]
+            else:
+                return i, results
 
     def arrive_slot(
         self, pending: list[tuple[int, str, int, int, Row]], i: int, n: int, watermark: int
     ) -> int:
         """``arrive`` for a run of the evaluator's sorted ``pending`` entries ``(ts,
         source, seq, tiebreak, row)`` from index ``i`` (below ``n``): those below
-        ``watermark`` that come before the next timer. A tuple that opens a pane goes
-        through ``arrive`` (its checks, eviction), and only that can move the timer; the
-        tuples after it in the same pane are accumulated directly. Returns the index
-        after the run; no outputs (extents are emitted by timers)."""
-        pane_ms, read = self.pane_ms, self._read_args
+        ``watermark`` that come before the next timer. Returns the index after the run;
+        no outputs (extents are emitted by timers)."""
+        timer = self.next_timer()
+        stop = watermark if timer is None else min(watermark, timer + 1)
+        return self._arrive_before(pending, i, n, watermark, stop)
+
+    def _arrive_before(
+        self,
+        pending: list[tuple[int, str, int, int, Row]],
+        i: int,
+        n: int,
+        watermark: int,
+        stop: int,
+    ) -> int:
+        """``arrive_slot`` with ``stop`` the next timer + 1 (or ``watermark``). Only a tuple
+        that opens a pane can move the timer, and only while no extent is showing (then
+        the next close is one slide after the last)."""
+        pane_ms, add = self.pane_ms, self._add
+        if self.key is None:
+            self.key = {c: pending[i][4][c] for c in self.window.group_by}
         j = i
-        while True:
-            ts, _, _, _, row = pending[j]
-            self.arrive([(ts, row)])
+        while j < n and (ts := pending[j][0]) < stop:
+            if not self._enter_pane(ts):
+                j += 1
+                continue
+            index, current = self.current_index, self.current
+            add(current, pending[j][4])  # type: ignore[arg-type]
             j += 1
-            timer = self.next_timer()
-            stop = watermark if timer is None else min(watermark, timer + 1)
-            if self.current is not None:
-                index, current = self.current_index, self.current
-                while j < n and (ts := pending[j][0]) < stop and ts // pane_ms == index:
-                    for agg, args in zip(current, read(pending[j][4]), strict=False):
-                        agg.accumulate(*args)
-                    j += 1
-            if j == n or pending[j][0] >= stop:
-                return j
+            if not self.showing:
+                timer = self.next_timer()
+                stop = watermark if timer is None else min(watermark, timer + 1)
+            while j < n and (ts := pending[j][0]) < stop and ts // pane_ms == index:
+                add(current, pending[j][4])  # type: ignore[arg-type]
+                j += 1
+        return j
 
     def _close_pane(self) -> None:
         if self.current is not None:
@@ -933,15 +1002,15 @@ class PaneExtentOperator:
         end = instant + 1
         start = end - self.window.range_ms
         self._close_pane()
-        self.queue.evict_before(start // self.pane_ms)
+        queue = self.queue
+        queue.evict_before(start // self.pane_ms)
         self.closed = end
-        self.showing = len(self.queue) > 0
+        self.showing = bool(queue.front or queue.back)
         if not self.showing:
             return []
         row = {**(self.key or {}), "window_start": start, "window_end": end}
         # Incremental aggregates give one value each: one row, no combinations.
-        for call, value in zip(self.calls, self.queue.values(), strict=True):
-            row[call.alias] = value
+        row.update(zip(self._aliases, queue.values(), strict=True))
         return [(end, row)]
 
     def settle(self, watermark: int) -> None:

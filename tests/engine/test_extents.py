@@ -8,6 +8,7 @@ with event time e.
 
 from __future__ import annotations
 
+import itertools
 import math
 import pickle
 import statistics
@@ -76,10 +77,14 @@ def oracle(rows: list[dict], r: int, s: int) -> list[tuple]:
     r=st.integers(1, 40),
     s=st.integers(1, 40),
     paned=st.booleans(),
+    cuts=st.lists(st.integers(0, 40), max_size=4),
 )
-def test_extents_match_the_wid_definition(raw: list, r: int, s: int, paned: bool) -> None:
+def test_extents_match_the_wid_definition(
+    raw: list, r: int, s: int, paned: bool, cuts: list[int]
+) -> None:
     # The aggregates are algebraic, so extents run on panes of gcd(r, s) ms; with panes
-    # switched off, on the buffered tuples (ExtentOperator).
+    # switched off, on the buffered tuples (ExtentOperator). The rows come in batches
+    # cut at `cuts`, each advanced to the next batch's first timestamp.
     rows = [
         {"ts": ts, "station": k, "speed": float(v), "source": "s", "seq": i}
         for i, (ts, k, v) in enumerate(sorted(raw))
@@ -87,16 +92,21 @@ def test_extents_match_the_wid_definition(raw: list, r: int, s: int, paned: bool
     (stage,) = minmax_plan(r, s).stages()
     assert stage.key == ("station",)
     evaluators: dict[Any, KeyedEvaluator] = {}
+    outputs: dict[Any, list] = {}
+    bounds = [0, *sorted(c for c in cuts if c < len(rows)), len(rows)]
     with mock.patch.object(windows, "MAX_EXTENT_PANES", windows.MAX_EXTENT_PANES if paned else 0):
-        for row in rows:
-            evaluators.setdefault(row["station"], KeyedEvaluator(stage)).insert(row)
+        for lo, hi in itertools.pairwise(bounds):
+            for row in rows[lo:hi]:
+                evaluators.setdefault(row["station"], KeyedEvaluator(stage)).insert(row)
+            watermark = rows[hi]["ts"] if hi < len(rows) else END_OF_TIME
+            for key, ev in evaluators.items():
+                outputs.setdefault(key, []).extend(ev.advance(watermark))
     kind = PaneExtentOperator if paned else ExtentOperator
     assert all(type(ev.operator) is kind for ev in evaluators.values())
     got = []
-    for ev in evaluators.values():
-        outputs = ev.advance(END_OF_TIME)
-        assert [o.ts for o in outputs] == sorted(o.ts for o in outputs)
-        got += [(o.ts, *o.row.values()) for o in outputs]
+    for mine in outputs.values():
+        assert [o.ts for o in mine] == sorted(o.ts for o in mine)
+        got += [(o.ts, *o.row.values()) for o in mine]
     want = oracle(rows, r, s)
     got.sort()
     assert [g[:6] for g in got] == [w[:6] for w in want]
