@@ -881,34 +881,13 @@ class PaneExtentOperator:
         self.showing = False
 
     def arrive(self, group: list[Arrival]) -> list[Result]:
-        """Accumulate the group into its pane; extents are emitted by timers. Every
-        extent ending at or before ``ts`` is closed (its timer came first), so panes
-        before the start of the next one, ``e1 - r``, can go: the state stays within
-        ``r / g`` panes even when the slide exceeds the range (tuples in the gaps
-        between extents are in none and are not kept)."""
+        """Accumulate the group into its pane; extents are emitted by timers. A tuple in
+        no extent still to close (in a gap when the slide exceeds the range) is not
+        kept, so the state stays within ``r / g`` panes."""
         ts = group[0][0]
-        if self.key is None:
-            self.key = {c: group[0][1][c] for c in self.window.group_by}
-        if not self._enter_pane(ts):
-            return []
-        current, add = self.current, self._add
-        for _, row in group:
-            add(current, row)  # type: ignore[arg-type]
+        entries = [(ts, "", 0, 0, row) for _, row in group]
+        self._arrive_before(entries, 0, len(entries), ts + 1, ts + 1)
         return []
-
-    def _enter_pane(self, ts: int) -> bool:
-        """Make the pane of ``ts`` the open one (closing the previous, evicting the panes
-        no later extent reads); False when ``ts`` is in no extent still to close."""
-        slide = self.window.slide_ms
-        low = ((ts // slide + 1) * slide - self.window.range_ms) // self.pane_ms
-        index = ts // self.pane_ms
-        if index < low:
-            return False
-        if self.current is None or index != self.current_index:
-            self._close_pane()
-            self.queue.evict_before(low)
-            self.current, self.current_index = self.queue.fresh(), index
-        return True
 
     def run(
         self, pending: list[tuple[int, str, int, int, Row]], i: int, n: int, watermark: int
@@ -956,22 +935,31 @@ class PaneExtentOperator:
         """``arrive_slot`` with ``stop`` the next timer + 1 (or ``watermark``). Only a tuple
         that opens a pane can move the timer, and only while no extent is showing (then
         the next close is one slide after the last)."""
-        pane_ms, add = self.pane_ms, self._add
+        pane_ms, add, queue = self.pane_ms, self._add, self.queue
+        slide, reach = self.window.slide_ms, self.window.range_ms
         if self.key is None:
             self.key = {c: pending[i][4][c] for c in self.window.group_by}
         j = i
         while j < n and (ts := pending[j][0]) < stop:
-            if not self._enter_pane(ts):
-                j += 1
-                continue
-            index, current = self.current_index, self.current
-            add(current, pending[j][4])  # type: ignore[arg-type]
+            index = ts // pane_ms
+            if self.current is None or index != self.current_index:
+                # A new pane. Extents ending at or before `ts` are closed (their timers
+                # came first), so panes before the next one's start can go.
+                low = ((ts // slide + 1) * slide - reach) // pane_ms
+                if index < low:  # in no extent still to close: not kept
+                    j += 1
+                    continue
+                self._close_pane()
+                queue.evict_before(low)
+                self.current, self.current_index = queue.fresh(), index
+            current = self.current
+            add(current, pending[j][4])
             j += 1
             if not self.showing:
                 timer = self.next_timer()
                 stop = watermark if timer is None else min(watermark, timer + 1)
             while j < n and (ts := pending[j][0]) < stop and ts // pane_ms == index:
-                add(current, pending[j][4])  # type: ignore[arg-type]
+                add(current, pending[j][4])
                 j += 1
         return j
 
