@@ -22,7 +22,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
-from engine.core.plan import ColumnType, StreamSchema
+from engine.core.plan import ColumnType, Plan, StreamSchema
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 
@@ -102,6 +102,17 @@ def heartbeats_table(stream: str) -> str:
     stream's rules query wakes for its own heartbeats only (Delta's streaming source
     reads every commit of its table; it cannot skip another stream's rows unread)."""
     return f"heartbeats_{stream}"
+
+
+def engine_tables(plan: Plan) -> list[str]:
+    """Every table `lookout engine` appends to for `plan`: per source stream its
+    readings and heartbeats, per derived stream its rows and heartbeats (only those a
+    query feeds exist), and the shared ones."""
+    sources = {s.name for s in plan.sources()}
+    names = ["late_readings", "quarantine", "_stream_progress", "alerts"]
+    for name in plan.streams:
+        names += [readings_table(name) if name in sources else name, heartbeats_table(name)]
+    return names
 
 
 def stream_schema(schema: StreamSchema) -> pa.Schema:

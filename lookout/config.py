@@ -56,6 +56,11 @@ class EngineConfig:
     # timers fire on the previous batch's watermark); at 0.5 s they run nearly back to
     # back. Alarm latency median 2.5 s at 1 s / 4 partitions -> 1.4-1.8 s (docs/runtime.md).
     trigger_seconds: float = 0.5
+    # Each batch appends a small file per table, and a table's appends slow down with
+    # its files (engine/maintenance.py): compact every table this often (0: never), when
+    # it holds at least this many files.
+    compact_every_seconds: float = 300.0
+    compact_min_files: int = 64
 
 
 @dataclass(frozen=True)

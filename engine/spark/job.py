@@ -14,8 +14,10 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from engine import tables
 from engine.alerts import AlertSpec
 from engine.core.plan import Plan
+from engine.maintenance import TableMaintenance
 from engine.spark.checkpoint_layout import check_checkpoint_layout
 from engine.spark.landing_job import LandingJob
 from engine.spark.rules_job import stages_by_input, start_rules_query
@@ -42,6 +44,11 @@ class EngineJob:
         self.spark = spark or build_session(config.engine)
         self.landing = LandingJob(self.spark, config, list(plan.sources()))
         self.queries: list[StreamingQuery] = []
+        self.maintenance = TableMaintenance(
+            [config.table(name) for name in tables.engine_tables(plan)],
+            config.engine.compact_every_seconds,
+            config.engine.compact_min_files,
+        )
 
     def start(self) -> None:
         """Start the landing query, then one rules query per stream that stages read."""
@@ -51,10 +58,12 @@ class EngineJob:
             self.queries.append(
                 start_rules_query(self.spark, self.config, self.plan, self.alerts, stream, stages)
             )
+        self.maintenance.start()
         log.info("engine running %d queries", len(self.queries))
 
     def stop(self) -> None:
         """Stop every query (each finishes or abandons its batch; checkpoints stay valid)."""
+        self.maintenance.stop()
         for query in self.queries:
             query.stop()
         self.queries.clear()
@@ -94,6 +103,7 @@ class EngineJob:
             "streams": self.landing.stream_health(now_ms),
             "quarantined": self.landing.totals["quarantined"],
             "heartbeats": self.landing.totals["heartbeats"],
+            "maintenance": self.maintenance.health(),
         }
 
     def write_health(self) -> None:

@@ -1,0 +1,107 @@
+"""Table maintenance (engine/maintenance.py) on real Delta tables written by delta-rs.
+
+Compaction must leave every table holding exactly the rows it held, with the writers'
+idempotency marks (app transactions) intact, in a commit every streaming reader skips
+(all its actions `dataChange = false`, read from the log itself); it must run while
+another thread appends, losing and doubling nothing; and a table that cannot be
+compacted is reported without stopping the others.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from engine.maintenance import TableMaintenance, compact
+from engine.tables import append_once, ensure_table
+
+SCHEMA = pa.schema([("station", pa.int64()), ("speed", pa.float64())])
+
+
+def append_batches(path: str, batches: range, writer: str = "w") -> None:
+    """One append per batch id (as the landing writes), two rows each, into the table
+    at `path` (created first, as the engine does at start)."""
+    ensure_table(path, SCHEMA)
+    for b in batches:
+        rows = [{"station": b, "speed": b / 2}, {"station": b, "speed": b / 3}]
+        append_once(path, SCHEMA, rows, writer, b)
+
+
+def bag(path: str) -> Counter:
+    table = DeltaTable(path).to_pyarrow_table()
+    return Counter(zip(table.column("station").to_pylist(), table.column("speed").to_pylist(),
+                       strict=True))  # fmt: skip
+
+
+def commit_actions(path: str, version: int) -> list[dict]:
+    log = Path(path, "_delta_log", f"{version:020d}.json")
+    return [orjson.loads(line) for line in log.read_bytes().splitlines()]
+
+
+def test_compaction_keeps_rows_and_marks_and_is_invisible_to_streams(tmp_path: Path) -> None:
+    path = str(tmp_path / "readings_traffic")
+    append_batches(path, range(40))
+    before = bag(path)
+    assert len(DeltaTable(path).file_uris()) == 40
+
+    done = compact(path, min_files=8)
+
+    assert done is not None and done.files_before == 40 and done.files_removed == 40
+    table = DeltaTable(path)
+    assert len(table.file_uris()) == done.files_added < 40
+    assert bag(path) == before
+    assert table.transaction_version("w") == 39
+    # The compaction's commit: nothing in it is a data change a stream should read.
+    actions = commit_actions(path, table.version())
+    changes = [a[k] for a in actions for k in ("add", "remove") if k in a]
+    assert len(changes) == 40 + done.files_added
+    assert all(change["dataChange"] is False for change in changes)
+    # A re-run of an appended batch is still recognised after the compaction.
+    assert append_once(path, SCHEMA, [{"station": 0, "speed": 0.0}], "w", 39) is False
+
+
+def test_a_table_with_few_files_or_none_is_left_alone(tmp_path: Path) -> None:
+    path = str(tmp_path / "alerts")
+    append_batches(path, range(3))
+    version = DeltaTable(path).version()
+    assert compact(path, min_files=8) is None
+    assert DeltaTable(path).version() == version
+    assert compact(str(tmp_path / "never_written"), min_files=1) is None
+
+
+def test_compaction_rounds_while_another_thread_appends(tmp_path: Path) -> None:
+    path = str(tmp_path / "station_speed")
+    appender = threading.Thread(target=append_batches, args=(path, range(150)))
+    maintenance = TableMaintenance([path], every_s=0.05, min_files=2)
+    appender.start()
+    maintenance.start()
+    appender.join()
+    maintenance.stop()
+
+    assert maintenance.errors == {}
+    assert bag(path) == Counter((b, v) for b in range(150) for v in (b / 2, b / 3))
+    # Oldest first: appends went on after a compaction had committed.
+    operations = [h["operation"] for h in reversed(DeltaTable(path).history())]
+    assert "OPTIMIZE" in operations
+    assert "WRITE" in operations[operations.index("OPTIMIZE") :]
+
+
+def test_a_broken_table_is_reported_and_the_others_compacted(tmp_path: Path) -> None:
+    good = str(tmp_path / "readings_traffic")
+    append_batches(good, range(5))
+    broken = tmp_path / "quarantine"
+    (broken / "_delta_log").mkdir(parents=True)
+    (broken / "_delta_log" / f"{0:020d}.json").write_text("this is not a commit\n")
+    maintenance = TableMaintenance([str(broken), good], every_s=0, min_files=2)
+
+    done = maintenance.run_once()
+
+    assert [c.table for c in done] == [good]
+    assert str(broken) in maintenance.errors
+    health = maintenance.health()
+    assert health["errors"][str(broken)] and health["compactions"][0]["table"] == good
