@@ -187,14 +187,37 @@ def quarantine() -> None:
     st.dataframe(recent, hide_index=True, width="stretch")
 
 
+def with_compactions(frame: pd.DataFrame, maintenance: dict[str, Any]) -> pd.DataFrame:
+    """The tables (one row each) with what the engine's health record says of their
+    compaction: when last, how many small files it replaced, and its last error."""
+
+    def name(path: str) -> str:
+        return path.rstrip("/").rsplit("/", 1)[-1]
+
+    last = {name(c["table"]): c for c in maintenance.get("compactions") or []}
+    errors = {name(path): error for path, error in (maintenance.get("errors") or {}).items()}
+    return frame.assign(
+        **{
+            "last compacted": [
+                _ms_time(last[t]["at_ms"]) if t in last else None for t in frame["table"]
+            ],
+            "files compacted": [
+                last[t]["files_removed"] if t in last else None for t in frame["table"]
+            ],
+            "compaction error": [errors.get(t) for t in frame["table"]],
+        }
+    )
+
+
 @panel
 def tables() -> None:
-    """Every Delta table with its current version."""
+    """Every Delta table with its current version and its last compaction."""
     frame = delta_tables()
     if frame.empty:
         st.caption(f"No Delta table under `{lakehouse()}` yet.")
         return
-    st.dataframe(frame, hide_index=True, width="stretch")
+    maintenance = (health("engine") or {}).get("maintenance") or {}
+    st.dataframe(with_compactions(frame, maintenance), hide_index=True, width="stretch")
 
 
 def live() -> None:

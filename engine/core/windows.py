@@ -993,7 +993,7 @@ class PaneExtentOperator:
         queue = self.queue
         queue.evict_before(start // self.pane_ms)
         self.closed = end
-        self.showing = bool(queue.front or queue.back)
+        self.showing = len(queue) > 0
         if not self.showing:
             return []
         row = {**(self.key or {}), "window_start": start, "window_end": end}

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import orjson
+import pandas as pd
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
@@ -233,6 +234,9 @@ def test_health_up_streams_quarantine_and_tables(lakehouse: Path, open_page: Ope
     assert streams["engine lag (s)"].max() < 1
     assert "missing field 'ts'" in set(quarantine["reason"])
     assert {"alerts", "readings_traffic", "quarantine"} <= set(tables["table"])
+    compacted = dict(zip(tables["table"], tables["files compacted"], strict=True))
+    assert compacted["readings_traffic"] == 611  # the engine's record, sample.write_health
+    assert pd.isna(compacted["alerts"])
 
 
 def test_health_down_when_the_files_are_stale(lakehouse: Path, open_page: Open) -> None:
