@@ -1,4 +1,5 @@
-"""Table maintenance: the lakehouse's small files compacted while the engine runs.
+"""Table maintenance: the lakehouse's small files compacted, and later deleted, while
+the engine runs.
 
 Every micro-batch appends a small file to each table it writes, about two a second per
 table under load (some 170,000 a day), and a Delta table costs more to open and to
@@ -12,8 +13,11 @@ after keeps the next opens from replaying the compaction's removes: the 80,000-f
 table then opened in 25 ms and took appends in 2 ms.
 
 Compaction commits concurrently with the queries' appends (it removes only files it
-read, which an append never touches). The files it replaces stay on disk until a
-``VACUUM`` older than the table's retention removes them; Lookout does not vacuum yet.
+read, which an append never touches). The files it replaces stay on disk, and their
+removes in the checkpoints, for the table's retention (``delta.deletedFileRetentionDuration``,
+7 days by default): a streaming reader that far behind may still need them. After that
+each round's ``VACUUM`` deletes them (delta-rs's lite vacuum: only files the log removed,
+never one an append is writing).
 """
 
 from __future__ import annotations
@@ -66,8 +70,19 @@ def compact(path: str, min_files: int) -> Compaction | None:
     )
 
 
+def vacuum(path: str) -> int:
+    """Delete the files the table at ``path`` removed longer ago than its retention;
+    returns how many (0 if the table does not exist yet)."""
+    try:
+        table = DeltaTable(path)
+    except TableNotFoundError:
+        return 0
+    return len(table.vacuum(dry_run=False))
+
+
 class TableMaintenance:
-    """A daemon thread compacting ``paths`` every ``every_s`` seconds (never when 0).
+    """A daemon thread compacting and vacuuming ``paths`` every ``every_s`` seconds
+    (never when 0).
 
     A table that fails to compact (a commit conflict, storage trouble) is logged with
     its path and the error and tried again next round; its last error is in ``health``.
@@ -79,6 +94,7 @@ class TableMaintenance:
         self.min_files = min_files
         self.last: dict[str, Compaction] = {}
         self.errors: dict[str, str] = {}
+        self.vacuumed: dict[str, int] = {}  # files deleted, per table, since the start
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -102,11 +118,15 @@ class TableMaintenance:
         for path in self.paths:
             try:
                 result = compact(path, self.min_files)
+                deleted = vacuum(path)
             except Exception as err:  # any failure: reported, retried next round
                 self.errors[path] = f"{type(err).__name__}: {err}"
-                log.warning("compaction of %s failed (retried next round): %s", path, err)
+                log.warning("maintenance of %s failed (retried next round): %s", path, err)
                 continue
             self.errors.pop(path, None)
+            if deleted:
+                self.vacuumed[path] = self.vacuumed.get(path, 0) + deleted
+                log.info("vacuumed %s: %d files past their retention deleted", path, deleted)
             if result is not None:
                 self.last[path] = result
                 done.append(result)
@@ -122,10 +142,12 @@ class TableMaintenance:
         return done
 
     def health(self) -> dict[str, Any]:
-        """The last compaction and the last error of each table, for the health record."""
+        """Each table's last compaction, files vacuumed and last error, for the health
+        record."""
         return {
             "every_s": self.every_s,
             "compactions": [asdict(c) for c in self.last.values()],
+            "vacuumed": dict(self.vacuumed),
             "errors": dict(self.errors),
         }
 

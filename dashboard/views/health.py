@@ -189,13 +189,15 @@ def quarantine() -> None:
 
 def with_compactions(frame: pd.DataFrame, maintenance: dict[str, Any]) -> pd.DataFrame:
     """The tables (one row each) with what the engine's health record says of their
-    compaction: when last, how many small files it replaced, and its last error."""
+    maintenance: the last compaction (when, how many small files it replaced), the
+    replaced files deleted since the engine started, and the last error."""
 
     def name(path: str) -> str:
         return path.rstrip("/").rsplit("/", 1)[-1]
 
     last = {name(c["table"]): c for c in maintenance.get("compactions") or []}
     errors = {name(path): error for path, error in (maintenance.get("errors") or {}).items()}
+    deleted = {name(path): n for path, n in (maintenance.get("vacuumed") or {}).items()}
     return frame.assign(
         **{
             "last compacted": [
@@ -204,7 +206,8 @@ def with_compactions(frame: pd.DataFrame, maintenance: dict[str, Any]) -> pd.Dat
             "files compacted": [
                 last[t]["files_removed"] if t in last else None for t in frame["table"]
             ],
-            "compaction error": [errors.get(t) for t in frame["table"]],
+            "files deleted": [deleted.get(t) for t in frame["table"]],
+            "maintenance error": [errors.get(t) for t in frame["table"]],
         }
     )
 

@@ -237,6 +237,8 @@ def test_health_up_streams_quarantine_and_tables(lakehouse: Path, open_page: Ope
     compacted = dict(zip(tables["table"], tables["files compacted"], strict=True))
     assert compacted["readings_traffic"] == 611  # the engine's record, sample.write_health
     assert pd.isna(compacted["alerts"])
+    deleted = dict(zip(tables["table"], tables["files deleted"], strict=True))
+    assert deleted["readings_traffic"] == 1_204 and pd.isna(deleted["alerts"])
 
 
 def test_health_down_when_the_files_are_stale(lakehouse: Path, open_page: Open) -> None:

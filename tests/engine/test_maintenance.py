@@ -10,12 +10,13 @@ compacted is reported without stopping the others.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
 import orjson
 import pyarrow as pa
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from engine.maintenance import TableMaintenance, compact
 from engine.tables import append_once, ensure_table
@@ -105,3 +106,24 @@ def test_a_broken_table_is_reported_and_the_others_compacted(tmp_path: Path) -> 
     assert str(broken) in maintenance.errors
     health = maintenance.health()
     assert health["errors"][str(broken)] and health["compactions"][0]["table"] == good
+
+
+def test_replaced_files_are_vacuumed_after_the_tables_retention(tmp_path: Path) -> None:
+    # The engine's tables keep the default 7 days; this one keeps removed files 1 s.
+    path = str(tmp_path / "station_speed")
+    retention = {"delta.deletedFileRetentionDuration": "interval 1 seconds"}
+    write_deltalake(path, SCHEMA.empty_table(), mode="append", configuration=retention)
+    append_batches(path, range(6))
+    before = bag(path)
+    maintenance = TableMaintenance([path], every_s=0, min_files=2)
+
+    maintenance.run_once()  # compacts; the six replaced files are not old enough yet
+    on_disk = sorted(Path(path).glob("*.parquet"))
+    assert len(on_disk) == 7 and maintenance.vacuumed == {}
+    time.sleep(1.5)
+    maintenance.run_once()
+
+    assert maintenance.vacuumed == {path: 6}
+    assert len(list(Path(path).glob("*.parquet"))) == 1
+    assert bag(path) == before
+    assert maintenance.health()["vacuumed"] == {path: 6}
