@@ -90,7 +90,7 @@ def main() -> None:
             path = work / "readings_traffic"
             small_file_table(path, files)
             open_ms, append_ms = costs(str(path), args.repeat)
-            done = compact(str(path), min_files=2)
+            done = compact(DeltaTable(str(path)), min_files=2)
             assert done is not None and done.files_removed >= files
             open_after, append_after = costs(str(path), args.repeat)
             print(f"| {files:,} | {open_ms:.0f} ms | {append_ms:.0f} ms | {done.seconds:.1f} s | "

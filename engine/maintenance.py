@@ -39,7 +39,6 @@ log = logging.getLogger("lookout.maintenance")
 class Compaction:
     """One table's last compaction: files before, removed and added, and how long."""
 
-    table: str
     at_ms: int
     files_before: int
     files_removed: int
@@ -47,21 +46,16 @@ class Compaction:
     seconds: float
 
 
-def compact(path: str, min_files: int) -> Compaction | None:
-    """Compact the Delta table at ``path`` and checkpoint it, if it holds at least
-    ``min_files`` files; None if it does not (or does not exist yet)."""
-    try:
-        table = DeltaTable(path)
-    except TableNotFoundError:
-        return None
+def compact(table: DeltaTable, min_files: int) -> Compaction | None:
+    """Compact ``table`` and checkpoint it, if it holds at least ``min_files`` files;
+    None if it does not."""
     files = len(table.file_uris())
     if files < min_files:
         return None
     started = time.perf_counter()
     metrics = table.optimize.compact()
-    table.create_checkpoint()
+    table.create_checkpoint()  # `table` is at the compaction's version now
     return Compaction(
-        table=path,
         at_ms=int(time.time() * 1000),
         files_before=files,
         files_removed=int(metrics["numFilesRemoved"]),
@@ -70,13 +64,8 @@ def compact(path: str, min_files: int) -> Compaction | None:
     )
 
 
-def vacuum(path: str) -> int:
-    """Delete the files the table at ``path`` removed longer ago than its retention;
-    returns how many (0 if the table does not exist yet)."""
-    try:
-        table = DeltaTable(path)
-    except TableNotFoundError:
-        return 0
+def vacuum(table: DeltaTable) -> int:
+    """Delete the files ``table`` removed longer ago than its retention; how many."""
     return len(table.vacuum(dry_run=False))
 
 
@@ -112,16 +101,23 @@ class TableMaintenance:
             self._thread.join()
             self._thread = None
 
-    def run_once(self) -> list[Compaction]:
-        """One round over every table; returns the compactions it made."""
+    def run_once(self) -> list[tuple[str, Compaction]]:
+        """One round over every table (each opened once, and skipped while it does not
+        exist yet); returns the compactions it made, by table path."""
         done = []
         for path in self.paths:
             try:
-                result = compact(path, self.min_files)
-                deleted = vacuum(path)
+                table = DeltaTable(path)
+            except TableNotFoundError:
+                continue
             except Exception as err:  # any failure: reported, retried next round
-                self.errors[path] = f"{type(err).__name__}: {err}"
-                log.warning("maintenance of %s failed (retried next round): %s", path, err)
+                self._failed(path, err)
+                continue
+            try:
+                result = compact(table, self.min_files)
+                deleted = vacuum(table)
+            except Exception as err:  # any failure: reported, retried next round
+                self._failed(path, err)
                 continue
             self.errors.pop(path, None)
             if deleted:
@@ -129,7 +125,7 @@ class TableMaintenance:
                 log.info("vacuumed %s: %d files past their retention deleted", path, deleted)
             if result is not None:
                 self.last[path] = result
-                done.append(result)
+                done.append((path, result))
                 log.info(
                     "compacted %s: %d files -> %d (%d removed, %d added) in %.2f s",
                     path,
@@ -141,12 +137,16 @@ class TableMaintenance:
                 )
         return done
 
+    def _failed(self, path: str, err: Exception) -> None:
+        self.errors[path] = f"{type(err).__name__}: {err}"
+        log.warning("maintenance of %s failed (retried next round): %s", path, err)
+
     def health(self) -> dict[str, Any]:
         """Each table's last compaction, files vacuumed and last error, for the health
         record."""
         return {
             "every_s": self.every_s,
-            "compactions": [asdict(c) for c in self.last.values()],
+            "compactions": [{"table": path, **asdict(c)} for path, c in self.last.items()],
             "vacuumed": dict(self.vacuumed),
             "errors": dict(self.errors),
         }

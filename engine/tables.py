@@ -86,6 +86,13 @@ STREAM_PROGRESS = pa.schema(
     [("stream", pa.string()), ("batch_id", pa.int64()), ("max_event_ms", pa.int64())]
 )
 
+# The tables the landing writes for every stream together, with their schemas.
+LANDING_SHARED = {
+    "late_readings": LATE_READINGS,
+    "quarantine": QUARANTINE,
+    "_stream_progress": STREAM_PROGRESS,
+}
+
 _TABLE_PROPERTIES = {
     "delta.enableDeletionVectors": "false",
     "delta.columnMapping.mode": "none",
@@ -109,7 +116,7 @@ def engine_tables(plan: Plan) -> list[str]:
     readings and heartbeats, per derived stream its rows and heartbeats (only those a
     query feeds exist), and the shared ones."""
     sources = {s.name for s in plan.sources()}
-    names = ["late_readings", "quarantine", "_stream_progress", "alerts"]
+    names = [*LANDING_SHARED, "alerts"]
     for name in plan.streams:
         names += [readings_table(name) if name in sources else name, heartbeats_table(name)]
     return names

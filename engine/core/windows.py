@@ -901,9 +901,8 @@ class PaneExtentOperator:
         taken and the extents' results."""
         results: list[Result] = []
         fire, arrive_before, next_timer = self.fire, self._arrive_before, self.next_timer
-        slide = self.window.slide_ms
         while True:
-            timer = self.closed + slide - 1 if self.showing else next_timer()
+            timer = next_timer()
             due = timer is not None and timer < watermark
             stop = timer + 1 if due else watermark  # type: ignore[operator]
             if i < n and pending[i][0] < stop:
@@ -920,9 +919,13 @@ class PaneExtentOperator:
         source, seq, tiebreak, row)`` from index ``i`` (below ``n``): those below
         ``watermark`` that come before the next timer. Returns the index after the run;
         no outputs (extents are emitted by timers)."""
+        return self._arrive_before(pending, i, n, watermark, self._stop(watermark))
+
+    def _stop(self, watermark: int) -> int:
+        """The first instant no arrival may reach before the next timer fires: that
+        timer + 1, or ``watermark`` when it comes first (or there is none)."""
         timer = self.next_timer()
-        stop = watermark if timer is None else min(watermark, timer + 1)
-        return self._arrive_before(pending, i, n, watermark, stop)
+        return watermark if timer is None else min(watermark, timer + 1)
 
     def _arrive_before(
         self,
@@ -956,8 +959,7 @@ class PaneExtentOperator:
             add(current, pending[j][4])
             j += 1
             if not self.showing:
-                timer = self.next_timer()
-                stop = watermark if timer is None else min(watermark, timer + 1)
+                stop = self._stop(watermark)
             while j < n and (ts := pending[j][0]) < stop and ts // pane_ms == index:
                 add(current, pending[j][4])
                 j += 1

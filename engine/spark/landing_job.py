@@ -59,11 +59,7 @@ class LandingJob:
             tables.ensure_table(
                 self.config.table(tables.heartbeats_table(schema.name)), tables.HEARTBEATS
             )
-        for name, schema in (
-            ("late_readings", tables.LATE_READINGS),
-            ("quarantine", tables.QUARANTINE),
-            ("_stream_progress", tables.STREAM_PROGRESS),
-        ):
+        for name, schema in tables.LANDING_SHARED.items():
             tables.ensure_table(self.config.table(name), schema)
 
     def restore(self) -> None:
