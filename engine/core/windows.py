@@ -886,7 +886,7 @@ class PaneExtentOperator:
         kept, so the state stays within ``r / g`` panes."""
         ts = group[0][0]
         entries = [(ts, "", 0, 0, row) for _, row in group]
-        self._arrive_before(entries, 0, len(entries), ts + 1, ts + 1)
+        self._drive(entries, 0, len(entries), ts + 1, closes=False)
         return []
 
     def run(
@@ -899,18 +899,7 @@ class PaneExtentOperator:
         reading; a sliding window closes an extent per slide). An arrival at an extent's
         last instant comes before its close. Returns the index after the last arrival
         taken and the extents' results."""
-        results: list[Result] = []
-        fire, arrive_before, next_timer = self.fire, self._arrive_before, self.next_timer
-        while True:
-            timer = next_timer()
-            due = timer is not None and timer < watermark
-            stop = timer + 1 if due else watermark  # type: ignore[operator]
-            if i < n and pending[i][0] < stop:
-                i = arrive_before(pending, i, n, watermark, stop)
-            elif due:
-                results += fire(timer)  # type: ignore[arg-type]
-            else:
-                return i, results
+        return self._drive(pending, i, n, watermark, closes=True)
 
     def arrive_slot(
         self, pending: list[tuple[int, str, int, int, Row]], i: int, n: int, watermark: int
@@ -919,51 +908,55 @@ class PaneExtentOperator:
         source, seq, tiebreak, row)`` from index ``i`` (below ``n``): those below
         ``watermark`` that come before the next timer. Returns the index after the run;
         no outputs (extents are emitted by timers)."""
-        return self._arrive_before(pending, i, n, watermark, self._stop(watermark))
+        return self._drive(pending, i, n, watermark, closes=False)[0]
 
-    def _stop(self, watermark: int) -> int:
-        """The first instant no arrival may reach before the next timer fires: that
-        timer + 1, or ``watermark`` when it comes first (or there is none)."""
-        timer = self.next_timer()
-        return watermark if timer is None else min(watermark, timer + 1)
-
-    def _arrive_before(
+    def _drive(
         self,
         pending: list[tuple[int, str, int, int, Row]],
         i: int,
         n: int,
         watermark: int,
-        stop: int,
-    ) -> int:
-        """``arrive_slot`` with ``stop`` the next timer + 1 (or ``watermark``). Only a tuple
-        that opens a pane can move the timer, and only while no extent is showing (then
-        the next close is one slide after the last)."""
+        closes: bool,
+    ) -> tuple[int, list[Result]]:
+        """Arrivals from ``pending[i:n]`` below ``watermark`` in time order, with the
+        extent closes due between them when ``closes`` (else up to the first close due).
+        One loop for both: it runs per slide, and calls between its steps cost more here
+        than the steps. Only a tuple that opens a pane can move the next close, and only
+        while no extent is showing (then the next close is one slide after the last)."""
+        results: list[Result] = []
         pane_ms, add, queue = self.pane_ms, self._add, self.queue
         slide, reach = self.window.slide_ms, self.window.range_ms
-        if self.key is None:
+        if self.key is None and i < n:
             self.key = {c: pending[i][4][c] for c in self.window.group_by}
-        j = i
-        while j < n and (ts := pending[j][0]) < stop:
-            index = ts // pane_ms
-            if self.current is None or index != self.current_index:
-                # A new pane. Extents ending at or before `ts` are closed (their timers
-                # came first), so panes before the next one's start can go.
-                low = ((ts // slide + 1) * slide - reach) // pane_ms
-                if index < low:  # in no extent still to close: not kept
-                    j += 1
-                    continue
-                self._close_pane()
-                queue.evict_before(low)
-                self.current, self.current_index = queue.fresh(), index
-            current = self.current
-            add(current, pending[j][4])
-            j += 1
-            if not self.showing:
-                stop = self._stop(watermark)
-            while j < n and (ts := pending[j][0]) < stop and ts // pane_ms == index:
-                add(current, pending[j][4])
-                j += 1
-        return j
+        while True:
+            timer = self.closed + slide - 1 if self.showing else self.next_timer()
+            due = timer is not None and timer < watermark
+            stop = timer + 1 if due else watermark  # type: ignore[operator]
+            current, index = self.current, self.current_index
+            while i < n and (ts := pending[i][0]) < stop:
+                if current is None or ts // pane_ms != index:
+                    # A new pane. Extents ending at or before `ts` are closed (their
+                    # timers came first), so panes before the next one's start can go.
+                    low = ((ts // slide + 1) * slide - reach) // pane_ms
+                    if ts // pane_ms < low:  # in no extent still to close: not kept
+                        i += 1
+                        continue
+                    if current is not None:
+                        queue.push(index, current)
+                    queue.evict_before(low)
+                    index = ts // pane_ms
+                    current = self.current = queue.fresh()
+                    self.current_index = index
+                    if not self.showing:  # the pane may move the next close
+                        add(current, pending[i][4])
+                        i += 1
+                        break
+                add(current, pending[i][4])
+                i += 1
+            else:
+                if not (due and closes):
+                    return i, results
+                results += self.fire(timer)  # type: ignore[arg-type]
 
     def _close_pane(self) -> None:
         if self.current is not None:
