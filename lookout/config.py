@@ -232,6 +232,9 @@ def _sections() -> dict[str, _Section]:
             name, key = _PLAIN_FIELDS[config_field.name]
             setting = _setting(name, key, Config, config_field, kind)
             sections[name] = _Section(name, config_field.name, None, (setting,))
+    keys = {(setting.section, setting.key) for s in sections.values() for setting in s.settings}
+    if _LIMITS.keys() - keys:
+        raise TypeError(f"_LIMITS names keys no section has: {sorted(_LIMITS.keys() - keys)}")
     return sections
 
 
