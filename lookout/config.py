@@ -3,6 +3,9 @@
 The file is `lookout.toml` in the working directory (or the path in ``LOOKOUT_CONFIG``).
 Any key can be overridden as ``LOOKOUT_<SECTION>_<KEY>`` (upper case), which is how
 secrets such as the MQTT password reach the processes without being written down.
+Every value is checked against its field's type hint and, where one is obvious, its
+range; a wrong value, an unknown section or key and a TOML syntax error raise
+`ConfigError`, which names the file and line (or the environment variable).
 """
 
 from __future__ import annotations
@@ -126,6 +129,7 @@ _EXPECTED: dict[Any, str] = {
     bool: "true or false",
     tuple[str, ...]: "a list of strings",
 }
+# A bool from the environment; any other word is refused rather than read as false.
 _ENV_TRUE = {"1", "true", "yes", "on"}
 _ENV_FALSE = {"0", "false", "no", "off"}
 
@@ -204,6 +208,7 @@ class _Section(NamedTuple):
 
 
 def _setting(section: str, key: str, owner: type, field_: Field[Any], kind: Any) -> _Setting:
+    """The file's `[section] key` for the dataclass field `field_` of `owner`."""
     if kind not in _EXPECTED:
         readable = ", ".join(map(str, _EXPECTED))
         raise TypeError(f"{owner.__name__}.{field_.name}: load_config reads only {readable}")
