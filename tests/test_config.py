@@ -81,8 +81,10 @@ def fits(value: Any, kind: Any) -> bool:
         return type(value) is bool
     if kind is int:
         return type(value) is int
+    if kind is float and type(value) is int:
+        return abs(value) <= sys.float_info.max  # beyond it, no float holds it
     if kind is float:
-        return type(value) in (int, float) and math.isfinite(value)
+        return type(value) is float and math.isfinite(value)
     if kind is str:
         return type(value) is str
     assert kind == tuple[str, ...], f"a field type this test does not know: {kind}"
@@ -182,7 +184,7 @@ def test_a_value_of_the_wrong_type_names_file_line_key_value_and_what_was_expect
     path, loaded = load_text(text)
     # The right type loads as given, unless out of the key's range (refused like a wrong type).
     if fits(value, key.kind) and isinstance(loaded, Config):
-        expected = tuple(value) if key.kind == tuple[str, ...] else value
+        expected = getattr(key.kind, "__origin__", key.kind)(value)
         assert value_of(loaded, key) == expected
         assert type(value_of(loaded, key)) is getattr(key.kind, "__origin__", key.kind)
         return
