@@ -5,15 +5,13 @@ changed setting applies from the next refresh."""
 
 from __future__ import annotations
 
-import tomllib
-
 from dashboard.data import DataError
-from lookout.config import DashboardConfig, load_config
+from lookout.config import ConfigError, DashboardConfig, load_config
 
 
 def settings() -> DashboardConfig:
     """The dashboard's settings (see the module docstring)."""
     try:
         return load_config().dashboard
-    except (OSError, ValueError, tomllib.TOMLDecodeError) as exc:
+    except ConfigError as exc:
         raise DataError(f"the configuration cannot be read: {exc}") from exc

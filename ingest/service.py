@@ -16,7 +16,7 @@ from pathlib import Path
 from ingest.object_store import ObjectStore, is_object_store
 from ingest.subscriber import Ingester
 from ingest.validate import Validator
-from lookout.config import Config, load_config
+from lookout.config import Config, ConfigError, load_config
 from rules.language.loader import RuleCheckError, RuleSet, load_rules
 
 
@@ -92,4 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    return run(load_config(args.config), args.rules, args.id, args.share, args.heartbeat_after)
+    try:
+        config = load_config(args.config)
+    except ConfigError as err:
+        print(f"python -m ingest: the configuration cannot be used:\n{err}", file=sys.stderr)
+        return 2
+    return run(config, args.rules, args.id, args.share, args.heartbeat_after)

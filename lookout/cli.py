@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from lookout.config import load_config
+from lookout.config import ConfigError, load_config
 
 
 def _engine(args: argparse.Namespace) -> int:
@@ -132,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.func(args) or 0)
+    except ConfigError as err:
+        # Like a rule error: each problem with its file:line (or variable), no traceback.
+        print(f"lookout {args.command}: the configuration cannot be used:\n{err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

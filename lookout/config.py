@@ -3,15 +3,23 @@
 The file is `lookout.toml` in the working directory (or the path in ``LOOKOUT_CONFIG``).
 Any key can be overridden as ``LOOKOUT_<SECTION>_<KEY>`` (upper case), which is how
 secrets such as the MQTT password reach the processes without being written down.
+Every value is checked against its field's type hint and, where one is obvious, its
+range; a wrong value, an unknown section or key and a TOML syntax error raise
+`ConfigError`, which names the file and line (or the environment variable).
 """
 
 from __future__ import annotations
 
+import difflib
+import json
+import math
 import os
+import re
 import tomllib
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection
+from dataclasses import Field, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, get_type_hints
 
 
 @dataclass(frozen=True)
@@ -101,47 +109,332 @@ class Config:
         return f"{self.lakehouse.rstrip('/')}/{name}"
 
 
-def _coerce(value: str, like: Any) -> Any:
-    """Parse an environment string into the type of the default it overrides."""
-    if isinstance(like, bool):
-        return value.strip().lower() in {"1", "true", "yes", "on"}
-    if isinstance(like, int):
-        return int(value)
-    if isinstance(like, float):
+class ConfigError(ValueError):
+    """The configuration cannot be used. Each line of the message is one problem and says
+    where it is: ``file:line: [section] key = value: expected ...``, or the environment
+    variable that set the value."""
+
+
+# Config's plain fields each live in a one-key section of the file.
+_PLAIN_FIELDS: dict[str, tuple[str, str]] = {
+    "lakehouse": ("lakehouse", "path"),
+    "rule_paths": ("rules", "paths"),
+}
+
+# What a field of each supported type must hold, as the messages say it.
+_EXPECTED: dict[Any, str] = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    tuple[str, ...]: "a list of strings",
+}
+# A bool from the environment; any other word is refused rather than read as false.
+_ENV_TRUE = {"1", "true", "yes", "on"}
+_ENV_FALSE = {"0", "false", "no", "off"}
+
+
+class _Limit(NamedTuple):
+    """The values of a field's type that can work, beyond the type itself."""
+
+    allows: Callable[[Any], bool]
+    text: str  # completes "expected an integer ...", "expected a number ..."
+
+
+_PORT = _Limit(lambda port: 1 <= port <= 65535, "from 1 to 65535")
+_POSITIVE = _Limit(lambda number: number > 0, "greater than 0")
+_NOT_NEGATIVE = _Limit(lambda number: number >= 0, "of 0 or more")
+_NOT_EMPTY = _Limit(lambda value: len(value) > 0, "that is not empty")
+
+# Ranges where a value outside cannot work (how each field is used decides); a field
+# not listed is checked for its type only.
+_LIMITS: dict[tuple[str, str], _Limit] = {
+    ("lakehouse", "path"): _NOT_EMPTY,
+    ("rules", "paths"): _NOT_EMPTY,
+    ("mqtt", "host"): _NOT_EMPTY,
+    ("mqtt", "port"): _PORT,
+    ("mqtt", "qos"): _Limit(lambda qos: qos in (0, 1, 2), "(0, 1 or 2)"),
+    # 0 ms or 0 messages would make the landing loop spin without ever waiting.
+    ("ingest", "flush_ms"): _POSITIVE,
+    ("ingest", "flush_messages"): _POSITIVE,
+    ("ingest", "max_payload_bytes"): _POSITIVE,
+    ("ingest", "max_clock_distance_days"): _POSITIVE,  # 0 would quarantine every reading
+    ("engine", "master"): _NOT_EMPTY,
+    ("engine", "shuffle_partitions"): _POSITIVE,
+    ("engine", "trigger_seconds"): _NOT_NEGATIVE,  # 0: Spark's "next batch at once"
+    ("engine", "compact_every_seconds"): _NOT_NEGATIVE,  # 0: never compact
+    ("engine", "compact_min_files"): _POSITIVE,
+    ("dashboard", "address"): _NOT_EMPTY,
+    ("dashboard", "port"): _PORT,
+    ("dashboard", "refresh_seconds"): _POSITIVE,
+    ("dashboard", "congested_minutes"): _POSITIVE,
+    ("dashboard", "silent_minutes"): _POSITIVE,
+    ("dashboard", "down_after_seconds"): _POSITIVE,
+}
+
+
+class _Setting(NamedTuple):
+    """One key of the configuration file and what it must hold."""
+
+    section: str
+    key: str
+    kind: Any  # the field's type hint, one of _EXPECTED's
+    limit: _Limit | None
+    secret: bool  # repr=False on its field: its value never appears in a message
+
+    @property
+    def env_var(self) -> str:
+        """The environment variable that overrides this key."""
+        return f"LOOKOUT_{self.section.upper()}_{self.key.upper()}"
+
+    @property
+    def expected(self) -> str:
+        """What a value must be, e.g. "an integer from 1 to 65535"."""
+        limit = f" {self.limit.text}" if self.limit else ""
+        return f"{_EXPECTED[self.kind]}{limit}"
+
+    def show(self, value: Any) -> str:
+        """`value` as the message quotes it: TOML-like, secrets hidden."""
+        return "(hidden)" if self.secret else json.dumps(value, default=str)
+
+
+class _Section(NamedTuple):
+    """One section of the file: the Config field it fills and its keys."""
+
+    name: str
+    config_field: str
+    cls: type | None  # the section's dataclass; None for a plain field's one-key section
+    settings: tuple[_Setting, ...]
+
+
+def _setting(section: str, key: str, owner: type, field_: Field[Any], kind: Any) -> _Setting:
+    """The file's `[section] key` for the dataclass field `field_` of `owner`."""
+    if kind not in _EXPECTED:
+        readable = ", ".join(map(str, _EXPECTED))
+        raise TypeError(f"{owner.__name__}.{field_.name}: load_config reads only {readable}")
+    return _Setting(section, key, kind, _LIMITS.get((section, key)), not field_.repr)
+
+
+def _sections() -> dict[str, _Section]:
+    """Every section the file may hold, derived from Config's fields and type hints."""
+    sections: dict[str, _Section] = {}
+    config_hints = get_type_hints(Config)
+    for config_field in fields(Config):
+        kind = config_hints[config_field.name]
+        if is_dataclass(kind):
+            hints = get_type_hints(kind)
+            settings = tuple(
+                _setting(config_field.name, f.name, kind, f, hints[f.name]) for f in fields(kind)
+            )
+            sections[config_field.name] = _Section(
+                config_field.name, config_field.name, kind, settings
+            )
+        else:
+            if config_field.name not in _PLAIN_FIELDS:
+                raise TypeError(
+                    f"Config.{config_field.name}: say in _PLAIN_FIELDS which key holds it"
+                )
+            name, key = _PLAIN_FIELDS[config_field.name]
+            setting = _setting(name, key, Config, config_field, kind)
+            sections[name] = _Section(name, config_field.name, None, (setting,))
+    keys = {(setting.section, setting.key) for s in sections.values() for setting in s.settings}
+    if _LIMITS.keys() - keys:
+        raise TypeError(f"_LIMITS names keys no section has: {sorted(_LIMITS.keys() - keys)}")
+    return sections
+
+
+_SECTIONS = _sections()
+
+
+def _from_toml(value: Any, kind: Any) -> Any:
+    """`value` as tomllib read it, as a field of type `kind` holds it; ValueError if it is
+    not one. A bool is not an integer here (Python says it is); an integer is a number."""
+    if kind is bool and isinstance(value, bool):
+        return value
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if kind is int and isinstance(value, int):
+        return value
+    if kind is float and isinstance(value, int | float) and math.isfinite(value):
         return float(value)
-    if isinstance(like, tuple):
-        return tuple(part.strip() for part in value.split(",") if part.strip())
-    return value
+    if kind is str and isinstance(value, str):
+        return value
+    if (
+        kind == tuple[str, ...]
+        and isinstance(value, list)
+        and all(isinstance(item, str) for item in value)
+    ):
+        return tuple(value)
+    raise ValueError(value)
 
 
-def _section(cls: type, raw: dict[str, Any], env_prefix: str) -> Any:
-    defaults = cls()
+def _from_env(text: str, kind: Any) -> Any:
+    """An environment variable's text as a field of type `kind` holds it; ValueError if it
+    is not one. A list is comma-separated."""
+    if kind is bool:
+        word = text.strip().lower()
+        if word not in _ENV_TRUE | _ENV_FALSE:
+            raise ValueError(text)
+        return word in _ENV_TRUE
+    if kind is int:
+        return int(text)
+    if kind is float:
+        number = float(text)
+        if not math.isfinite(number):
+            raise ValueError(text)
+        return number
+    if kind == tuple[str, ...]:
+        return tuple(part.strip() for part in text.split(",") if part.strip())
+    return text
+
+
+def _valid(setting: _Setting, value: Any, convert: Callable[[Any, Any], Any]) -> Any:
+    """`value` converted to the setting's type; ValueError if it is not one or out of range."""
+    try:
+        converted = convert(value, setting.kind)
+    except OverflowError as exc:  # an integer too large for a float
+        raise ValueError(value) from exc
+    if setting.limit and not setting.limit.allows(converted):
+        raise ValueError(value)
+    return converted
+
+
+_HEADER = re.compile(r"\s*\[\s*([\w-]+)\s*\]\s*(?:#.*)?$")
+
+
+class _File(NamedTuple):
+    """The configuration file's path and text, to say where a problem is."""
+
+    path: Path
+    text: str
+
+    def line_of(self, section: str | None, key: str | None) -> int | None:
+        """The line (from 1) setting `key =` inside `[section]` (section None: before any
+        header), or opening `[section]` when key is None. tomllib gives no positions, so
+        this scans the text, and answers only when exactly one line matches rather than
+        risk pointing at the wrong one."""
+        assignment = re.compile(rf"\s*{re.escape(key)}\s*=") if key else None
+        current: str | None = None
+        matches = []
+        for number, line in enumerate(self.text.splitlines(), start=1):
+            if line.lstrip().startswith("["):
+                header = _HEADER.match(line)
+                current = header.group(1) if header else "["  # a header the scan does not follow
+                if key is None and current == section:
+                    matches.append(number)
+            elif assignment and current == section and assignment.match(line):
+                matches.append(number)
+        return matches[0] if len(matches) == 1 else None
+
+    def where(self, section: str | None, key: str | None = None) -> str:
+        """`path:line` of a key or section header, or just the path if the line is not clear."""
+        line = self.line_of(section, key)
+        return f"{self.path}:{line}" if line else str(self.path)
+
+
+def _did_you_mean(word: str, known: Collection[str], form: str = "{}") -> str:
+    """A "did you mean" for a close match among `known`, else the list of them."""
+    close = difflib.get_close_matches(word, known, n=1)
+    if close:
+        return f"; did you mean {form.format(close[0])}?"
+    return f" (known: {', '.join(form.format(name) for name in sorted(known))})"
+
+
+def _read_section(
+    section: _Section, table: dict[str, Any], file: _File, problems: list[str]
+) -> dict[str, Any]:
+    """The values the file's `table` and the environment set for `section`'s keys (an
+    environment variable wins). Every wrong or unknown key goes to `problems` instead."""
     values: dict[str, Any] = {}
-    for name in cls.__dataclass_fields__:
-        value = raw.get(name, getattr(defaults, name))
-        env = os.environ.get(f"{env_prefix}_{name.upper()}")
-        values[name] = _coerce(env, getattr(defaults, name)) if env is not None else value
-    unknown = set(raw) - set(cls.__dataclass_fields__)
-    if unknown:
-        raise ValueError(f"unknown keys in [{env_prefix[8:].lower()}]: {sorted(unknown)}")
-    return cls(**values)
+    for setting in section.settings:
+        if setting.key in table:
+            given = table[setting.key]
+            try:
+                values[setting.key] = _valid(setting, given, _from_toml)
+            except ValueError:
+                problems.append(
+                    f"{file.where(section.name, setting.key)}: [{section.name}] {setting.key} = "
+                    f"{setting.show(given)}: expected {setting.expected}"
+                )
+        text = os.environ.get(setting.env_var)
+        if text is not None:
+            try:
+                values[setting.key] = _valid(setting, text, _from_env)
+            except ValueError:
+                shown = "(hidden)" if setting.secret else text
+                problems.append(f"{setting.env_var}={shown}: expected {setting.expected}")
+    keys = [setting.key for setting in section.settings]
+    for key in table:
+        if key not in keys:
+            problems.append(
+                f"{file.where(section.name, key)}: unknown key [{section.name}] {key}"
+                + _did_you_mean(key, keys)
+            )
+    return values
+
+
+def _top_level_problems(raw: dict[str, Any], file: _File) -> list[str]:
+    """Unknown sections, and values set outside any section."""
+    problems = []
+    for name, value in raw.items():
+        if isinstance(value, dict):
+            if name not in _SECTIONS:
+                suggestion = _did_you_mean(name, _SECTIONS, "[{}]")
+                problems.append(f"{file.where(name)}: unknown section [{name}]{suggestion}")
+        elif name in _SECTIONS:
+            where = file.where(None, name)
+            problems.append(
+                f"{where}: {name} is set outside a section: expected a [{name}] section"
+            )
+        else:
+            suggestion = _did_you_mean(name, _SECTIONS, "[{}]")
+            problems.append(
+                f"{file.where(None, name)}: unknown key {name} outside any section{suggestion}"
+            )
+    return problems
+
+
+def _parse(file: _File) -> dict[str, Any]:
+    """The file's TOML; a syntax error becomes a ConfigError saying `path:line:column:`."""
+    try:
+        return tomllib.loads(file.text)
+    except tomllib.TOMLDecodeError as exc:
+        position = re.fullmatch(r"(.*) \(at line (\d+), column (\d+)\)", str(exc))
+        if position:
+            message, line, column = position.groups()
+            raise ConfigError(f"{file.path}:{line}:{column}: {message} (TOML syntax)") from exc
+        raise ConfigError(f"{file.path}: {exc} (TOML syntax)") from exc
+
+
+def _read_file(path: Path) -> _File:
+    """The file's text; empty (all defaults) when there is no file."""
+    try:
+        return _File(path, path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return _File(path, "")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> Config:
-    """Read the configuration file (missing file = defaults) and apply environment overrides."""
-    path = Path(path or os.environ.get("LOOKOUT_CONFIG", "lookout.toml"))
-    raw: dict[str, Any] = tomllib.loads(path.read_text()) if path.exists() else {}
-    lakehouse = os.environ.get(
-        "LOOKOUT_LAKEHOUSE_PATH", raw.get("lakehouse", {}).get("path", Config.lakehouse)
-    )
-    rules_raw = raw.get("rules", {}).get("paths", list(Config.rule_paths))
-    rules_env = os.environ.get("LOOKOUT_RULES_PATHS")
-    rule_paths = _coerce(rules_env, ()) if rules_env else tuple(rules_raw)
-    return Config(
-        lakehouse=lakehouse,
-        rule_paths=rule_paths,
-        mqtt=_section(MqttConfig, raw.get("mqtt", {}), "LOOKOUT_MQTT"),
-        ingest=_section(IngestConfig, raw.get("ingest", {}), "LOOKOUT_INGEST"),
-        engine=_section(EngineConfig, raw.get("engine", {}), "LOOKOUT_ENGINE"),
-        dashboard=_section(DashboardConfig, raw.get("dashboard", {}), "LOOKOUT_DASHBOARD"),
-    )
+    """Read the configuration file (missing file = defaults) and apply environment overrides.
+
+    Raises ConfigError naming every unknown section or key, wrong value (its file and
+    line, or its environment variable, and what was expected) and TOML syntax error.
+    """
+    file = _read_file(Path(path or os.environ.get("LOOKOUT_CONFIG", "lookout.toml")))
+    raw = _parse(file)
+    problems = _top_level_problems(raw, file)
+    sections: dict[str, Any] = {}
+    for section in _SECTIONS.values():
+        table = raw.get(section.name)
+        values = _read_section(section, table if isinstance(table, dict) else {}, file, problems)
+        if section.cls is not None:
+            sections[section.config_field] = section.cls(**values)
+        elif values:
+            sections[section.config_field] = values[section.settings[0].key]
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return Config(**sections)
