@@ -6,6 +6,7 @@ rate, batch duration, watermark, state rows), which the dashboard's health page 
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -17,7 +18,7 @@ from pyspark.sql.streaming import StreamingQuery
 from engine import tables
 from engine.alerts import AlertSpec
 from engine.core.plan import Plan
-from engine.maintenance import TableMaintenance
+from engine.maintenance import TableMaintenance, read_floors
 from engine.spark.checkpoint_layout import check_checkpoint_layout
 from engine.spark.landing_job import LandingJob
 from engine.spark.rules_job import stages_by_input, start_rules_query
@@ -48,6 +49,7 @@ class EngineJob:
             [config.table(name) for name in tables.engine_tables(plan)],
             config.engine.compact_every_seconds,
             config.engine.compact_min_files,
+            self.read_floors,
         )
 
     def start(self) -> None:
@@ -67,6 +69,14 @@ class EngineJob:
         for query in self.queries:
             query.stop()
         self.queries.clear()
+
+    def read_floors(self) -> dict[str, int] | None:
+        """Per Delta table id, the lowest version a query may still read (for the log
+        cleanup; None until every query has run a batch)."""
+        if not self.queries:
+            return None
+        progresses = [query.lastProgress for query in list(self.queries)]
+        return read_floors(None if p is None else json.loads(p.json) for p in progresses)
 
     def failed(self) -> str | None:
         """The error of the first query that died, if any."""

@@ -141,8 +141,9 @@ def normalised(rows: list[dict], stamps: set[str]) -> Counter:
 
 @pytest.mark.parametrize("library", [TRAFFIC, RFID], ids=lambda lib: lib.rules)
 def test_live_rows_equal_replay_rows(spark, mosquitto, lookout_config, tmp_path, library):
-    # Tables compacted every second while the queries append and read them: a
-    # compaction's rewritten files must not reach a streaming reader twice.
+    # Tables compacted, and their logs cleaned, every second while the queries append
+    # and read them: a compaction's rewritten files must not reach a streaming reader
+    # twice, and no reader may find a commit it still needs gone.
     engine_config = replace(lookout_config.engine, compact_every_seconds=1.0, compact_min_files=2)
     lookout_config = replace(lookout_config, engine=engine_config)
     rules = RULES / library.rules
@@ -173,6 +174,9 @@ def test_live_rows_equal_replay_rows(spark, mosquitto, lookout_config, tmp_path,
         running_ingest(lookout_config, rule_set),
         running_engine(lookout_config, rule_set, spark) as engine,
     ):
+        # The log below a checkpoint goes once the checkpoint is 3 s old (30 s in use),
+        # so the readers' floors are exercised while they read.
+        engine.maintenance.settle_s = 3.0
         publish(mosquitto, messages)
         expected_alerts = sum(len(replayed.get(n, [])) for n in alert_names)
         wait_for(
@@ -191,8 +195,10 @@ def test_live_rows_equal_replay_rows(spark, mosquitto, lookout_config, tmp_path,
                     engine=engine,
                 )
         compacted = set(engine.maintenance.last)
+        log_cleaned = engine.maintenance.log_cleaned
         assert not engine.maintenance.errors
     assert lookout_config.table(f"readings_{library.stream}") in compacted
+    assert log_cleaned.get(lookout_config.table(f"readings_{library.stream}"), 0) > 0
     assert compacted & {lookout_config.table(s.name) for s in sinks if s.kind == "STREAM"}
 
     live_alerts = table_rows(spark, lookout_config, "alerts")
