@@ -97,11 +97,16 @@ class LandingJob:
         self.restore()
         if "://" not in self.config.landing:  # a local folder must exist before Spark lists it
             Path(self.config.landing).mkdir(parents=True, exist_ok=True)
-        source = (
-            self.spark.readStream.format("text")
-            .schema("value STRING, stream STRING")
-            .load(self.config.landing)
-            .select("stream", F.col("_metadata.file_name").alias("file"), "value")
+        reader = self.spark.readStream.format("text").schema("value STRING, stream STRING")
+        # Spark lists the whole landing folder every batch: a committed batch's files go
+        # (deleted, or moved to the archive), so the listing stays the size of a backlog.
+        archive = self.config.engine.landing_archive
+        if archive:
+            reader = reader.option("cleanSource", "archive").option("sourceArchiveDir", archive)
+        else:
+            reader = reader.option("cleanSource", "delete")
+        source = reader.load(self.config.landing).select(
+            "stream", F.col("_metadata.file_name").alias("file"), "value"
         )
         return (
             source.writeStream.foreachBatch(self.process_batch)
