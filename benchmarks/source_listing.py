@@ -1,0 +1,193 @@
+"""What a growing folder costs the engine's streaming sources, which list theirs whole
+every micro-batch on a local or shared filesystem, and what the engine's cleanups give
+back: a table's `_delta_log` (the rules queries' Delta sources; `clean_log` in
+`engine/maintenance.py`) and the landing folder (the landing query's file source; Spark's
+`cleanSource`, `engine/spark/landing_job.py`).
+
+**Delta log.**
+The engine appends about two commits a second to each table it writes, and a rules
+query's Delta source lists the table's whole `_delta_log` folder in every micro-batch
+(on a local or shared filesystem). For each log length N this script builds a table of
+N commits ending in a checkpoint, then runs a streaming query over it for `--seconds`
+while another thread appends four commits a second, and prints the median
+`latestOffset` of its batches and the time delta-rs takes to open the table; then it
+cleans the log as the engine does (no reader behind: everything below the newest
+checkpoint) and measures again.
+
+The N commits are copies of one real append commit (the same file added again, which a
+Delta reader reconciles to one file), written directly: building 30,000 commits by real
+appends would take most of an hour. `--real` builds them by appends instead.
+
+**Landing folder.** For each file count N, N one-line landing files, then a text file
+stream over the folder as the landing query reads it, with or without `cleanSource =
+delete`; once the first batch has read the N files, four new files a second for
+`--seconds`, and the median `latestOffset` of the batches after the first.
+
+    python benchmarks/source_listing.py [--commits 300 3000 30000] [--files 2000 20000]
+        [--seconds 30] [--real]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from engine.maintenance import clean_log
+from engine.spark.session import build_session
+from lookout.config import EngineConfig
+
+
+def build(path: str, commits: int, real: bool) -> None:
+    """A table of `commits` commits (versions 0 .. commits - 1), checkpointed at the end."""
+    for i in range(2 if not real else commits):
+        write_deltalake(path, pa.table({"x": pa.array([i], pa.int64())}), mode="append")
+    if not real:
+        log = Path(path, "_delta_log")
+        commit = (log / f"{1:020d}.json").read_bytes()
+        for version in range(2, commits):
+            (log / f"{version:020d}.json").write_bytes(commit)
+    DeltaTable(path).create_checkpoint()
+
+
+def open_ms(path: str, times: int = 5) -> float:
+    """Median time delta-rs takes to open the table at its latest version."""
+    took = []
+    for _ in range(times):
+        started = time.perf_counter()
+        DeltaTable(path)
+        took.append((time.perf_counter() - started) * 1000)
+    return statistics.median(took)
+
+
+def latest_offset_ms(spark, path: str, work: str, seconds: float) -> float:
+    """Median `latestOffset` of a Delta streaming query over the table while appends go
+    on, four a second (the first five batches left out: query start)."""
+    stop = threading.Event()
+
+    def append() -> None:
+        i = 0
+        while not stop.wait(0.25):
+            write_deltalake(path, pa.table({"x": pa.array([i], pa.int64())}), mode="append")
+            i += 1
+
+    appender = threading.Thread(target=append)
+    appender.start()
+    query = (
+        spark.readStream.format("delta")
+        .load(path)
+        .writeStream.format("noop")
+        .option("checkpointLocation", f"{work}/checkpoint-{time.monotonic_ns()}")
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
+    time.sleep(seconds)
+    stop.set()
+    appender.join()
+    progress = list(query.recentProgress)
+    query.stop()
+    took = [p.durationMs.get("latestOffset") for p in progress[5:]]
+    return statistics.median(t for t in took if t is not None)
+
+
+LINE = b'{"station": 1, "speed": 3.0, "ts": 1767225600000, "source": "s", "seq": 1}\n'
+
+
+def landing_ms(
+    spark, files: int, clean: str, work: str, seconds: float
+) -> tuple[float, float, int]:
+    """Median and highest `latestOffset` of a landing-like file stream over a folder of
+    `files` files, four more landed a second, and how many files are left in the folder.
+    The highest is a batch that compacts the source's own log of every file it has read
+    (every tenth batch), which grows with the files read whatever the cleanup."""
+    folder = Path(work, f"landing-{clean}-{files}", "stream=traffic")
+    folder.mkdir(parents=True)
+    for i in range(files):
+        (folder / f"part-{i:019d}-0-x-0.jsonl").write_bytes(LINE)
+    stop = threading.Event()
+
+    def land() -> None:
+        i = files
+        while not stop.wait(0.25):
+            (folder / ".part.tmp").write_bytes(LINE)
+            (folder / ".part.tmp").rename(folder / f"part-{i:019d}-0-x-0.jsonl")
+            i += 1
+
+    query = (
+        spark.readStream.format("text")
+        .schema("value STRING, stream STRING")
+        .option("cleanSource", clean)
+        .load(str(folder.parent))
+        .writeStream.format("noop")
+        .option("checkpointLocation", f"{work}/checkpoint-{time.monotonic_ns()}")
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
+    while not any((p.numInputRows or 0) >= files for p in query.recentProgress):
+        time.sleep(0.5)
+    first = len(query.recentProgress) + 1
+    lander = threading.Thread(target=land)
+    lander.start()
+    time.sleep(seconds)
+    stop.set()
+    lander.join()
+    progress = list(query.recentProgress)
+    query.stop()
+    took = [t for p in progress[first:] if (t := p.durationMs.get("latestOffset")) is not None]
+    left = len(list(folder.glob("part-*")))
+    shutil.rmtree(folder.parent)
+    return statistics.median(took), max(took), left
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--commits", type=int, nargs="+", default=[300, 3000, 30000])
+    parser.add_argument("--files", type=int, nargs="+", default=[2000, 20000])
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--real", action="store_true", help="build the log by real appends")
+    args = parser.parse_args()
+    print(f"machine: {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    spark = build_session(EngineConfig(), "source-listing-bench")
+    work = tempfile.mkdtemp(prefix="lookout-source-listing-")
+    try:
+        columns = ["log files", "latestOffset", "delta-rs open", "cleaned"]
+        columns += ["latestOffset after", "open after"]
+        print("| " + " | ".join(columns) + " |")
+        print("|" + "---:|" * len(columns))
+        for commits in args.commits:
+            path = f"{work}/t{commits}"
+            build(path, commits, args.real)
+            before = latest_offset_ms(spark, path, work, args.seconds), open_ms(path)
+            DeltaTable(path).create_checkpoint()
+            cleaned = clean_log(DeltaTable(path), None, settle_s=0)
+            after = latest_offset_ms(spark, path, work, args.seconds), open_ms(path)
+            print(
+                f"| {commits:,} | {before[0]:.0f} ms | {before[1]:.0f} ms | {cleaned:,} "
+                f"| {after[0]:.0f} ms | {after[1]:.0f} ms |",
+                flush=True,
+            )
+            shutil.rmtree(path)
+        print("\n| landing files | latestOffset (max), kept | latestOffset (max), deleted |")
+        print("|---:|---:|---:|")
+        for files in args.files:
+            kept = landing_ms(spark, files, "off", work, args.seconds)
+            cleaned = landing_ms(spark, files, "delete", work, args.seconds)
+            row = f"| {files:,} | {kept[0]:.0f} ms ({kept[1]:.0f}) "
+            row += f"| {cleaned[0]:.0f} ms ({cleaned[1]:.0f}; {cleaned[2]} files left) |"
+            print(row, flush=True)
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
