@@ -242,7 +242,11 @@ def main() -> int:
             report["latency_p50_s"] = percentile(latency, 0.5)
             report["latency_p99_s"] = percentile(latency, 0.99)
         engine_health = read_health(lakehouse, "engine") or {}
-        report["engine"] = {k: engine_health.get(k) for k in ("streams", "late", "batches")}
+        report["engine"] = {
+            k: engine_health.get(k) for k in ("streams", "late", "batches", "maintenance")
+        }
+        # Committed landing files leave the folder: what is left is the last batch's.
+        report["landing_files_left"] = len(list(Path(lakehouse, "_landing").rglob("part-*")))
     finally:
         for part in (publisher, *parts.values()):
             part.stop()

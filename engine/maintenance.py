@@ -211,6 +211,8 @@ class TableMaintenance:
                 if floors is not None:  # None: a query's tables are not known yet
                     cleaned = clean_log(table, floors.get(table.metadata().id), self.settle_s)
                     self.log_cleaned[path] = self.log_cleaned.get(path, 0) + cleaned
+                    if cleaned:
+                        log.info("cleaned %s's log: %d files deleted", path, cleaned)
             except Exception as err:  # any failure: reported, retried next round
                 self._failed(path, err)
                 continue
