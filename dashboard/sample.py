@@ -328,6 +328,7 @@ def write_health(root: Path, now_ms: int) -> None:
                 }
             ],
             "vacuumed": {str(root / "readings_traffic"): 1_204},
+            "log_cleaned": {str(root / "readings_traffic"): 2_310},
             "errors": {},
         },
     }

@@ -190,7 +190,8 @@ def quarantine() -> None:
 def with_compactions(frame: pd.DataFrame, maintenance: dict[str, Any]) -> pd.DataFrame:
     """The tables (one row each) with what the engine's health record says of their
     maintenance: the last compaction (when, how many small files it replaced), the
-    replaced files deleted since the engine started, and the last error."""
+    replaced files and the log files no reader needs that it deleted since the engine
+    started, and the last error."""
 
     def name(path: str) -> str:
         return path.rstrip("/").rsplit("/", 1)[-1]
@@ -198,6 +199,7 @@ def with_compactions(frame: pd.DataFrame, maintenance: dict[str, Any]) -> pd.Dat
     last = {name(c["table"]): c for c in maintenance.get("compactions") or []}
     errors = {name(path): error for path, error in (maintenance.get("errors") or {}).items()}
     deleted = {name(path): n for path, n in (maintenance.get("vacuumed") or {}).items()}
+    log_deleted = {name(path): n for path, n in (maintenance.get("log_cleaned") or {}).items()}
     return frame.assign(
         **{
             "last compacted": [
@@ -207,6 +209,7 @@ def with_compactions(frame: pd.DataFrame, maintenance: dict[str, Any]) -> pd.Dat
                 last[t]["files_removed"] if t in last else None for t in frame["table"]
             ],
             "files deleted": [deleted.get(t) for t in frame["table"]],
+            "log files deleted": [log_deleted.get(t) for t in frame["table"]],
             "maintenance error": [errors.get(t) for t in frame["table"]],
         }
     )

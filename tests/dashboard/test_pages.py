@@ -239,6 +239,8 @@ def test_health_up_streams_quarantine_and_tables(lakehouse: Path, open_page: Ope
     assert pd.isna(compacted["alerts"])
     deleted = dict(zip(tables["table"], tables["files deleted"], strict=True))
     assert deleted["readings_traffic"] == 1_204 and pd.isna(deleted["alerts"])
+    log_deleted = dict(zip(tables["table"], tables["log files deleted"], strict=True))
+    assert log_deleted["readings_traffic"] == 2_310 and pd.isna(log_deleted["alerts"])
 
 
 def test_health_down_when_the_files_are_stale(lakehouse: Path, open_page: Open) -> None:
