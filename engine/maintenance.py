@@ -70,15 +70,22 @@ def vacuum(table: DeltaTable) -> int:
 
 
 class TableMaintenance:
-    """A daemon thread compacting and vacuuming ``paths`` every ``every_s`` seconds
-    (never when 0).
+    """A daemon thread compacting and vacuuming ``paths`` (reached with delta-rs's
+    ``options``) every ``every_s`` seconds (never when 0).
 
     A table that fails to compact (a commit conflict, storage trouble) is logged with
     its path and the error and tried again next round; its last error is in ``health``.
     """
 
-    def __init__(self, paths: Sequence[str], every_s: float, min_files: int) -> None:
+    def __init__(
+        self,
+        paths: Sequence[str],
+        every_s: float,
+        min_files: int,
+        options: dict[str, str] | None = None,
+    ) -> None:
         self.paths = list(paths)
+        self.options = options  # delta-rs storage options (S3), None for local tables
         self.every_s = every_s
         self.min_files = min_files
         self.last: dict[str, Compaction] = {}
@@ -107,7 +114,7 @@ class TableMaintenance:
         done = []
         for path in self.paths:
             try:
-                table = DeltaTable(path)
+                table = DeltaTable(path, storage_options=self.options)
             except TableNotFoundError:
                 continue
             except Exception as err:  # any failure: reported, retried next round

@@ -36,12 +36,22 @@ class IngestConfig:
     flush_messages: int = 5000
     max_payload_bytes: int = 1_048_576
     max_clock_distance_days: int = 3650
-    # Where ingest lands (empty: <lakehouse>/_landing); s3://bucket/prefix for object storage.
+    # Where ingest lands (empty: <lakehouse>/_landing); s3://bucket/prefix for object
+    # storage, reached as [s3] says.
     landing_url: str = ""
-    s3_endpoint: str = ""
-    s3_region: str = "us-east-1"
-    s3_access_key: str = ""
-    s3_secret_key: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
+class S3Config:
+    """How to reach S3 or an S3-compatible server (MinIO, Ceph, moto) when the lakehouse
+    or the landing is an `s3://` URL: one place that ingest, the engine (delta-rs and
+    Spark) and the dashboard all read. Empty keys: AWS's usual chain (AWS_ACCESS_KEY_ID
+    and AWS_SECRET_ACCESS_KEY, profiles, instance roles)."""
+
+    endpoint: str = ""  # http(s)://host:port; empty for AWS itself
+    region: str = "us-east-1"
+    access_key: str = ""
+    secret_key: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,7 @@ class Config:
     ingest: IngestConfig = IngestConfig()
     engine: EngineConfig = EngineConfig()
     dashboard: DashboardConfig = DashboardConfig()
+    s3: S3Config = S3Config()
 
     @property
     def landing(self) -> str:
@@ -99,6 +110,22 @@ class Config:
     def table(self, name: str) -> str:
         """Location of the Delta table `name` in the lakehouse."""
         return f"{self.lakehouse.rstrip('/')}/{name}"
+
+
+# The S3 settings were `[ingest] s3_*` while only ingest's landing used them.
+_MOVED_S3_KEYS = {f"s3_{name}": name for name in S3Config.__dataclass_fields__}
+
+
+def _refuse_moved_s3_keys(ingest: dict[str, Any]) -> None:
+    """Name the new place of an S3 setting still given the old way (file or environment)."""
+    for old, new in _MOVED_S3_KEYS.items():
+        variable = f"LOOKOUT_INGEST_{old.upper()}"
+        given = f"[ingest] {old}" if old in ingest else variable if variable in os.environ else ""
+        if given:
+            raise ValueError(
+                f"{given} has moved to [s3] {new} (environment: LOOKOUT_S3_{new.upper()}): "
+                "ingest, the engine and the dashboard now share one [s3] section"
+            )
 
 
 def _coerce(value: str, like: Any) -> Any:
@@ -131,6 +158,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
     """Read the configuration file (missing file = defaults) and apply environment overrides."""
     path = Path(path or os.environ.get("LOOKOUT_CONFIG", "lookout.toml"))
     raw: dict[str, Any] = tomllib.loads(path.read_text()) if path.exists() else {}
+    _refuse_moved_s3_keys(raw.get("ingest", {}))
     lakehouse = os.environ.get(
         "LOOKOUT_LAKEHOUSE_PATH", raw.get("lakehouse", {}).get("path", Config.lakehouse)
     )
@@ -144,4 +172,5 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
         ingest=_section(IngestConfig, raw.get("ingest", {}), "LOOKOUT_INGEST"),
         engine=_section(EngineConfig, raw.get("engine", {}), "LOOKOUT_ENGINE"),
         dashboard=_section(DashboardConfig, raw.get("dashboard", {}), "LOOKOUT_DASHBOARD"),
+        s3=_section(S3Config, raw.get("s3", {}), "LOOKOUT_S3"),
     )
