@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
+import pyspark
 import pytest
 
 from engine.spark.session import hadoop_version, s3a_settings
@@ -82,7 +83,8 @@ def test_the_old_ingest_s3_keys_are_refused_with_their_new_place(
 def test_spark_reaches_s3_through_s3a_without_the_keys_on_its_command_line(
     s3: S3Server,
 ) -> None:
-    jars = Path(__import__("pyspark").__file__).parent / "jars"
+    # Settings only (no Spark started): the e2e test runs them against the server.
+    jars = Path(pyspark.__file__).parent / "jars"
     assert (jars / f"hadoop-client-api-{hadoop_version()}.jar").exists()
     settings = s3a_settings(s3.settings())
     assert settings["spark.hadoop.fs.s3.impl"] == "org.apache.hadoop.fs.s3a.S3AFileSystem"
