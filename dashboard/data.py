@@ -6,6 +6,9 @@ a refresh that finds no new commit costs one small metadata read per table.
 
 The dashboard writes one table itself, `alert_acks` (alert_id, acked_at, note), so an
 acknowledgement survives restarts.
+
+The lakehouse is a local folder or an `s3://` prefix, reached as the configuration's
+`[s3]` says (`lookout.storage`), like the engine that writes it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +27,9 @@ import streamlit as st
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
-from lookout.health import read_health
+from lookout.config import S3Config, load_config
+from lookout.health import health_parts, read_health
+from lookout.storage import delta_options, exists, is_object_store, list_names
 
 ACKS = "alert_acks"
 ACKS_SCHEMA = pa.schema(
@@ -35,9 +41,28 @@ class DataError(Exception):
     """A table could not be read or written; the message is fit for the screen."""
 
 
-def lakehouse() -> Path:
-    """The lakehouse folder (set by `lookout dashboard` / `lookout demo`)."""
-    return Path(os.environ.get("LOOKOUT_LAKEHOUSE_PATH", "./lakehouse"))
+def lakehouse() -> str:
+    """The lakehouse: a folder or an s3:// URL (set by `lookout dashboard` / `lookout demo`)."""
+    return os.environ.get("LOOKOUT_LAKEHOUSE_PATH", "./lakehouse").rstrip("/")
+
+
+def _s3() -> S3Config:
+    """How to reach an S3 lakehouse (the configuration's `[s3]`); unused for a folder,
+    so a local lakehouse never reads the configuration for it."""
+    if not is_object_store(lakehouse()):
+        return S3Config()
+    try:
+        return load_config().s3
+    except (OSError, ValueError, tomllib.TOMLDecodeError) as exc:
+        raise DataError(f"the configuration cannot be read: {exc}") from exc
+
+
+def _location(name: str) -> str:
+    return f"{lakehouse()}/{name}"
+
+
+def _options() -> dict[str, str] | None:
+    return delta_options(lakehouse(), _s3())
 
 
 def rules_dir() -> Path:
@@ -59,19 +84,17 @@ VERSION_TTL_S = 0.5
 def _table(name: str) -> DeltaTable | None:
     """The open Delta table, brought up to date at most every VERSION_TTL_S (call with
     `_tables_lock` held); None when it does not exist yet."""
-    path = str(lakehouse() / name)
+    path = _location(name)
     now = time.monotonic()
     checked, table = _tables.get(path, (-VERSION_TTL_S, None))
     if now - checked < VERSION_TTL_S:
         return table
-    if (
-        table is not None
-        and not (Path(path) / "_delta_log" / f"{table.version():020d}.json").exists()
-    ):
+    s3 = _s3()
+    if table is not None and not exists(f"{path}/_delta_log/{table.version():020d}.json", s3):
         table = None  # deleted, or recreated with a shorter log: open it afresh
     try:
         if table is None:
-            table = DeltaTable(path)
+            table = DeltaTable(path, storage_options=delta_options(path, s3))
         else:
             table.update_incremental()
     except TableNotFoundError:
@@ -94,18 +117,19 @@ def table_version(name: str) -> int | None:
 def _forget(name: str) -> None:
     """Make the next lookup of `name` read its log (after the dashboard wrote to it)."""
     with _tables_lock:
-        _tables.pop(str(lakehouse() / name), None)
+        _tables.pop(_location(name), None)
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
 def _query(tables: tuple[tuple[str, str, int], ...], sql: str) -> pd.DataFrame:
     # The versions in `tables` are part of the cache key: a new commit means a new query.
     builder = QueryBuilder()
+    options = _options()
     with _tables_lock:  # registering copies the table's snapshot
         for name, path, version in tables:
             _, table = _tables.get(path, (0.0, None))
             if table is None or table.version() != version:  # moved on meanwhile
-                table = DeltaTable(path, version=version)
+                table = DeltaTable(path, version=version, storage_options=options)
             builder = builder.register(name, table)
     reader = pa.RecordBatchReader.from_stream(builder.execute(sql))
     return reader.read_all().to_pandas()
@@ -118,7 +142,7 @@ def query(sql: str, *tables: str) -> pd.DataFrame | None:
         version = table_version(name)
         if version is None:
             return None
-        versions.append((name, str(lakehouse() / name), version))
+        versions.append((name, _location(name), version))
     try:
         return _query(tuple(versions), sql)
     except Exception as exc:
@@ -149,7 +173,7 @@ def acknowledge(alert_ids: list[str], note: str) -> None:
         schema=ACKS_SCHEMA,
     )
     try:
-        write_deltalake(str(lakehouse() / ACKS), rows, mode="append")
+        write_deltalake(_location(ACKS), rows, mode="append", storage_options=_options())
     except Exception as exc:
         raise DataError(f"could not record the acknowledgement: {exc}") from exc
     _forget(ACKS)  # the next read must see it
@@ -157,13 +181,23 @@ def acknowledge(alert_ids: list[str], note: str) -> None:
 
 def health(part: str) -> dict[str, Any] | None:
     """The latest health record a running part wrote (`engine`, `ingest-0`, ...)."""
-    return read_health(lakehouse(), part)
+    return read_health(lakehouse(), part, _s3())
 
 
 def ingest_parts() -> list[str]:
     """Names of the ingesters that wrote a health file (`ingest-0`, ...)."""
-    folder = lakehouse() / "_health"
-    return sorted(p.stem for p in folder.glob("ingest-*.json"))
+    return [part for part in health_parts(lakehouse(), _s3()) if part.startswith("ingest-")]
+
+
+def table_names(prefix: str = "") -> list[str]:
+    """Names of the lakehouse's Delta tables (folders with a `_delta_log`) starting with
+    `prefix`, sorted."""
+    root, s3 = lakehouse(), _s3()
+    return [
+        name
+        for name in list_names(root, s3)
+        if name.startswith(prefix) and list_names(f"{root}/{name}/_delta_log", s3)
+    ]
 
 
 def age_seconds(record: dict[str, Any] | None) -> float | None:
@@ -176,9 +210,7 @@ def age_seconds(record: dict[str, Any] | None) -> float | None:
 def delta_tables() -> pd.DataFrame:
     """Every Delta table of the lakehouse with its version and last commit time."""
     rows = []
-    root = lakehouse()
-    for log in sorted(root.glob("*/_delta_log")):
-        name = log.parent.name
+    for name in table_names():
         try:
             with _tables_lock:
                 table = _table(name)

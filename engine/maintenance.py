@@ -44,6 +44,9 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from lookout.config import S3Config
+from lookout.storage import DEFAULT_S3, delta_options, filesystem
+
 log = logging.getLogger("lookout.maintenance")
 
 
@@ -112,15 +115,17 @@ def read_floors(progresses: Iterable[Mapping[str, Any] | None]) -> dict[str, int
     return floors
 
 
-def clean_log(table: DeltaTable, keep_from: int | None, settle_s: float) -> int:
+def clean_log(
+    table: DeltaTable, keep_from: int | None, settle_s: float, s3: S3Config = DEFAULT_S3
+) -> int:
     """Delete ``table``'s commit, checksum and checkpoint files of the versions below its
     newest checkpoint at or before ``keep_from`` (the lowest version a reader may still
     read; None: no reader, any checkpoint) written at least ``settle_s`` seconds ago.
     Every version from that checkpoint on stays readable: its checkpoint and every later
     commit are kept. The wait covers a reader that found an older checkpoint in
     ``_last_checkpoint`` just before this one was written and is still loading it.
-    Returns how many files."""
-    fs, root = pafs.FileSystem.from_uri(table.table_uri)
+    ``s3`` says how to reach a table on S3. Returns how many files."""
+    fs, root = filesystem(table.table_uri, s3)
     log_dir = f"{root.rstrip('/')}/_delta_log"
     infos = [
         info
@@ -150,8 +155,9 @@ def clean_log(table: DeltaTable, keep_from: int | None, settle_s: float) -> int:
 
 
 class TableMaintenance:
-    """A daemon thread compacting and vacuuming ``paths`` every ``every_s`` seconds
-    (never when 0).
+    """A daemon thread compacting and vacuuming ``paths`` (on S3: reached as ``s3``
+    says) every ``every_s`` seconds (never when 0), and cleaning their logs below what
+    the streaming readers still need (``floors``).
 
     A table that fails to compact (a commit conflict, storage trouble) is logged with
     its path and the error and tried again next round; its last error is in ``health``.
@@ -162,10 +168,12 @@ class TableMaintenance:
         paths: Sequence[str],
         every_s: float,
         min_files: int,
+        s3: S3Config = DEFAULT_S3,
         floors: ReadFloors | None = None,
         settle_s: float = 30.0,
     ) -> None:
         self.paths = list(paths)
+        self.s3 = s3  # how to reach tables on S3 (delta-rs's options, pyarrow's filesystem)
         self.every_s = every_s
         self.min_files = min_files
         # None: no streaming reader (tests, tools); the engine passes its queries' floors.
@@ -199,7 +207,7 @@ class TableMaintenance:
         floors = {} if self.floors is None else self.floors()
         for path in self.paths:
             try:
-                table = DeltaTable(path)
+                table = DeltaTable(path, storage_options=delta_options(path, self.s3))
             except TableNotFoundError:
                 continue
             except Exception as err:  # any failure: reported, retried next round
@@ -209,7 +217,8 @@ class TableMaintenance:
                 result = compact(table, self.min_files)
                 deleted = vacuum(table)
                 if floors is not None:  # None: a query's tables are not known yet
-                    cleaned = clean_log(table, floors.get(table.metadata().id), self.settle_s)
+                    floor = floors.get(table.metadata().id)
+                    cleaned = clean_log(table, floor, self.settle_s, self.s3)
                     self.log_cleaned[path] = self.log_cleaned.get(path, 0) + cleaned
                     if cleaned:
                         log.info("cleaned %s's log: %d files deleted", path, cleaned)

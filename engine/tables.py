@@ -10,6 +10,9 @@ identifiers, the same ones Spark's `txnAppId`/`txnVersion` use). When a batch is
 again after a crash, a table that already holds that writer's version is skipped, so a
 restart never duplicates a row. Tables are created without deletion vectors or column
 mapping, which the dashboard's reader does not support (DESIGN §7).
+
+A table on S3 is reached with delta-rs's storage options (`lookout.storage.delta_options`,
+from `[s3]`), passed as `options`; None for a local path.
 """
 
 from __future__ import annotations
@@ -158,14 +161,20 @@ class TableSchemaError(ValueError):
     """A table in the lakehouse lacks a column this version of Lookout writes."""
 
 
-def ensure_table(path: str, schema: pa.Schema) -> None:
+def ensure_table(path: str, schema: pa.Schema, options: dict[str, str] | None = None) -> None:
     """Create an empty Delta table at `path` if none is there (readers may start first);
     refuse one that lacks a column of `schema` (an older Lookout's, or other rules'),
     which would otherwise fail later, mid-stream, with a schema mismatch."""
     try:
-        table = DeltaTable(path)
+        table = DeltaTable(path, storage_options=options)
     except TableNotFoundError:
-        write_deltalake(path, schema.empty_table(), mode="append", configuration=_TABLE_PROPERTIES)
+        write_deltalake(
+            path,
+            schema.empty_table(),
+            mode="append",
+            configuration=_TABLE_PROPERTIES,
+            storage_options=options,
+        )
         return
     have = {field.name for field in table.schema().fields}
     missing = [name for name in schema.names if name not in have]
@@ -183,6 +192,7 @@ def append_once(
     rows: Sequence[Mapping[str, Any]] | pa.Table,
     writer_id: str,
     batch_id: int,
+    options: dict[str, str] | None = None,
 ) -> bool:
     """Append `rows` (dicts, or a table already in `schema`) to the table at `path`
     exactly once for (writer_id, batch_id).
@@ -191,7 +201,7 @@ def append_once(
     """
     if len(rows) == 0:
         return False
-    table = DeltaTable(path)
+    table = DeltaTable(path, storage_options=options)
     done = table.transaction_version(writer_id)
     if done is not None and done >= batch_id:
         return False

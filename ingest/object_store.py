@@ -11,31 +11,18 @@ acknowledging. Nothing half-written is ever visible, so there are no orphans to 
 The filesystem is `pyarrow.fs.S3FileSystem` with `allow_delayed_open`, which sends a
 file smaller than its part size (10 MB) as a single PutObject on close (a larger one as
 a multipart upload, which also appears only when completed).
-Credentials: `[ingest] s3_access_key` / `s3_secret_key` (or `LOOKOUT_INGEST_S3_*`), else
-AWS's usual chain (AWS_ACCESS_KEY_ID, profiles, instance roles). They never reach a log:
-`ObjectStore` shows only its URL.
+The filesystem and credentials are `[s3]`'s (`lookout.storage`), shared with the engine
+and the dashboard; they never reach a log: `ObjectStore` shows only its URL.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from pyarrow import fs as pafs
 
-from lookout.config import IngestConfig
-
-#: URL schemes ingest lands into through S3 (s3a:// is how Spark's hadoop-aws names it).
-S3_SCHEMES = ("s3", "s3a")
-
-#: Seconds before a PUT to an unreachable store fails (and ingest retries).
-CONNECT_TIMEOUT_S = 5.0
-REQUEST_TIMEOUT_S = 30.0
-
-
-def is_object_store(location: str) -> bool:
-    """True when `location` is an object-store URL rather than a local path."""
-    return urlsplit(location).scheme in S3_SCHEMES
+from lookout.config import S3Config
+from lookout.storage import bucket_path, s3_filesystem
 
 
 @dataclass(frozen=True)
@@ -47,26 +34,13 @@ class ObjectStore:
     filesystem: pafs.FileSystem = field(repr=False)
 
     @classmethod
-    def from_url(cls, url: str, config: IngestConfig) -> ObjectStore:
-        """The store for `s3://bucket/prefix`, reached as `[ingest]` configures."""
-        parts = urlsplit(url)
-        if parts.scheme not in S3_SCHEMES or not parts.netloc:
-            raise ValueError(f"landing URL {url!r} is not s3://bucket/prefix")
-        options: dict[str, object] = {
-            "region": config.s3_region,
-            "allow_delayed_open": True,  # small files: one PutObject on close
-            "connect_timeout": CONNECT_TIMEOUT_S,
-            "request_timeout": REQUEST_TIMEOUT_S,
-        }
-        if config.s3_endpoint:
-            endpoint = urlsplit(config.s3_endpoint)
-            if endpoint.scheme not in ("http", "https") or not endpoint.netloc:
-                raise ValueError(f"s3_endpoint {config.s3_endpoint!r} is not http(s)://host:port")
-            options.update(endpoint_override=endpoint.netloc, scheme=endpoint.scheme)
-        if config.s3_access_key:
-            options.update(access_key=config.s3_access_key, secret_key=config.s3_secret_key)
-        base = f"{parts.netloc}/{parts.path.strip('/')}".rstrip("/")
-        return cls(url.rstrip("/"), base, pafs.S3FileSystem(**options))
+    def from_url(cls, url: str, s3: S3Config) -> ObjectStore:
+        """The store for `s3://bucket/prefix`, reached as `[s3]` configures."""
+        try:
+            base = bucket_path(url)
+        except ValueError:
+            raise ValueError(f"landing URL {url!r} is not s3://bucket/prefix") from None
+        return cls(url.rstrip("/"), base, s3_filesystem(s3))
 
     def put(self, key: str, data: bytes) -> str:
         """Write `data` as the object `key` under the prefix in one PUT; its full name.

@@ -11,12 +11,12 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from ingest.object_store import ObjectStore, is_object_store
+from ingest.object_store import ObjectStore
 from ingest.subscriber import Ingester
 from ingest.validate import Validator
 from lookout.config import Config, ConfigError, load_config
+from lookout.storage import is_object_store
 from rules.language.loader import RuleCheckError, RuleSet, load_rules
 
 
@@ -37,9 +37,10 @@ def build_ingester(
     return Ingester(
         validator,
         landing_root=(
-            ObjectStore.from_url(landing, config.ingest) if is_object_store(landing) else landing
+            ObjectStore.from_url(landing, config.s3) if is_object_store(landing) else landing
         ),
-        health_dir=Path(config.lakehouse) / "_health",
+        lakehouse=config.lakehouse,
+        s3=config.s3,
         mqtt_config=config.mqtt,
         ingest_config=config.ingest,
         ingester_id=ingester_id,

@@ -35,8 +35,9 @@ from ingest.heartbeats import SilenceHeartbeats
 from ingest.landing import LandingWriter
 from ingest.object_store import ObjectStore
 from ingest.validate import Rejection, Validated, Validator
-from lookout.config import IngestConfig, MqttConfig
+from lookout.config import IngestConfig, MqttConfig, S3Config
 from lookout.health import write_health
+from lookout.storage import DEFAULT_S3
 
 log = logging.getLogger("lookout.ingest")
 
@@ -121,17 +122,19 @@ class Ingester:
         self,
         validator: Validator,
         landing_root: str | Path | ObjectStore,
-        health_dir: str | Path,
+        lakehouse: str,
         mqtt_config: MqttConfig,
         ingest_config: IngestConfig,
         ingester_id: str = "0",
         share_group: str | None = None,
         heartbeat_after_s: float | None = None,
         clock: Callable[[], float] = time.time,
+        s3: S3Config = DEFAULT_S3,
     ) -> None:
         self.validator = validator
         self.writer = LandingWriter(landing_root, ingester_id)
-        self.health_file = Path(health_dir) / f"ingest-{ingester_id}.json"
+        self.lakehouse = lakehouse  # where the health record goes (reached as `s3` says)
+        self.s3 = s3
         self.mqtt_config = mqtt_config
         self.config = ingest_config
         self.share_group = share_group
@@ -353,4 +356,4 @@ class Ingester:
         self.stats.pending = len(self._pending)
         record = {**asdict(self.stats), **rates, "updated_at_ms": int(now * 1000)}
         self.stats.landing_lag_ms_max = 0.0
-        write_health(self.health_file, record)
+        write_health(self.lakehouse, f"ingest-{self.stats.ingester}", record, self.s3)

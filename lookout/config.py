@@ -44,12 +44,22 @@ class IngestConfig:
     flush_messages: int = 5000
     max_payload_bytes: int = 1_048_576
     max_clock_distance_days: int = 3650
-    # Where ingest lands (empty: <lakehouse>/_landing); s3://bucket/prefix for object storage.
+    # Where ingest lands (empty: <lakehouse>/_landing); s3://bucket/prefix for object
+    # storage, reached as [s3] says.
     landing_url: str = ""
-    s3_endpoint: str = ""
-    s3_region: str = "us-east-1"
-    s3_access_key: str = ""
-    s3_secret_key: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
+class S3Config:
+    """How to reach S3 or an S3-compatible server (MinIO, Ceph, moto) when the lakehouse
+    or the landing is an `s3://` URL: one place that ingest, the engine (delta-rs and
+    Spark) and the dashboard all read. Empty keys: AWS's usual chain (AWS_ACCESS_KEY_ID
+    and AWS_SECRET_ACCESS_KEY, profiles, instance roles)."""
+
+    endpoint: str = ""  # http(s)://host:port; empty for AWS itself
+    region: str = "us-east-1"
+    access_key: str = ""
+    secret_key: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,7 @@ class Config:
     ingest: IngestConfig = IngestConfig()
     engine: EngineConfig = EngineConfig()
     dashboard: DashboardConfig = DashboardConfig()
+    s3: S3Config = S3Config()
 
     @property
     def landing(self) -> str:
@@ -369,12 +380,27 @@ def _read_section(
                 problems.append(f"{setting.env_var}={shown}: expected {setting.expected}")
     keys = [setting.key for setting in section.settings]
     for key in table:
-        if key not in keys:
+        if section.name == "ingest" and key in _MOVED_S3_KEYS:
+            problems.append(f"{file.where(section.name, key)}: {_moved(f'[ingest] {key}', key)}")
+        elif key not in keys:
             problems.append(
                 f"{file.where(section.name, key)}: unknown key [{section.name}] {key}"
                 + _did_you_mean(key, keys)
             )
     return values
+
+
+# The S3 settings were `[ingest] s3_*` while only ingest's landing used them.
+_MOVED_S3_KEYS = {f"s3_{name}": name for name in S3Config.__dataclass_fields__}
+
+
+def _moved(given: str, old_key: str) -> str:
+    """Where an S3 setting given the old way (`given`: the key or variable) went."""
+    new = _MOVED_S3_KEYS[old_key]
+    return (
+        f"{given} has moved to [s3] {new} (environment: LOOKOUT_S3_{new.upper()}): "
+        "ingest, the engine and the dashboard now share one [s3] section"
+    )
 
 
 def _top_level_problems(raw: dict[str, Any], file: _File) -> list[str]:
@@ -431,6 +457,11 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
     file = _read_file(Path(path or os.environ.get("LOOKOUT_CONFIG", "lookout.toml")))
     raw = _parse(file)
     problems = _top_level_problems(raw, file)
+    problems += [
+        _moved(variable, old)
+        for old in _MOVED_S3_KEYS
+        if (variable := f"LOOKOUT_INGEST_{old.upper()}") in os.environ
+    ]
     sections: dict[str, Any] = {}
     for section in _SECTIONS.values():
         table = raw.get(section.name)

@@ -137,14 +137,17 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
             started.append(part)
         _say("waiting for ingest to subscribe (logs in .lookout/logs/)")
         wait_for_parts(
-            lambda: (read_health(config.lakehouse, "ingest-0") or {}).get("subscribed"),
+            lambda: (read_health(config.lakehouse, "ingest-0", config.s3) or {}).get("subscribed"),
             "ingest",
             started,
             60,
         )
         _say("waiting for the Spark engine to start its queries (first run downloads Delta)")
         wait_for_parts(
-            lambda: read_health(config.lakehouse, "engine") is not None, "the engine", started, 900
+            lambda: read_health(config.lakehouse, "engine", config.s3) is not None,
+            "the engine",
+            started,
+            900,
         )
         for part in (simulator, dashboard):
             part.start(env)
@@ -162,7 +165,7 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
                 if part.process is not None and part.process.poll() is not None:
                     _say(f"{part.name} stopped unexpectedly; the end of its log:\n{part.tail()}")
                     return 1
-            ingest_health = read_health(config.lakehouse, "ingest-0") or {}
+            ingest_health = read_health(config.lakehouse, "ingest-0", config.s3) or {}
             _say(
                 f"ingest: {ingest_health.get('readings', 0)} readings landed, "
                 f"{ingest_health.get('quarantined', 0)} quarantined, "

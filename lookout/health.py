@@ -1,31 +1,42 @@
 """Health records: each long-running part writes `<lakehouse>/_health/<part>.json`
-(engine, ingest-<id>); the demo and the dashboard read them. Written atomically, so a
-reader never sees half a record."""
+(engine, ingest-<id>); the demo and the dashboard read them. The lakehouse may be a local
+folder or an `s3://` prefix (`lookout.storage`); either way a record is replaced whole,
+so a reader never sees half of one."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import orjson
 
+from lookout.config import S3Config
+from lookout.storage import DEFAULT_S3, list_names, put_whole, read_whole
 
-def health_path(lakehouse: str | Path, part: str) -> Path:
+HEALTH_FOLDER = "_health"
+
+
+def health_location(lakehouse: str, part: str) -> str:
     """Where `part` (`engine`, `ingest-0`, ...) keeps its health record."""
-    return Path(lakehouse) / "_health" / f"{part}.json"
+    return f"{str(lakehouse).rstrip('/')}/{HEALTH_FOLDER}/{part}.json"
 
 
-def write_health(path: Path, record: dict[str, Any]) -> None:
-    """Replace the record at `path` in one rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(orjson.dumps(record))
-    tmp.replace(path)
+def write_health(
+    lakehouse: str, part: str, record: dict[str, Any], s3: S3Config = DEFAULT_S3
+) -> None:
+    """Replace `part`'s record in one rename (local) or one PUT (S3)."""
+    put_whole(health_location(lakehouse, part), orjson.dumps(record), s3)
 
 
-def read_health(lakehouse: str | Path, part: str) -> dict[str, Any] | None:
+def read_health(lakehouse: str, part: str, s3: S3Config = DEFAULT_S3) -> dict[str, Any] | None:
     """The latest record `part` wrote, or None when it has written none yet."""
+    data = read_whole(health_location(lakehouse, part), s3)
     try:
-        return orjson.loads(health_path(lakehouse, part).read_bytes())
-    except (FileNotFoundError, orjson.JSONDecodeError):
+        return None if data is None else orjson.loads(data)
+    except orjson.JSONDecodeError:
         return None
+
+
+def health_parts(lakehouse: str, s3: S3Config = DEFAULT_S3) -> list[str]:
+    """Names of the parts that wrote a record (`engine`, `ingest-0`, ...)."""
+    folder = f"{str(lakehouse).rstrip('/')}/{HEALTH_FOLDER}"
+    return [name[: -len(".json")] for name in list_names(folder, s3) if name.endswith(".json")]

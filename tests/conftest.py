@@ -1,4 +1,5 @@
-"""Shared fixtures: one real mosquitto and one SparkSession per test session.
+"""Shared fixtures: one real mosquitto and one SparkSession per test session, and an S3
+server (moto's) per test that asks for one.
 
 Both are real (no mocks): the broker is the Debian mosquitto started from the shipped
 `deploy/mosquitto.conf` on a free loopback port; Spark runs in local mode with Delta.
@@ -14,6 +15,7 @@ import pytest
 
 from lookout.broker import Broker, free_port
 from lookout.config import Config, EngineConfig, MqttConfig
+from tests.s3server import S3Server
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +24,28 @@ def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     broker = Broker("127.0.0.1", free_port(), tmp_path_factory.mktemp("mosquitto")).start()
     yield broker
     broker.stop()
+
+
+def _s3_server(own_process: bool) -> Iterator[S3Server]:
+    port = free_port()
+    server = S3Server(port, f"lake-{port}", own_process)
+    server.start()
+    server.client().create_bucket(Bucket=server.bucket)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3() -> Iterator[S3Server]:
+    """A real S3 server (moto's, a thread of this process) on a free loopback port, with
+    an empty bucket of this test's own."""
+    yield from _s3_server(own_process=False)
+
+
+@pytest.fixture
+def s3_process() -> Iterator[S3Server]:
+    """The same in a process of its own (see tests/s3server.py for when that matters)."""
+    yield from _s3_server(own_process=True)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from dashboard.data import (
     ingest_parts,
     lakehouse,
     query,
+    table_names,
     table_version,
 )
 from dashboard.settings import settings
@@ -125,7 +126,7 @@ def _ms_time(ms: int | None) -> pd.Timestamp | None:
 def streams() -> None:
     """Per source stream: readings, rate, newest event, the engine's watermark and lag,
     late readings and duplicates."""
-    tables = sorted(p.parent.name for p in lakehouse().glob("readings_*/_delta_log"))
+    tables = table_names("readings_")
     if not tables:
         empty("No readings table yet.")
         return

@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from lookout.config import Config
+from lookout.storage import filesystem
 
 CHECKPOINT_LAYOUT = 2
 """2: heartbeats in one table per stream, and a RANGE frame's tuples in a chunk map
@@ -31,10 +32,7 @@ def check_checkpoint_layout(config: Config) -> None:
     """Raise :class:`CheckpointLayoutError` if the lakehouse's rules checkpoints cannot be
     resumed by this version; mark a lakehouse without any as this version's."""
     location = config.table("_checkpoints")
-    if "://" in location:
-        fs, root = pafs.FileSystem.from_uri(location)
-    else:
-        fs, root = pafs.LocalFileSystem(), str(Path(location).resolve())
+    fs, root = filesystem(location, config.s3)
     marker = f"{root}/LAYOUT"
     if fs.get_file_info(marker).type == pafs.FileType.File:
         with fs.open_input_stream(marker) as f:

@@ -24,7 +24,8 @@ from engine.spark.landing_job import LandingJob
 from engine.spark.rules_job import stages_by_input, start_rules_query
 from engine.spark.session import build_session
 from lookout.config import Config
-from lookout.health import health_path, write_health
+from lookout.health import write_health
+from lookout.storage import uses_object_store
 
 log = logging.getLogger("lookout.engine")
 
@@ -42,14 +43,17 @@ class EngineJob:
         self.config = config
         self.plan = plan
         self.alerts = alerts
-        self.spark = spark or build_session(config.engine)
+        self.spark = spark or build_session(
+            config.engine, s3=config.s3 if uses_object_store(config) else None
+        )
         self.landing = LandingJob(self.spark, config, list(plan.sources()))
         self.queries: list[StreamingQuery] = []
         self.maintenance = TableMaintenance(
             [config.table(name) for name in tables.engine_tables(plan)],
             config.engine.compact_every_seconds,
             config.engine.compact_min_files,
-            self.read_floors,
+            s3=config.s3,
+            floors=self.read_floors,
         )
 
     def start(self) -> None:
@@ -118,7 +122,7 @@ class EngineJob:
 
     def write_health(self) -> None:
         """Write `health()` where the dashboard reads it."""
-        write_health(health_path(self.config.lakehouse, "engine"), self.health())
+        write_health(self.config.lakehouse, "engine", self.health(), self.config.s3)
 
     def run_until(self, stop: threading.Event, health_every_s: float = 2.0) -> None:
         """Run until `stop` is set or a query fails (then raise)."""

@@ -29,6 +29,7 @@ from engine import tables
 from engine.core.plan import StreamSchema
 from engine.landing import DEDUPE_HORIZON_MS, LandingOutput, LandingSequencer
 from lookout.config import Config
+from lookout.storage import is_object_store, lakehouse_options
 
 log = logging.getLogger("lookout.engine")
 
@@ -44,6 +45,7 @@ class LandingJob:
         self.spark = spark
         self.config = config
         self.sources = list(sources)
+        self.options = lakehouse_options(config)  # delta-rs's, for an S3 lakehouse
         self.sequencer = LandingSequencer(self.sources)
         self.last_output = LandingOutput()
         # Counted since this process started (the tables hold the full history).
@@ -55,12 +57,15 @@ class LandingJob:
             tables.ensure_table(
                 self.config.table(tables.readings_table(schema.name)),
                 tables.readings_schema(schema),
+                self.options,
             )
             tables.ensure_table(
-                self.config.table(tables.heartbeats_table(schema.name)), tables.HEARTBEATS
+                self.config.table(tables.heartbeats_table(schema.name)),
+                tables.HEARTBEATS,
+                self.options,
             )
         for name, schema in tables.LANDING_SHARED.items():
-            tables.ensure_table(self.config.table(name), schema)
+            tables.ensure_table(self.config.table(name), schema, self.options)
 
     def restore(self) -> None:
         """Rebuild each stream's clock and recent ids from what the tables hold."""
@@ -88,14 +93,15 @@ class LandingJob:
                 sequencer.remember(r["source"], r["seq"], r["ts_us"] // 1000)
 
     def _query(self, table: str, sql: str) -> list[dict]:
-        result = QueryBuilder().register("t", DeltaTable(self.config.table(table))).execute(sql)
+        delta = DeltaTable(self.config.table(table), storage_options=self.options)
+        result = QueryBuilder().register("t", delta).execute(sql)
         return pa.table(result).to_pylist()
 
     def start(self, trigger_seconds: float) -> StreamingQuery:
         """Start the streaming query (checkpointed in the lakehouse)."""
         self.ensure_tables()
         self.restore()
-        if "://" not in self.config.landing:  # a local folder must exist before Spark lists it
+        if not is_object_store(self.config.landing):  # Spark lists a local folder: make it
             Path(self.config.landing).mkdir(parents=True, exist_ok=True)
         reader = self.spark.readStream.format("text").schema("value STRING, stream STRING")
         # Spark lists the whole landing folder every batch: a committed batch's files go
@@ -177,4 +183,6 @@ class LandingJob:
         return health
 
     def _append(self, table: str, schema: pa.Schema, rows: list[dict], batch_id: int) -> None:
-        tables.append_once(self.config.table(table), schema, rows, f"{WRITER}-{table}", batch_id)
+        tables.append_once(
+            self.config.table(table), schema, rows, f"{WRITER}-{table}", batch_id, self.options
+        )

@@ -77,6 +77,7 @@ from engine.spark.packing import (
     unpack,
 )
 from lookout.config import Config
+from lookout.storage import lakehouse_options
 
 # What the processor emits: per group advance and sink, that sink's outputs as one Arrow
 # IPC payload (`stream_rows` for a derived stream, `RAW_OUTPUTS` for an alert or the
@@ -307,6 +308,7 @@ class OutputWriter:
                     part,  # typed as the table by the processor (`stream_rows`)
                     f"lookout-{self.name}-{sink}",
                     batch_id,
+                    lakehouse_options(self.config),
                 )
         tables.append_once(
             self.config.table("alerts"),
@@ -314,6 +316,7 @@ class OutputWriter:
             alerts,
             f"lookout-{self.name}-alerts",
             batch_id,
+            lakehouse_options(self.config),
         )
         if ticks:
             # After the rows: a reader that sees this heartbeat sees every row it covers.
@@ -326,6 +329,7 @@ class OutputWriter:
                     [{"stream": stream, "source": self.name, "ts": at, "received_at": now}],
                     f"lookout-{self.name}-clock",
                     batch_id,
+                    lakehouse_options(self.config),
                 )
 
 
@@ -461,11 +465,14 @@ def start_rules_query(
         for sink, kind in _sinks(stage).items()
         if kind == SinkKind.STREAM
     }
+    options = lakehouse_options(config)
     for sink in written.values():
-        tables.ensure_table(config.table(sink.name), tables.derived_schema(sink))
-    tables.ensure_table(config.table("alerts"), tables.ALERTS)
+        tables.ensure_table(config.table(sink.name), tables.derived_schema(sink), options)
+    tables.ensure_table(config.table("alerts"), tables.ALERTS, options)
     for beats in (stream, *fed_streams(plan, stages)):
-        tables.ensure_table(config.table(tables.heartbeats_table(beats)), tables.HEARTBEATS)
+        tables.ensure_table(
+            config.table(tables.heartbeats_table(beats)), tables.HEARTBEATS, options
+        )
     router = Router(
         tuple(Route(stage.name, stage.key) for stage in stages),
         ts,

@@ -5,16 +5,25 @@ needs it), few shuffle partitions in local mode, Delta tables created without de
 vectors or column mapping so the dashboard's delta-rs reader can load them, and
 checkpoint files written through Hadoop's FileSystem API rather than FileContext (see
 `CHECKPOINT_FILE_MANAGER`).
+
+When the lakehouse or the landing is on S3, Hadoop's S3A connector is added
+(`hadoop-aws` of the Hadoop pyspark bundles) and reads the same `s3://` URLs delta-rs
+and ingest write (`fs.s3.impl` is S3A, so one URL names a table everywhere); Spark's
+streaming checkpoints go there too (`<lakehouse>/_checkpoints`), since on a cluster the
+executors write the state store's files and need a place every node reaches.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
+import pyspark
 from pyspark.sql import SparkSession
 
-from lookout.config import EngineConfig
+from lookout.config import EngineConfig, S3Config
+from lookout.storage import s3_endpoint
 
 # Spark's default manager renames a checkpoint file through Hadoop's FileContext, which
 # without Hadoop's native library runs `readlink` four times per file (file and .crc,
@@ -28,8 +37,48 @@ CHECKPOINT_FILE_MANAGER = (
 )
 
 
-def build_session(config: EngineConfig, app_name: str = "lookout") -> SparkSession:
-    """Create (or return the running) SparkSession with Delta and the state store set up."""
+S3A = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+
+
+def hadoop_version() -> str:
+    """The Hadoop version pyspark bundles (its `hadoop-client-api` jar): hadoop-aws must
+    be exactly that version."""
+    jars = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
+    if not jars:
+        raise RuntimeError(f"no hadoop-client-api jar in {Path(pyspark.__file__).parent}/jars")
+    return jars[-1].stem.removeprefix("hadoop-client-api-")
+
+
+def s3a_settings(s3: S3Config) -> dict[str, str]:
+    """Spark settings for S3A, except the keys (see `build_session`)."""
+    settings = {
+        # s3:// is what delta-rs, pyarrow and AWS call it; Hadoop's default for it is none.
+        "spark.hadoop.fs.s3.impl": S3A,
+        "spark.hadoop.fs.s3a.endpoint.region": s3.region,
+    }
+    endpoint = s3_endpoint(s3)
+    if endpoint is not None:
+        settings.update(
+            {
+                "spark.hadoop.fs.s3a.endpoint": s3.endpoint,
+                # MinIO, Ceph, moto: buckets in the path, not in the host name.
+                "spark.hadoop.fs.s3a.path.style.access": "true",
+                "spark.hadoop.fs.s3a.connection.ssl.enabled": str(endpoint[0] == "https").lower(),
+                # The state store uploads its files with copyFromLocalFile, by default
+                # through the SDK's async (Netty) client, which failed every upload to
+                # moto's server ("Status Code: 100", its answer to Expect: 100-continue);
+                # the plain path writes them through the sync client like any other file.
+                "spark.hadoop.fs.s3a.optimized.copy.from.local.enabled": "false",
+            }
+        )
+    return settings
+
+
+def build_session(
+    config: EngineConfig, app_name: str = "lookout", s3: S3Config | None = None
+) -> SparkSession:
+    """Create (or return the running) SparkSession with Delta and the state store set up;
+    with `s3`, able to read and checkpoint on S3 as `[s3]` says."""
     from delta import configure_spark_with_delta_pip
 
     # Spark otherwise picks the host's first non-loopback address; we stay on 127.0.0.1.
@@ -67,6 +116,19 @@ def build_session(config: EngineConfig, app_name: str = "lookout") -> SparkSessi
         # Batches stay bounded by `arrow.maxRecordsPerBatch` (10,000 rows).
         .config("spark.sql.execution.arrow.maxBytesPerBatch", str(2**31 - 1))
     )
-    spark = configure_spark_with_delta_pip(builder).getOrCreate()
+    packages = []
+    if s3 is not None:
+        packages.append(f"org.apache.hadoop:hadoop-aws:{hadoop_version()}")
+        for key, value in s3a_settings(s3).items():
+            builder = builder.config(key, value)
+    spark = configure_spark_with_delta_pip(builder, extra_packages=packages).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    if s3 is not None and s3.access_key:
+        # Set on the running session, not the builder: pyspark passes every builder
+        # setting to spark-submit as `--conf key=value`, which any local user can read
+        # in the process list. Jobs and state stores get this configuration from the
+        # driver, so executors on a cluster receive the keys too.
+        hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+        hadoop.set("fs.s3a.access.key", s3.access_key)
+        hadoop.set("fs.s3a.secret.key", s3.secret_key)
     return spark
