@@ -70,8 +70,13 @@ class Broker:
         """Start mosquitto and wait until it accepts connections."""
         exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         conf = self.write_config()
+        # A session of its own: a terminal's Ctrl-C reaches `lookout demo`, which stops
+        # the parts that use the broker first, and the broker last.
         self.process = subprocess.Popen(
-            [exe, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            [exe, "-c", str(conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

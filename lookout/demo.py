@@ -9,6 +9,7 @@ its log, then stops the rest.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -48,13 +49,17 @@ class Part:
     def stop(self, timeout: float = 30.0) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        # The whole process group: a part's own children (Spark's JVM, streamlit) too.
-        os.killpg(self.process.pid, signal.SIGTERM)
+        # The part's own process first: the engine stops its queries and then Spark's
+        # JVM itself (a SIGTERM to the JVM too would stop Spark under the queries).
+        self.process.terminate()
         try:
             self.process.wait(timeout)
+            leftover = signal.SIGTERM  # its children, if any are left, may end cleanly
         except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+            leftover = signal.SIGKILL
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, leftover)
+        self.process.wait()
 
 
 def lookout_argv(*args: str) -> list[str]:

@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any
 
+from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -68,10 +69,22 @@ class EngineJob:
         log.info("engine running %d queries", len(self.queries))
 
     def stop(self) -> None:
-        """Stop every query (each finishes or abandons its batch; checkpoints stay valid)."""
+        """Stop every query (each finishes or abandons its batch; checkpoints stay valid).
+
+        Spark may have shut down first: a signal sent to the whole process group (a
+        terminal's Ctrl-C, `kill -- -PGID`) also reaches its JVM, whose shutdown hook
+        stops the SparkContext. The queries are then gone with it, and their checkpoints
+        are as valid as after a kill; that is said in one line, not a stack trace."""
         self.maintenance.stop()
         for query in self.queries:
-            query.stop()
+            try:
+                query.stop()
+            except Py4JError as err:
+                # py4j's message: "An error occurred while calling oN.stop.", then
+                # ": <the Java exception>", then its stack.
+                lines = str(err).splitlines()
+                cause = next((x[2:] for x in lines if x.startswith(": ")), type(err).__name__)
+                log.warning("query %s had stopped with Spark: %s", query.name, cause)
         self.queries.clear()
 
     def read_floors(self) -> dict[str, int] | None:
