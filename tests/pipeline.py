@@ -8,7 +8,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import deltalake
 import paho.mqtt.client as mqtt
+from deltalake.exceptions import TableNotFoundError
 
 from engine.spark.job import EngineJob
 from ingest.service import build_ingester
@@ -16,6 +18,7 @@ from ingest.subscriber import Ingester
 from lookout.broker import Broker
 from lookout.config import Config
 from lookout.services import alert_specs
+from lookout.storage import delta_options
 from rules.language.loader import RuleSet
 from tests.waiting import wait_for
 
@@ -74,3 +77,15 @@ def table_rows(spark: Any, config: Config, name: str) -> list[dict[str, Any]]:
     if not DeltaTable.isDeltaTable(spark, path):
         return []
     return [row.asDict() for row in spark.read.format("delta").load(path).collect()]
+
+
+def delta_rows(config: Config, name: str) -> list[dict[str, Any]]:
+    """Every row of a lakehouse table read with delta-rs, without Spark (for an engine
+    run in its own process; an S3 lakehouse through `[s3]`); empty before the table
+    exists."""
+    path = config.table(name)
+    try:
+        table = deltalake.DeltaTable(path, storage_options=delta_options(path, config.s3))
+    except TableNotFoundError:
+        return []
+    return table.to_pyarrow_table().to_pylist()

@@ -11,13 +11,16 @@ minute, kept where it is below 15 m/s.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import duckdb
 import orjson
 import pytest
 
-from rules.language.loader import load_rules
+from lookout.replay import run_replay
+from rules.language.loader import RuleSet, load_rules
 from tests.pipeline import publish, running_engine, running_ingest, table_rows, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
@@ -90,6 +93,42 @@ def as_messages(readings: list[dict], seed: int) -> list[tuple[str, bytes]]:
         messages.append((topic, orjson.dumps(group if len(group) > 1 else group[0])))
         i += len(group)
     return messages
+
+
+# A gateway heartbeat past every window of make_readings: it closes them all.
+CLOSING_HEARTBEAT = (
+    "lookout/traffic/gw/heartbeat",
+    orjson.dumps({"source": "gw", "ts": T0 + 80 * 60_000}),
+)
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The congestion rule over a recorded stream, as `lookout replay` computes it."""
+
+    rules_file: Path
+    rule_set: RuleSet
+    recording: Path
+    out: Path  # replay's output folder: one <sink>.jsonl per sink
+    alerts: list[dict]  # its congestion alerts
+
+    def rows(self, sink: str) -> list[bytes]:
+        """Replay's lines for `sink`."""
+        return (self.out / f"{sink}.jsonl").read_bytes().splitlines()
+
+
+def replay_congestion(tmp_path: Path, stream: list[dict]) -> Replayed:
+    """Write the congestion rule and `stream` (in arrival order) under `tmp_path` and
+    run `lookout replay` over them: what a live run over the same stream must give."""
+    rules_file = tmp_path / "congestion.sql"
+    rules_file.write_text(CONGESTION_RULES)
+    recording = tmp_path / "arrivals.jsonl"
+    recording.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in stream))
+    out = tmp_path / "replay"
+    assert run_replay([str(rules_file)], [f"traffic={recording}"], str(out)) == 0
+    alerts = [orjson.loads(x) for x in (out / "congestion.jsonl").read_bytes().splitlines()]
+    assert alerts, "the stream must raise congestion alerts"
+    return Replayed(rules_file, load_rules([rules_file]), recording, out, alerts)
 
 
 def oracle_alerts(readings: list[dict]) -> list[tuple[int, int, float]]:

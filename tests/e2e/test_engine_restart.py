@@ -21,14 +21,13 @@ import orjson
 import pytest
 
 from engine.core.replay import run
-from lookout.replay import alert_ids, read_readings, run_replay
-from rules.language.loader import load_rules
+from lookout.replay import alert_ids, read_readings
 from tests.e2e.test_congestion import (
-    CONGESTION_RULES,
-    T0,
+    CLOSING_HEARTBEAT,
     arrival_order,
     as_messages,
     make_readings,
+    replay_congestion,
 )
 from tests.pipeline import publish, running_ingest, table_rows, wait_for
 
@@ -57,27 +56,15 @@ def start_engine(config, rules_file: Path, log: Path, **settings: str) -> subpro
 def test_engine_kill_9_and_restart_gives_the_uninterrupted_tables(
     spark, mosquitto, lookout_config, tmp_path
 ):
-    rules_file = tmp_path / "congestion.sql"
-    rules_file.write_text(CONGESTION_RULES)
-    rule_set = load_rules([rules_file])
     readings = arrival_order(make_readings(seed=21), seed=22, max_delay_ms=1_500)
     # A few readings far behind the slack, so late capture crosses the restart too.
     late = [dict(r, seq=10_000 + i, ts=r["ts"] - 30_000) for i, r in enumerate(readings[400::150])]
     stream = readings[:400] + late[:1] + readings[400:] + late[1:]
     half = len(stream) // 2
-    heartbeat = (
-        "lookout/traffic/gw/heartbeat",
-        orjson.dumps({"source": "gw", "ts": T0 + 80 * 60_000}),
-    )
-
-    recording = tmp_path / "arrivals.jsonl"
-    recording.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in stream))
-    assert run_replay([str(rules_file)], [f"traffic={recording}"], str(tmp_path / "replay")) == 0
-    want_alerts = [
-        orjson.loads(x) for x in (tmp_path / "replay/congestion.jsonl").read_bytes().splitlines()
-    ]
-    want_late = (tmp_path / "replay/late_readings.jsonl").read_bytes().splitlines()
-    assert want_alerts and want_late
+    replayed = replay_congestion(tmp_path, stream)
+    rules_file, rule_set, want_alerts = replayed.rules_file, replayed.rule_set, replayed.alerts
+    want_late = replayed.rows("late_readings")
+    assert want_late
 
     log = tmp_path / "engine.log"
     with running_ingest(lookout_config, rule_set):
@@ -91,7 +78,7 @@ def test_engine_kill_9_and_restart_gives_the_uninterrupted_tables(
             )
             os.killpg(engine.pid, signal.SIGKILL)
             engine.wait()
-            publish(mosquitto, [*as_messages(stream[half:], seed=24), heartbeat])
+            publish(mosquitto, [*as_messages(stream[half:], seed=24), CLOSING_HEARTBEAT])
             engine = start_engine(lookout_config, rules_file, log)
             wait_for(
                 lambda: len(table_rows(spark, lookout_config, "alerts")) >= len(want_alerts),
@@ -113,7 +100,9 @@ def test_engine_kill_9_and_restart_gives_the_uninterrupted_tables(
 
     alerts = table_rows(spark, lookout_config, "alerts")
     # The ids an uninterrupted run gives: replay's alert outputs, identified as live.
-    outputs = run(rule_set.plan, read_readings([((rule_set.plan.streams["traffic"],), recording)]))
+    outputs = run(
+        rule_set.plan, read_readings([((rule_set.plan.streams["traffic"],), replayed.recording)])
+    )
     want_ids = sorted(alert_ids(rule_set.plan, outputs.outputs))
     assert len(want_ids) == len(want_alerts)
     assert sorted(a["alert_id"] for a in alerts) == want_ids, (

@@ -17,36 +17,20 @@ from dataclasses import replace
 
 import orjson
 import pytest
-from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
 
-from lookout.config import Config
-from lookout.replay import run_replay
-from lookout.storage import delta_options
-from rules.language.loader import load_rules
 from tests.e2e.test_congestion import (
-    CONGESTION_RULES,
-    T0,
+    CLOSING_HEARTBEAT,
     arrival_order,
     as_messages,
     make_readings,
+    replay_congestion,
 )
 from tests.e2e.test_engine_restart import start_engine
 from tests.e2e.test_live_equals_replay import normalised
-from tests.pipeline import publish, running_ingest, wait_for
+from tests.pipeline import delta_rows, publish, running_ingest, wait_for
 from tests.s3server import SECRET, S3Server
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
-
-
-def alerts(config: Config) -> list[dict]:
-    """The alerts table's rows, read with delta-rs (empty before the table exists)."""
-    path = config.table("alerts")
-    try:
-        table = DeltaTable(path, storage_options=delta_options(path, config.s3))
-    except TableNotFoundError:
-        return []
-    return table.to_pyarrow_table().to_pylist()
 
 
 def health(s3: S3Server, part: str) -> dict:
@@ -61,27 +45,14 @@ def test_the_engine_on_an_s3_lakehouse_gives_the_replay_alerts(
 ):
     s3 = s3_process
     config = replace(lookout_config, lakehouse=s3.url("lake"), s3=s3.settings())
-    rules_file = tmp_path / "congestion.sql"
-    rules_file.write_text(CONGESTION_RULES)
-    rule_set = load_rules([rules_file])
     readings = arrival_order(make_readings(seed=41), seed=42, max_delay_ms=1_500)
-    recording = tmp_path / "arrivals.jsonl"
-    recording.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in readings))
-    assert run_replay([str(rules_file)], [f"traffic={recording}"], str(tmp_path / "replay")) == 0
-    want = [
-        orjson.loads(x) for x in (tmp_path / "replay/congestion.jsonl").read_bytes().splitlines()
-    ]
-    assert want
-    heartbeat = (
-        "lookout/traffic/gw/heartbeat",
-        orjson.dumps({"source": "gw", "ts": T0 + 80 * 60_000}),
-    )
+    replayed = replay_congestion(tmp_path, readings)
 
     log = tmp_path / "engine.log"
-    with running_ingest(config, rule_set):
+    with running_ingest(config, replayed.rule_set):
         engine = start_engine(
             config,
-            rules_file,
+            replayed.rules_file,
             log,
             **s3.env(),
             # Compaction rounds while the queries run, on the bucket's tables.
@@ -89,13 +60,13 @@ def test_the_engine_on_an_s3_lakehouse_gives_the_replay_alerts(
             LOOKOUT_ENGINE_COMPACT_MIN_FILES="2",
         )
         try:
-            publish(mosquitto, [*as_messages(readings, seed=43), heartbeat])
+            publish(mosquitto, [*as_messages(readings, seed=43), CLOSING_HEARTBEAT])
 
             def all_alerts() -> bool:
                 assert engine.poll() is None, f"lookout engine exited; see {log}"
-                return len(alerts(config)) >= len(want)
+                return len(delta_rows(config, "alerts")) >= len(replayed.alerts)
 
-            wait_for(all_alerts, 400, f"{len(want)} alerts on S3")
+            wait_for(all_alerts, 400, f"{len(replayed.alerts)} alerts on S3")
             wait_for(
                 lambda: health(s3, "engine").get("maintenance", {}).get("compactions"),
                 60,
@@ -105,8 +76,8 @@ def test_the_engine_on_an_s3_lakehouse_gives_the_replay_alerts(
             os.killpg(engine.pid, signal.SIGTERM)
             engine.wait(timeout=120)
 
-    got = [orjson.loads(a["payload"]) for a in alerts(config)]
-    assert normalised(got, {"ts"}) == normalised(want, {"ts"})
+    got = [orjson.loads(a["payload"]) for a in delta_rows(config, "alerts")]
+    assert normalised(got, {"ts"}) == normalised(replayed.alerts, {"ts"})
     assert health(s3, "engine")["maintenance"]["errors"] == {}
     assert health(s3, "ingest-0")["readings"] == len(readings)
     keys = s3.keys("lake/")
