@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ import streamlit as st
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
-from lookout.config import S3Config, load_config
+from lookout.config import ConfigError, S3Config, load_config
 from lookout.health import health_parts, read_health
 from lookout.storage import delta_options, exists, is_object_store, list_names
 
@@ -53,7 +52,7 @@ def _s3() -> S3Config:
         return S3Config()
     try:
         return load_config().s3
-    except (OSError, ValueError, tomllib.TOMLDecodeError) as exc:
+    except ConfigError as exc:
         raise DataError(f"the configuration cannot be read: {exc}") from exc
 
 

@@ -284,6 +284,7 @@ class OutputWriter:
         self.name = name
         self.kinds = {sink: kind for stage in stages for sink, kind in _sinks(stage).items()}
         self.fed = fed_streams(plan, stages)
+        self.options = lakehouse_options(config)  # delta-rs's, for an S3 lakehouse
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         packed = batch.toArrow()
@@ -308,7 +309,7 @@ class OutputWriter:
                     part,  # typed as the table by the processor (`stream_rows`)
                     f"lookout-{self.name}-{sink}",
                     batch_id,
-                    lakehouse_options(self.config),
+                    self.options,
                 )
         tables.append_once(
             self.config.table("alerts"),
@@ -316,7 +317,7 @@ class OutputWriter:
             alerts,
             f"lookout-{self.name}-alerts",
             batch_id,
-            lakehouse_options(self.config),
+            self.options,
         )
         if ticks:
             # After the rows: a reader that sees this heartbeat sees every row it covers.
@@ -329,7 +330,7 @@ class OutputWriter:
                     [{"stream": stream, "source": self.name, "ts": at, "received_at": now}],
                     f"lookout-{self.name}-clock",
                     batch_id,
-                    lakehouse_options(self.config),
+                    self.options,
                 )
 
 
