@@ -1,8 +1,8 @@
 """What a growing folder costs the engine's streaming sources, which list theirs whole
 every micro-batch on a local or shared filesystem, and what the engine's cleanups give
 back: a table's `_delta_log` (the rules queries' Delta sources; `clean_log` in
-`engine/maintenance.py`) and the landing folder (the landing query's file source; Spark's
-`cleanSource`, `engine/spark/landing_job.py`).
+`engine/maintenance.py`) and the landing folder (the landing query's source, which
+removes committed files).
 
 **Delta log.**
 The engine appends about two commits a second to each table it writes, and a rules
@@ -18,10 +18,11 @@ The N commits are copies of one real append commit (the same file added again, w
 Delta reader reconciles to one file), written directly: building 30,000 commits by real
 appends would take most of an hour. `--real` builds them by appends instead.
 
-**Landing folder.** For each file count N, N one-line landing files, then a text file
-stream over the folder as the landing query reads it, with or without `cleanSource =
-delete`; once the first batch has read the N files, four new files a second for
-`--seconds`, and the median `latestOffset` of the batches after the first.
+**Landing folder.** For each file count N, N one-line landing files, then a stream over
+the folder: Spark's file source with or without `cleanSource = delete`, and Lookout's
+landing source (`engine/spark/landing_source.py`), which the landing query reads; once
+the first batch has read the N files, four new files a second for `--seconds`, and the
+median and highest `latestOffset` of the batches after the first.
 
     python benchmarks/source_listing.py [--commits 300 3000 30000] [--files 2000 20000]
         [--seconds 30] [--real]
@@ -43,8 +44,9 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from engine.maintenance import clean_log
+from engine.spark.landing_source import LandingSource, source_options
 from engine.spark.session import build_session
-from lookout.config import EngineConfig
+from lookout.config import EngineConfig, S3Config
 
 
 def build(path: str, commits: int, real: bool) -> None:
@@ -102,14 +104,27 @@ def latest_offset_ms(spark, path: str, work: str, seconds: float) -> float:
 LINE = b'{"station": 1, "speed": 3.0, "ts": 1767225600000, "source": "s", "seq": 1}\n'
 
 
+def landing_stream(spark, source: str, landing: str):
+    """A streaming read of `landing`: Spark's file source keeping its files (`kept`) or
+    deleting committed ones (`deleted`), or Lookout's landing source (`lookout`)."""
+    if source == "lookout":
+        spark.dataSource.register(LandingSource)
+        options = source_options(landing, "", S3Config())
+        return spark.readStream.format(LandingSource.name()).options(**options).load()
+    clean = {"kept": "off", "deleted": "delete"}[source]
+    reader = spark.readStream.format("text").schema("value STRING, stream STRING")
+    return reader.option("cleanSource", clean).load(landing)
+
+
 def landing_ms(
-    spark, files: int, clean: str, work: str, seconds: float
+    spark, files: int, source: str, work: str, seconds: float
 ) -> tuple[float, float, int]:
-    """Median and highest `latestOffset` of a landing-like file stream over a folder of
-    `files` files, four more landed a second, and how many files are left in the folder.
-    The highest is a batch that compacts the source's own log of every file it has read
-    (every tenth batch), which grows with the files read whatever the cleanup."""
-    folder = Path(work, f"landing-{clean}-{files}", "stream=traffic")
+    """Median and highest `latestOffset` of a landing stream (`landing_stream`) over a
+    folder of `files` files, four more landed a second, and how many files are left in
+    the folder. With Spark's file source the highest is a batch that compacts the
+    source's own record of every file it has read (every tenth batch), which grows with
+    the files read whatever the cleanup."""
+    folder = Path(work, f"landing-{source}-{files}", "stream=traffic")
     folder.mkdir(parents=True)
     for i in range(files):
         (folder / f"part-{i:019d}-0-x-0.jsonl").write_bytes(LINE)
@@ -123,10 +138,7 @@ def landing_ms(
             i += 1
 
     query = (
-        spark.readStream.format("text")
-        .schema("value STRING, stream STRING")
-        .option("cleanSource", clean)
-        .load(str(folder.parent))
+        landing_stream(spark, source, str(folder.parent))
         .writeStream.format("noop")
         .option("checkpointLocation", f"{work}/checkpoint-{time.monotonic_ns()}")
         .trigger(processingTime="500 milliseconds")
@@ -176,14 +188,18 @@ def main() -> None:
                 flush=True,
             )
             shutil.rmtree(path)
-        print("\n| landing files | latestOffset (max), kept | latestOffset (max), deleted |")
-        print("|---:|---:|---:|")
+        sources = ["kept", "deleted", "lookout"]
+        print(
+            "\n| landing files | latestOffset median (max), files left: file source, "
+            "kept | file source, deleted | Lookout's landing source |"
+        )
+        print("|---:|---:|---:|---:|")
         for files in args.files:
-            kept = landing_ms(spark, files, "off", work, args.seconds)
-            cleaned = landing_ms(spark, files, "delete", work, args.seconds)
-            row = f"| {files:,} | {kept[0]:.0f} ms ({kept[1]:.0f}) "
-            row += f"| {cleaned[0]:.0f} ms ({cleaned[1]:.0f}; {cleaned[2]} files left) |"
-            print(row, flush=True)
+            row = f"| {files:,} "
+            for source in sources:
+                median, most, left = landing_ms(spark, files, source, work, args.seconds)
+                row += f"| {median:.0f} ms ({most:.0f}; {left:,}) "
+            print(row + "|", flush=True)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -1,12 +1,14 @@
-"""Which layout a lakehouse's rules checkpoints have, so an incompatible one is refused
-with a clear message instead of a Spark stack trace.
+"""Which layout a lakehouse's checkpoints have, so an incompatible one is refused with a
+clear message instead of a Spark stack trace.
 
 A rules query's checkpoint names the Delta tables it reads and the state variables its
-processor keeps. A Lookout version that changes either cannot resume an earlier one's
-checkpoints: Spark stops the query (`DIFFERENT_DELTA_TABLE_READ_BY_STREAMING_SOURCE`).
-The engine writes `<lakehouse>/_checkpoints/LAYOUT` when it starts on a lakehouse without
-rules checkpoints, and refuses to start where the file says otherwise or is missing
-beside existing checkpoints (those predate the file: layout 1).
+processor keeps; the landing query's names the source it reads and that source's
+offsets. A Lookout version that changes any of them cannot resume an earlier one's
+checkpoints: Spark stops the query (`DIFFERENT_DELTA_TABLE_READ_BY_STREAMING_SOURCE`), or
+the source cannot read the offsets. The engine writes `<lakehouse>/_checkpoints/LAYOUT`
+when it starts on a lakehouse without checkpoints, and refuses to start where the file
+says otherwise or is missing beside existing checkpoints (those predate the file:
+layout 1).
 """
 
 from __future__ import annotations
@@ -18,18 +20,20 @@ import pyarrow.fs as pafs
 from lookout.config import Config
 from lookout.storage import filesystem
 
-CHECKPOINT_LAYOUT = 2
-"""2: heartbeats in one table per stream, and a RANGE frame's tuples in a chunk map
-beside each evaluator's head (state per change). 1: one `heartbeats` table."""
-CHECKPOINT_LAYOUT_CHANGE = "per-stream heartbeat tables and chunked window state"
+CHECKPOINT_LAYOUT = 3
+"""3: the landing query reads Lookout's landing source (offsets name the backlog's files),
+not Spark's file source. 2: heartbeats in one table per stream, and a RANGE frame's
+tuples in a chunk map beside each evaluator's head (state per change). 1: one
+`heartbeats` table."""
+CHECKPOINT_LAYOUT_CHANGE = "the landing query reads Lookout's own landing source"
 
 
 class CheckpointLayoutError(RuntimeError):
-    """The lakehouse's rules checkpoints were written in another layout."""
+    """The lakehouse's checkpoints were written in another layout."""
 
 
 def check_checkpoint_layout(config: Config) -> None:
-    """Raise :class:`CheckpointLayoutError` if the lakehouse's rules checkpoints cannot be
+    """Raise :class:`CheckpointLayoutError` if the lakehouse's checkpoints cannot be
     resumed by this version; mark a lakehouse without any as this version's."""
     location = config.table("_checkpoints")
     fs, root = filesystem(location, config.s3)
@@ -45,7 +49,8 @@ def check_checkpoint_layout(config: Config) -> None:
         found = int(text)
     else:
         listing = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-        found = 1 if any(Path(i.path).name.startswith("rules-") for i in listing) else None
+        queries = [Path(i.path).name for i in listing]
+        found = 1 if any(q == "landing" or q.startswith("rules-") for q in queries) else None
     if found is None:
         fs.create_dir(root, recursive=True)
         with fs.open_output_stream(marker) as f:
@@ -53,7 +58,7 @@ def check_checkpoint_layout(config: Config) -> None:
         return
     if found != CHECKPOINT_LAYOUT:
         raise CheckpointLayoutError(
-            f"{location} holds rules checkpoints of another Lookout version (layout {found}; "
+            f"{location} holds checkpoints of another Lookout version (layout {found}; "
             f"this version resumes layout {CHECKPOINT_LAYOUT}: {CHECKPOINT_LAYOUT_CHANGE}), so "
             f"its queries cannot resume them. Run this version on a new lakehouse (set "
             f"[lakehouse] path, or move {config.lakehouse} aside), or keep the version that "

@@ -1,6 +1,7 @@
-"""The landing query: Spark's file source over the landing folder, `engine.landing` per batch.
+"""The landing query: new landing files (`engine/spark/landing_source.py`), judged by
+`engine.landing` per batch.
 
-Spark contributes what it is good at here: discovering new landing files and
+Spark contributes what it is good at here: planning batches of new landing files and
 checkpointing which ones were processed. Each micro-batch's lines are brought to the
 driver (they are what ingest landed in the last second or so) and judged by the pure
 `LandingSequencer` in arrival order; the resulting rows are appended to the Delta tables
@@ -17,19 +18,18 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from engine import tables
 from engine.core.plan import StreamSchema
 from engine.landing import DEDUPE_HORIZON_MS, LandingOutput, LandingSequencer
+from engine.spark.landing_source import LandingSource, source_options
 from lookout.config import Config
-from lookout.storage import is_object_store, lakehouse_options
+from lookout.storage import lakehouse_options
 
 log = logging.getLogger("lookout.engine")
 
@@ -101,19 +101,15 @@ class LandingJob:
         """Start the streaming query (checkpointed in the lakehouse)."""
         self.ensure_tables()
         self.restore()
-        if not is_object_store(self.config.landing):  # Spark lists a local folder: make it
-            Path(self.config.landing).mkdir(parents=True, exist_ok=True)
-        reader = self.spark.readStream.format("text").schema("value STRING, stream STRING")
-        # Spark lists the whole landing folder every batch: a committed batch's files go
-        # (deleted, or moved to the archive), so the listing stays the size of a backlog.
-        archive = self.config.engine.landing_archive
-        if archive:
-            reader = reader.option("cleanSource", "archive").option("sourceArchiveDir", archive)
-        else:
-            reader = reader.option("cleanSource", "delete")
-        source = reader.load(self.config.landing).select(
-            "stream", F.col("_metadata.file_name").alias("file"), "value"
+        # Our own source, not Spark's file source, whose record of every file it read
+        # grows without bound (engine/landing_offsets.py); it removes a committed
+        # batch's files (deleted, or moved to the archive), so the folder holds only
+        # the backlog that Spark lists every batch.
+        self.spark.dataSource.register(LandingSource)
+        options = source_options(
+            self.config.landing, self.config.engine.landing_archive, self.config.s3
         )
+        source = self.spark.readStream.format(LandingSource.name()).options(**options).load()
         return (
             source.writeStream.foreachBatch(self.process_batch)
             .queryName("landing")

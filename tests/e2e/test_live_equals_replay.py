@@ -177,7 +177,18 @@ def test_live_rows_equal_replay_rows(spark, mosquitto, lookout_config, tmp_path,
         # The log below a checkpoint goes once the checkpoint is 3 s old (30 s in use),
         # so the readers' floors are exercised while they read.
         engine.maintenance.settle_s = 3.0
-        publish(mosquitto, messages)
+        # In two parts, the second once the first is in Delta, so the readings table
+        # holds at least two files for a compaction to merge, however the landing
+        # batches the first part.
+        half = len(messages) // 2
+        publish(mosquitto, messages[:half])
+        wait_for(
+            lambda: table_rows(spark, lookout_config, f"readings_{library.stream}"),
+            120,
+            f"the first readings in readings_{library.stream}",
+            engine=engine,
+        )
+        publish(mosquitto, messages[half:])
         expected_alerts = sum(len(replayed.get(n, [])) for n in alert_names)
         wait_for(
             lambda: len(table_rows(spark, lookout_config, "alerts")) >= expected_alerts,

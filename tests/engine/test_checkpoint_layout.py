@@ -1,4 +1,4 @@
-"""The engine refuses rules checkpoints it cannot resume, before Spark fails on them."""
+"""The engine refuses checkpoints it cannot resume, before Spark fails on them."""
 
 from __future__ import annotations
 
@@ -27,12 +27,13 @@ def test_a_new_lakehouse_is_marked_and_then_accepted(tmp_path: Path) -> None:
     check_checkpoint_layout(config)  # its own checkpoints resume
 
 
-@pytest.mark.parametrize("marker", [None, "1", "99"])
+@pytest.mark.parametrize("query", ["rules-traffic", "landing"])
+@pytest.mark.parametrize("marker", [None, "1", "2", "99"])
 def test_checkpoints_of_another_layout_are_refused_with_what_to_do(
-    tmp_path: Path, marker: str | None
+    tmp_path: Path, marker: str | None, query: str
 ) -> None:
     checkpoints = tmp_path / "lake/_checkpoints"
-    (checkpoints / "rules-traffic").mkdir(parents=True)
+    (checkpoints / query).mkdir(parents=True)
     if marker is not None:
         (checkpoints / "LAYOUT").write_text(marker)
     with pytest.raises(CheckpointLayoutError) as refused:
@@ -40,12 +41,6 @@ def test_checkpoints_of_another_layout_are_refused_with_what_to_do(
     message = str(refused.value)
     assert f"layout {marker or 1}" in message
     assert str(tmp_path / "lake") in message and "new lakehouse" in message
-
-
-def test_a_landing_checkpoint_alone_is_no_rules_layout(tmp_path: Path) -> None:
-    (tmp_path / "lake/_checkpoints/landing").mkdir(parents=True)
-    check_checkpoint_layout(config_at(tmp_path / "lake"))
-    assert (tmp_path / "lake/_checkpoints/LAYOUT").exists()
 
 
 @pytest.mark.parametrize("content", ["", "two\n", "2.0"])

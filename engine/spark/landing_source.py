@@ -1,0 +1,150 @@
+"""The landing query's streaming source: new landing files as (stream, file, line) rows,
+with offsets that name only the backlog (`engine/landing_offsets.py` says why and how).
+
+A Python data source: Spark calls `latestOffset`, `partitions` and `commit` in one Python
+process beside the driver, and `read` in its Python workers. Committing an offset
+deletes the files it names, or moves them to the archive folder, once every table the
+batch wrote holds their lines.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyarrow import fs as pafs
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit
+
+from engine.landing_offsets import batch_files, committed_files, initial_offset, next_offset
+from lookout.config import S3Config
+from lookout.storage import filesystem
+
+log = logging.getLogger("lookout.engine")
+
+NAME = "lookout_landing"
+SCHEMA = "stream STRING, file STRING, value BINARY"
+ARROW_SCHEMA = pa.schema([("stream", pa.string()), ("file", pa.string()), ("value", pa.binary())])
+STREAM_FOLDER = "stream="
+# One Spark task reads at most this many files: a long backlog is read in parallel.
+FILES_PER_PARTITION = 256
+_S3_OPTIONS = ("endpoint", "region", "access_key", "secret_key")
+
+
+def source_options(landing: str, archive: str, s3: S3Config) -> dict[str, str]:
+    """The options `LandingSource` takes: where the landing folder (and the archive) is,
+    and how to reach S3 (`secret_key` is among the option names Spark redacts)."""
+    options = {"path": landing, "archive": archive}
+    options.update({f"s3.{key}": getattr(s3, key) for key in _S3_OPTIONS})
+    return options
+
+
+def landing_files(fs: pafs.FileSystem, root: str) -> list[str]:
+    """Every landing file under `root`, as `stream=<name>/<file>`, skipping hidden and
+    temporary names (`.part-*.tmp` while ingest writes one) as Spark's file source did."""
+    selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
+    found = []
+    for info in fs.get_file_info(selector):
+        relative = info.path[len(root) :].lstrip("/")
+        folder, _, name = relative.partition("/")
+        if (
+            info.type == pafs.FileType.File
+            and folder.startswith(STREAM_FOLDER)
+            and name
+            and "/" not in name
+            and not name.startswith((".", "_"))
+        ):
+            found.append(relative)
+    return found
+
+
+@dataclass(frozen=True)
+class LandingPartition(InputPartition):
+    """The landing files one task reads."""
+
+    files: tuple[str, ...]
+
+
+class LandingSource(DataSource):
+    """`spark.readStream.format("lookout_landing")`: see the module docstring."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return LandingReader(self.options)
+
+
+class LandingReader(DataSourceStreamReader):
+    """Lists the landing folder for offsets, reads a batch's files, removes committed ones."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.landing = options["path"]
+        self.archive = options.get("archive", "")
+        self.s3 = S3Config(**{key: options.get(f"s3.{key}", "") for key in _S3_OPTIONS})
+
+    def _filesystem(self, location: str) -> tuple[pafs.FileSystem, str]:
+        fs, root = filesystem(location, self.s3)
+        return fs, root.rstrip("/")
+
+    def initialOffset(self) -> dict:
+        return initial_offset()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        fs, root = self._filesystem(self.landing)
+        return dict(next_offset(start, landing_files(fs, root)))
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        files = batch_files(start, end)
+        return [
+            LandingPartition(tuple(files[i : i + FILES_PER_PARTITION]))
+            for i in range(0, len(files), FILES_PER_PARTITION)
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, LandingPartition)
+        fs, root = self._filesystem(self.landing)
+        streams, names, lines = [], [], []
+        for relative in partition.files:
+            folder, _, name = relative.partition("/")
+            with fs.open_input_stream(f"{root}/{relative}") as f:
+                data = f.read()
+            for line in data.split(b"\n"):
+                if line.strip():
+                    streams.append(folder[len(STREAM_FOLDER) :])
+                    names.append(name)
+                    lines.append(line)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(streams, pa.string()), pa.array(names, pa.string()), pa.array(lines)],
+            schema=ARROW_SCHEMA,
+        )
+
+    def commit(self, end: dict) -> None:
+        fs, root = self._filesystem(self.landing)
+        archive = self._filesystem(self.archive) if self.archive else None
+        for relative in committed_files(end):
+            try:
+                if archive is None:
+                    fs.delete_file(f"{root}/{relative}")
+                else:
+                    target = f"{archive[1]}/{relative}"
+                    archive[0].create_dir(target.rsplit("/", 1)[0], recursive=True)
+                    _move(fs, f"{root}/{relative}", archive[0], target)
+            except FileNotFoundError:
+                pass  # removed by an earlier commit of an offset that named it too
+
+
+def _move(fs: pafs.FileSystem, source: str, target_fs: pafs.FileSystem, target: str) -> None:
+    """Move a file, across filesystems (a local landing, an S3 archive) if need be."""
+    if type(fs) is type(target_fs) and isinstance(fs, pafs.LocalFileSystem):
+        fs.move(source, target)
+        return
+    pafs.copy_files(source, target, source_filesystem=fs, destination_filesystem=target_fs)
+    fs.delete_file(source)

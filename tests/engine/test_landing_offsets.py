@@ -1,0 +1,112 @@
+"""The landing source's offsets read every landed file exactly once, through crashes.
+
+A model of Spark's micro-batch protocol as `MicroBatchExecution` runs it drives the pure
+offset functions: a batch's end offset is written to the offset log before the batch
+runs; the previous batch's offset is committed to the source (its files removed) just
+before a batch runs; a batch counts once its id is in the commit log; after a crash the
+last logged batch, if it has no commit, runs again from the logged offsets. Hypothesis
+lands files (in any name order) and crashes the engine between any two of those steps,
+including halfway through removing a batch's files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.landing_offsets import batch_files, committed_files, initial_offset, next_offset
+
+# Where a step may stop: after logging its offset, after removing `removed` of the
+# previous batch's files, or after reading its files but before the commit log.
+CRASH_POINTS = ["none", "after_offset_log", "mid_removal", "before_commit_log"]
+
+
+@dataclass
+class Engine:
+    """The landing folder, Spark's offset and commit logs, and what each batch read."""
+
+    folder: set[str] = field(default_factory=set)
+    offset_log: list[dict] = field(default_factory=list)
+    commit_log: set[int] = field(default_factory=set)
+    reads: dict[int, list[str]] = field(default_factory=dict)  # the first run of each batch
+
+    def offset(self, batch: int) -> dict:
+        return self.offset_log[batch] if batch >= 0 else initial_offset()
+
+    def run(self, batch: int) -> None:
+        files = batch_files(self.offset(batch - 1), self.offset(batch))
+        missing = set(files) - self.folder
+        assert not missing, f"batch {batch} cannot read removed files {missing}"
+        assert self.reads.setdefault(batch, files) == files, "a re-run read other files"
+
+    def commit_source(self, batch: int, removed: int | None = None) -> None:
+        self.folder -= set(committed_files(self.offset(batch))[:removed])
+
+    def restart(self) -> None:
+        """Spark's recovery: re-run the last logged batch if it was not committed."""
+        last = len(self.offset_log) - 1
+        if last >= 0 and last not in self.commit_log:
+            self.run(last)
+            self.commit_log.add(last)
+
+    def step(self, crash: str, removed: int) -> None:
+        """One trigger: plan the next batch (if any file is new), then run it."""
+        last = len(self.offset_log) - 1
+        end = next_offset(self.offset(last), self.folder)
+        if end == self.offset(last):
+            return
+        self.offset_log.append(dict(end))
+        batch = last + 1
+        if crash == "after_offset_log":
+            return self.restart()
+        if crash == "mid_removal":
+            self.commit_source(batch - 1, removed)
+            return self.restart()
+        self.commit_source(batch - 1)
+        self.run(batch)
+        if crash == "before_commit_log":
+            return self.restart()
+        self.commit_log.add(batch)
+
+
+landings = st.lists(st.integers(0, 999), max_size=4)
+steps = st.lists(
+    st.tuples(landings, st.sampled_from(CRASH_POINTS), st.integers(0, 5)), max_size=25
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps)
+def test_every_landed_file_is_read_by_exactly_one_batch(script) -> None:
+    engine = Engine()
+    landed = []
+    for names, crash, removed in script:
+        for n in names:  # unique names, in no particular order
+            landed.append(f"stream=traffic/part-{n:04d}-{len(landed)}.jsonl")
+            engine.folder.add(landed[-1])
+        engine.step(crash, removed)
+    engine.step("none", 0)  # a last, clean trigger reads whatever is left
+
+    read = [f for batch in sorted(engine.commit_log) for f in engine.reads[batch]]
+    assert sorted(read) == sorted(landed), "every file read once, none lost or twice"
+    assert set(engine.reads) == engine.commit_log
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps)
+def test_offsets_name_only_the_backlog(script) -> None:
+    """Committed files leave the folder and the offsets: once a later batch has started,
+    an offset names only the files of the batch before and its own."""
+    engine = Engine()
+    count = 0
+    for names, _, _ in script:
+        for n in names:
+            engine.folder.add(f"stream=traffic/part-{n:04d}-{count}.jsonl")
+            count += 1
+        engine.step("none", 0)
+    for batch in range(1, len(engine.offset_log)):
+        named = set(engine.offset_log[batch]["files"])
+        recent = set(batch_files(engine.offset(batch - 2), engine.offset(batch)))
+        assert named <= recent
