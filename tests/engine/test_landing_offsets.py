@@ -72,9 +72,7 @@ class Engine:
 
 
 landings = st.lists(st.integers(0, 999), max_size=4)
-steps = st.lists(
-    st.tuples(landings, st.sampled_from(CRASH_POINTS), st.integers(0, 5)), max_size=25
-)
+steps = st.lists(st.tuples(landings, st.sampled_from(CRASH_POINTS), st.integers(0, 5)), max_size=25)
 
 
 @settings(max_examples=300, deadline=None)
