@@ -162,8 +162,8 @@ def landing_ms(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--commits", type=int, nargs="+", default=[300, 3000, 30000])
-    parser.add_argument("--files", type=int, nargs="+", default=[2000, 20000])
+    parser.add_argument("--commits", type=int, nargs="*", default=[300, 3000, 30000])
+    parser.add_argument("--files", type=int, nargs="*", default=[2000, 20000])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--real", action="store_true", help="build the log by real appends")
     args = parser.parse_args()
