@@ -44,6 +44,7 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from engine.tables import write_checksum
 from lookout.config import S3Config
 from lookout.storage import DEFAULT_S3, delta_options, filesystem
 
@@ -214,8 +215,11 @@ class TableMaintenance:
                 self._failed(path, err)
                 continue
             try:
+                opened = table.version()
                 result = compact(table, self.min_files)
                 deleted = vacuum(table)
+                if table.version() != opened:  # Spark's Delta source reads it (tables.py)
+                    write_checksum(path, table, self.s3)
                 if floors is not None:  # None: a query's tables are not known yet
                     floor = floors.get(table.metadata().id)
                     cleaned = clean_log(table, floor, self.settle_s, self.s3)

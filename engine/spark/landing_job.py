@@ -180,5 +180,5 @@ class LandingJob:
 
     def _append(self, table: str, schema: pa.Schema, rows: list[dict], batch_id: int) -> None:
         tables.append_once(
-            self.config.table(table), schema, rows, f"{WRITER}-{table}", batch_id, self.options
+            self.config.table(table), schema, rows, f"{WRITER}-{table}", batch_id, self.config.s3
         )

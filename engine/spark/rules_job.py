@@ -284,7 +284,6 @@ class OutputWriter:
         self.name = name
         self.kinds = {sink: kind for stage in stages for sink, kind in _sinks(stage).items()}
         self.fed = fed_streams(plan, stages)
-        self.options = lakehouse_options(config)  # delta-rs's, for an S3 lakehouse
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         packed = batch.toArrow()
@@ -309,7 +308,7 @@ class OutputWriter:
                     part,  # typed as the table by the processor (`stream_rows`)
                     f"lookout-{self.name}-{sink}",
                     batch_id,
-                    self.options,
+                    self.config.s3,
                 )
         tables.append_once(
             self.config.table("alerts"),
@@ -317,7 +316,7 @@ class OutputWriter:
             alerts,
             f"lookout-{self.name}-alerts",
             batch_id,
-            self.options,
+            self.config.s3,
         )
         if ticks:
             # After the rows: a reader that sees this heartbeat sees every row it covers.
@@ -330,7 +329,7 @@ class OutputWriter:
                     [{"stream": stream, "source": self.name, "ts": at, "received_at": now}],
                     f"lookout-{self.name}-clock",
                     batch_id,
-                    self.options,
+                    self.config.s3,
                 )
 
 

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from engine.maintenance import TableMaintenance, clean_log, compact, read_floors
 from engine.tables import append_once, ensure_table
+from tests.engine.test_table_checksums import check_checksums
 
 SCHEMA = pa.schema([("station", pa.int64()), ("speed", pa.float64())])
 
@@ -68,6 +69,15 @@ def test_compaction_keeps_rows_and_marks_and_is_invisible_to_streams(tmp_path: P
     assert all(change["dataChange"] is False for change in changes)
     # A re-run of an appended batch is still recognised after the compaction.
     assert append_once(path, SCHEMA, [{"station": 0, "speed": 0.0}], "w", 39) is False
+
+
+def test_a_round_that_compacts_writes_the_new_versions_checksum(tmp_path: Path) -> None:
+    path = tmp_path / "readings_traffic"
+    append_batches(str(path), range(10))
+    assert len(TableMaintenance([str(path)], every_s=0, min_files=2).run_once()) == 1
+    latest = DeltaTable(str(path)).version()
+    assert (path / "_delta_log" / f"{latest:020d}.crc").exists()
+    assert check_checksums(path) == 10 + 1  # the appends' and the compaction's
 
 
 def test_a_table_with_few_files_or_none_is_left_alone(tmp_path: Path) -> None:
@@ -159,6 +169,7 @@ def test_log_cleanup_keeps_every_version_a_reader_may_read(
     kept_from = latest if floor is None else floor  # no reader: the latest version only
     before = {v: bag_at(path, v) for v in range(kept_from, latest + 1)}
     checkpoints = log_versions(path, ".checkpoint.parquet")
+    checksums = log_versions(path, ".crc")
 
     deleted = clean_log(DeltaTable(path), floor, settle_s=0)
 
@@ -170,7 +181,8 @@ def test_log_cleanup_keeps_every_version_a_reader_may_read(
     cut = max(usable, default=0)
     assert log_versions(path, ".json")[0] == cut
     assert log_versions(path, ".checkpoint.parquet")[0] == cut if usable else True
-    assert deleted == cut + sum(c < cut for c in checkpoints)
+    assert all(c >= cut for c in log_versions(path, ".crc"))
+    assert deleted == cut + sum(c < cut for c in checkpoints) + sum(c < cut for c in checksums)
 
 
 def bag_at(path: str, version: int) -> Counter:

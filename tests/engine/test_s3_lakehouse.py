@@ -61,9 +61,10 @@ def test_append_once_writes_each_batch_once_into_the_bucket(s3: S3Server) -> Non
     ensure_table(path, SCHEMA, options)
     ensure_table(path, SCHEMA, options)  # a second start finds the table
 
-    assert append_once(path, SCHEMA, rows(0), "landing", 0, options) is True
-    assert append_once(path, SCHEMA, rows(0), "landing", 0, options) is False  # a re-run
-    assert append_once(path, SCHEMA, rows(1), "landing", 1, options) is True
+    settings = s3.settings()
+    assert append_once(path, SCHEMA, rows(0), "landing", 0, settings) is True
+    assert append_once(path, SCHEMA, rows(0), "landing", 0, settings) is False  # a re-run
+    assert append_once(path, SCHEMA, rows(1), "landing", 1, settings) is True
 
     assert bag(path, options) == Counter(
         (b, v) for b in (0, 1) for v in (b / 2, b / 3)
@@ -74,6 +75,10 @@ def test_append_once_writes_each_batch_once_into_the_bucket(s3: S3Server) -> Non
     assert [(m["appId"], m["version"]) for m in marks] == [("landing", 0), ("landing", 1)]
     data = [k for k in s3.keys("lake/readings_traffic/part-") if k.endswith(".parquet")]
     assert len(data) == 2
+    # Each append's version checksum, in the bucket too.
+    checksums = s3.objects("lake/readings_traffic/_delta_log/")
+    latest = orjson.loads(checksums[f"lake/readings_traffic/_delta_log/{2:020d}.crc"])
+    assert latest["numFiles"] == 2
 
 
 def test_racing_commits_both_land(s3: S3Server) -> None:
@@ -99,7 +104,7 @@ def test_maintenance_compacts_and_vacuums_tables_in_the_bucket(s3: S3Server) -> 
         path, SCHEMA.empty_table(), mode="append", configuration=retention, storage_options=options
     )
     for batch in range(6):
-        append_once(path, SCHEMA, rows(batch), "w", batch, options)
+        append_once(path, SCHEMA, rows(batch), "w", batch, s3.settings())
     before = bag(path, options)
     maintenance = TableMaintenance([path], every_s=0, min_files=2, s3=s3.settings())
 
