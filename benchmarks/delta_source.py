@@ -22,6 +22,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 import pyarrow as pa
 from deltalake import write_deltalake
@@ -34,31 +35,38 @@ SCHEMA = pa.schema([("x", pa.int64())])
 PHASES = ("latestOffset", "getBatch", "queryPlanning", "addBatch", "triggerExecution")
 
 
-def batches(spark, path: str, checksums: bool, seconds: float) -> dict[str, float]:
-    """Median of each phase of the batches of a stream over `path` while appends go on."""
-    ensure_table(path, SCHEMA)
+def stream_batches(
+    spark,
+    path: str,
+    checkpoint: str,
+    append: Callable[[int], None],
+    seconds: float,
+    warmup_s: float,
+) -> dict[str, float]:
+    """Median of each phase of the batches of a Delta stream over `path` (trigger 0.5 s)
+    while `append(i)` runs four times a second; the first batch and those of the next
+    `warmup_s` seconds left out (query start), then `seconds` measured."""
     stop = threading.Event()
 
-    def append() -> None:
+    def appends() -> None:
         i = 0
         while not stop.wait(0.25):
-            if checksums:
-                append_once(path, SCHEMA, [{"x": i}], "bench", i)
-            else:
-                write_deltalake(path, pa.table({"x": pa.array([i], pa.int64())}), mode="append")
+            append(i)
             i += 1
 
-    appender = threading.Thread(target=append)
+    appender = threading.Thread(target=appends)
     appender.start()
     query = (
         spark.readStream.format("delta")
         .load(path)
         .writeStream.format("noop")
-        .option("checkpointLocation", f"{path}-checkpoint")
+        .option("checkpointLocation", checkpoint)
         .trigger(processingTime="500 milliseconds")
         .start()
     )
-    time.sleep(10)
+    while not query.recentProgress:  # the first batch reads the table as it stands
+        time.sleep(0.1)
+    time.sleep(warmup_s)
     skip = len(query.recentProgress)
     time.sleep(seconds)
     stop.set()
@@ -67,6 +75,20 @@ def batches(spark, path: str, checksums: bool, seconds: float) -> dict[str, floa
     query.stop()
     took = {k: statistics.median(p.durationMs.get(k, 0) for p in progress) for k in PHASES}
     return {"batches": len(progress), **took}
+
+
+def batches(spark, path: str, checksums: bool, seconds: float) -> dict[str, float]:
+    """`stream_batches` over a new table appended as the engine does (`append_once`, with
+    checksums), or with plain delta-rs appends."""
+    ensure_table(path, SCHEMA)
+
+    def append(i: int) -> None:
+        if checksums:
+            append_once(path, SCHEMA, [{"x": i}], "bench", i)
+        else:
+            write_deltalake(path, pa.table({"x": pa.array([i], pa.int64())}), mode="append")
+
+    return stream_batches(spark, path, f"{path}-checkpoint", append, seconds, warmup_s=10)
 
 
 def main() -> None:

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+from delta_source import stream_batches
 from deltalake import DeltaTable, write_deltalake
 
 from engine.maintenance import clean_log
@@ -72,33 +73,14 @@ def open_ms(path: str, times: int = 5) -> float:
 
 
 def latest_offset_ms(spark, path: str, work: str, seconds: float) -> float:
-    """Median `latestOffset` of a Delta streaming query over the table while appends go
-    on, four a second (the first five batches left out: query start)."""
-    stop = threading.Event()
+    """Median `latestOffset` of a Delta streaming query over the table while delta-rs
+    appends go on, four a second (the first 3 s left out: query start)."""
 
-    def append() -> None:
-        i = 0
-        while not stop.wait(0.25):
-            write_deltalake(path, pa.table({"x": pa.array([i], pa.int64())}), mode="append")
-            i += 1
+    def append(i: int) -> None:
+        write_deltalake(path, pa.table({"x": pa.array([i], pa.int64())}), mode="append")
 
-    appender = threading.Thread(target=append)
-    appender.start()
-    query = (
-        spark.readStream.format("delta")
-        .load(path)
-        .writeStream.format("noop")
-        .option("checkpointLocation", f"{work}/checkpoint-{time.monotonic_ns()}")
-        .trigger(processingTime="500 milliseconds")
-        .start()
-    )
-    time.sleep(seconds)
-    stop.set()
-    appender.join()
-    progress = list(query.recentProgress)
-    query.stop()
-    took = [p.durationMs.get("latestOffset") for p in progress[5:]]
-    return statistics.median(t for t in took if t is not None)
+    checkpoint = f"{work}/checkpoint-{time.monotonic_ns()}"
+    return stream_batches(spark, path, checkpoint, append, seconds, warmup_s=3)["latestOffset"]
 
 
 LINE = b'{"station": 1, "speed": 3.0, "ts": 1767225600000, "source": "s", "seq": 1}\n'
