@@ -74,10 +74,17 @@ class EngineJob:
         Spark may have shut down first: a signal sent to the whole process group (a
         terminal's Ctrl-C, `kill -- -PGID`) also reaches its JVM, whose shutdown hook
         stops the SparkContext. The queries are then gone with it, and their checkpoints
-        are as valid as after a kill; that is said in one line, not a stack trace."""
+        are as valid as after a kill; that is said in one line, not a stack trace.
+
+        A query stopped in the middle of a batch interrupts its `foreachBatch`, whose
+        error py4j would log with two stack traces: the batch is abandoned, and runs
+        again at the next start (its appends are idempotent), which is one line too."""
         self.maintenance.stop()
+        logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
         for query in self.queries:
             try:
+                if query.isActive and query.status["isTriggerActive"]:
+                    log.info("stopping %s during a batch; it runs again at start", query.name)
                 query.stop()
             except Py4JError as err:
                 # py4j's message: "An error occurred while calling oN.stop.", then
