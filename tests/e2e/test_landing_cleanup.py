@@ -1,8 +1,8 @@
 """Landing files leave the landing folder once their batch is committed.
 
-Spark's file source lists the whole landing folder in every batch (20,000 files cost
-0.45 s a batch here), so the landing query has Spark delete a committed batch's files,
-or move them to `[engine] landing_archive`. Readings go through a real mosquitto, the
+The landing source lists the whole landing folder in every batch, so it deletes a
+committed batch's files, or moves them to `[engine] landing_archive`, and the folder
+holds only the backlog. Readings go through a real mosquitto, the
 real ingest and the landing query in three rounds, each waited for in Delta, so each
 lands in a batch of its own. A batch's files go when the next batch starts: the first
 round's files must then be gone from the landing folder (and, with an archive, be in
