@@ -1,11 +1,14 @@
-"""The whole pipeline on object storage: ingest lands into S3, `lookout engine` (its own
-process, Spark with Hadoop's S3A connector and delta-rs) reads the landing, writes its
-tables, checkpoints, health and compactions there, and its alerts must be exactly the
-ones `lookout replay` gives for the same readings.
+"""The whole pipeline on object storage, on a cluster: ingest lands into S3, and `lookout
+engine` (its own process, Spark with Hadoop's S3A connector and delta-rs) runs on a
+Spark standalone cluster (`lookout cluster`: a master and two workers on this machine,
+executors in JVMs of their own). It reads the landing, writes its tables, checkpoints
+(the executors write the state store's files), health and compactions in the bucket,
+and its alerts must be exactly the ones `lookout replay` gives for the same readings.
 
 The S3 server is moto's in a process of its own on 127.0.0.1; the engine reaches it only
-through `LOOKOUT_LAKEHOUSE_PATH` and `LOOKOUT_S3_*`. The bucket is read back with boto3
-and delta-rs, not with Lookout's code.
+through `LOOKOUT_LAKEHOUSE_PATH` and `LOOKOUT_S3_*`, and the executors only through the
+Spark configuration the driver gives them. The bucket is read back with boto3 and
+delta-rs, not with Lookout's code.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import replace
 import orjson
 import pytest
 
+from lookout.cluster import LocalCluster
 from tests.e2e.test_congestion import (
     CLOSING_HEARTBEAT,
     arrival_order,
@@ -48,12 +52,16 @@ def test_the_engine_on_an_s3_lakehouse_gives_the_replay_alerts(
     replayed = replay_congestion(tmp_path, readings)
 
     log = tmp_path / "engine.log"
-    with running_ingest(config, replayed.rule_set):
+    with (
+        LocalCluster(tmp_path / "cluster", workers=2, cores=1, memory="1g") as cluster,
+        running_ingest(config, replayed.rule_set),
+    ):
         engine = start_engine(
             config,
             replayed.rules_file,
             log,
             **s3.env(),
+            LOOKOUT_ENGINE_MASTER=cluster.url,
             # Compaction rounds while the queries run, on the bucket's tables.
             LOOKOUT_ENGINE_COMPACT_EVERY_SECONDS="2",
             LOOKOUT_ENGINE_COMPACT_MIN_FILES="2",
@@ -74,6 +82,12 @@ def test_the_engine_on_an_s3_lakehouse_gives_the_replay_alerts(
         finally:
             os.killpg(engine.pid, signal.SIGTERM)
             engine.wait(timeout=120)
+        # The stateful work ran on the workers' executors, which wrote the state store's
+        # files into the bucket.
+        executor_logs = list((tmp_path / "cluster").glob("worker-*/app-*/*/stderr"))
+        assert len(executor_logs) == 2, "one executor per worker"
+        state = [k for k in s3.keys("lake/_checkpoints/rules-") if "/state/" in k]
+        assert state, "the rules queries' state store in the bucket"
 
     got = [orjson.loads(a["payload"]) for a in delta_rows(config, "alerts")]
     assert normalised(got, {"ts"}) == normalised(replayed.alerts, {"ts"})
