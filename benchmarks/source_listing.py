@@ -22,7 +22,9 @@ appends would take most of an hour. `--real` builds them by appends instead.
 the folder: Spark's file source with or without `cleanSource = delete`, and Lookout's
 landing source (`engine/spark/landing_source.py`), which the landing query reads; once
 the first batch has read the N files, four new files a second for `--seconds`, and the
-median and highest `latestOffset` of the batches after the first.
+median and highest `latestOffset` of the batches after the first. Lookout's source is a
+simple reader: its `latestOffset` also reads the batch's new files (Spark's sources
+read theirs later, in tasks).
 
     python benchmarks/source_listing.py [--commits 300 3000 30000] [--files 2000 20000]
         [--seconds 30] [--real]
