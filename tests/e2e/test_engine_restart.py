@@ -11,6 +11,7 @@ readings once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -51,6 +52,20 @@ def start_engine(config, rules_file: Path, log: Path, **settings: str) -> subpro
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+
+def stop_engine(engine: subprocess.Popen, timeout: float = 120) -> None:
+    """Stop `lookout engine` as an operator should: SIGTERM to its own process, which
+    stops its queries and then Spark (a SIGTERM to the whole group would also reach
+    Spark's JVM, whose shutdown hook stops Spark under the queries); then whatever of
+    its group is left."""
+    engine.terminate()
+    try:
+        engine.wait(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(engine.pid, signal.SIGKILL)
+        engine.wait()
 
 
 def test_engine_kill_9_and_restart_gives_the_uninterrupted_tables(
@@ -95,8 +110,7 @@ def test_engine_kill_9_and_restart_gives_the_uninterrupted_tables(
                 "every reading stored",
             )
         finally:
-            os.killpg(engine.pid, signal.SIGTERM)
-            engine.wait(timeout=120)
+            stop_engine(engine)
 
     alerts = table_rows(spark, lookout_config, "alerts")
     # The ids an uninterrupted run gives: replay's alert outputs, identified as live.
