@@ -24,19 +24,21 @@ def land(root: Path, writer: LandingWriter, stream: str, speeds: list[float]) ->
     return writer.flush()
 
 
-def on_disk(files: list[Path]) -> set[tuple[str, str, bytes]]:
-    """(stream, file, line) of every line of `files`, from the bytes themselves."""
-    return {
+def on_disk(files: list[Path]) -> list[tuple[str, str, bytes]]:
+    """(stream, file, line) of every line of `files`, from the bytes themselves, sorted
+    (a list, not a set: a line read twice must show)."""
+    return sorted(
         (f.parent.name.removeprefix("stream="), f.name, line)
         for f in files
         for line in f.read_bytes().splitlines()
         if line.strip()
-    }
+    )
 
 
-def rows(batches) -> set[tuple[str, str, bytes]]:
+def rows(batches) -> list[tuple[str, str, bytes]]:
+    """The (stream, file, line) rows of the reader's Arrow batches, sorted."""
     table = pa.Table.from_batches(list(batches))
-    return set(
+    return sorted(
         zip(
             table.column("stream").to_pylist(),
             table.column("file").to_pylist(),
