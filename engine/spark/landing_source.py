@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping
+from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
@@ -83,6 +84,12 @@ class LandingReader(SimpleDataSourceStreamReader):
         self.archive = options.get("archive", "")
         self.s3 = S3Config(**{key: options.get(f"s3.{key}", "") for key in _S3_OPTIONS})
 
+    @cached_property
+    def _landing(self) -> tuple[pafs.FileSystem, str]:
+        """The landing folder's filesystem and root, made once: the reader lives as long
+        as the query, in one process, and every batch lists, reads and removes there."""
+        return self._filesystem(self.landing)
+
     def _filesystem(self, location: str) -> tuple[pafs.FileSystem, str]:
         fs, root = filesystem(location, self.s3)
         return fs, root.rstrip("/")
@@ -92,7 +99,7 @@ class LandingReader(SimpleDataSourceStreamReader):
 
     def read(self, start: dict) -> tuple[Iterator[pa.RecordBatch], dict]:
         """The lines of every file new since `start`, and the offset that admits them."""
-        fs, root = self._filesystem(self.landing)
+        fs, root = self._landing
         end = dict(next_offset(start, landing_files(fs, root)))
         # Read now, while planning: Spark keeps these until the batch commits.
         return iter(list(self.readBetweenOffsets(start, end))), end
@@ -101,12 +108,12 @@ class LandingReader(SimpleDataSourceStreamReader):
         """The lines of the batch from `start` to `end` (also a re-run after a restart:
         its files leave the folder only once it is committed)."""
         files = batch_files(start, end)
-        fs, root = self._filesystem(self.landing)
+        fs, root = self._landing
         for i in range(0, len(files), FILES_PER_ARROW_BATCH):
             yield _lines(fs, root, files[i : i + FILES_PER_ARROW_BATCH])
 
     def commit(self, end: dict) -> None:
-        fs, root = self._filesystem(self.landing)
+        fs, root = self._landing
         archive = self._filesystem(self.archive) if self.archive else None
         for relative in committed_files(end):
             try:
