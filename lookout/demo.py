@@ -49,17 +49,27 @@ class Part:
     def stop(self, timeout: float = 30.0) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        # The part's own process first: the engine stops its queries and then Spark's
-        # JVM itself (a SIGTERM to the JVM too would stop Spark under the queries).
-        self.process.terminate()
-        try:
-            self.process.wait(timeout)
-            leftover = signal.SIGTERM  # its children, if any are left, may end cleanly
-        except subprocess.TimeoutExpired:
-            leftover = signal.SIGKILL
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, leftover)
-        self.process.wait()
+        stop_process(self.process, timeout)
+
+
+def stop_process(process: subprocess.Popen, timeout: float) -> bool:
+    """Stop a child started in a session of its own, and whatever its group still holds.
+
+    Its own process first: `lookout engine` stops its queries and then Spark's JVM
+    itself (a SIGTERM to the JVM too would stop Spark under the queries). Returns
+    whether it ended within `timeout`; if not, its group is killed."""
+    process.terminate()
+    try:
+        process.wait(timeout)
+        leftover = signal.SIGTERM  # its children, if any are left, may end cleanly
+        stopped = True
+    except subprocess.TimeoutExpired:
+        leftover = signal.SIGKILL
+        stopped = False
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, leftover)
+    process.wait()
+    return stopped
 
 
 def lookout_argv(*args: str) -> list[str]:

@@ -11,7 +11,6 @@ readings once.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -22,6 +21,7 @@ import orjson
 import pytest
 
 from engine.core.replay import run
+from lookout.demo import stop_process
 from lookout.replay import alert_ids, read_readings
 from tests.e2e.test_congestion import (
     CLOSING_HEARTBEAT,
@@ -55,17 +55,9 @@ def start_engine(config, rules_file: Path, log: Path, **settings: str) -> subpro
 
 
 def stop_engine(engine: subprocess.Popen, timeout: float = 120) -> None:
-    """Stop `lookout engine` as an operator should: SIGTERM to its own process, which
-    stops its queries and then Spark (a SIGTERM to the whole group would also reach
-    Spark's JVM, whose shutdown hook stops Spark under the queries); then whatever of
-    its group is left."""
-    engine.terminate()
-    try:
-        engine.wait(timeout=timeout)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(engine.pid, signal.SIGKILL)
-        engine.wait()
+    """Stop `lookout engine` as the demo and an operator should (`stop_process`: its own
+    process first, then its group); it must end within `timeout`."""
+    assert stop_process(engine, timeout), f"lookout engine did not stop within {timeout} s"
 
 
 def test_engine_kill_9_and_restart_gives_the_uninterrupted_tables(
