@@ -26,6 +26,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine.spark.worker_gc import freeze_worker_heap
+
 STAGE = "lookout_stage"
 KEY = "lookout_key"
 EVENT_TIME = "lookout_event_time"
@@ -75,6 +77,7 @@ class Router:
     clock: bool
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_worker_heap()
         for batch in batches:
             if batch.num_rows:
                 yield pack(batch, self)

@@ -36,9 +36,7 @@ the watermark `engine.core.replay` gives a union sink.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import reduce
 from typing import Any
@@ -76,6 +74,7 @@ from engine.spark.packing import (
     read_ipc,
     unpack,
 )
+from engine.spark.worker_gc import collector_paused, freeze_worker_heap
 from lookout.config import Config
 from lookout.storage import lakehouse_options
 
@@ -114,6 +113,7 @@ class StageProcessor(StatefulProcessor):
         self.streams = dict(streams)  # the derived streams the stages write, by name
 
     def init(self, handle: StatefulProcessorHandle) -> None:
+        freeze_worker_heap()
         self.handle = handle
         self.state = handle.getValueState("evaluator", _STATE)
         # A RANGE frame's tuples, in chunks (`KeyedEvaluator.save`): a batch reads and
@@ -150,7 +150,7 @@ class StageProcessor(StatefulProcessor):
                 yield from self._tick(timerValues)
             return
         stage = self.stages[key[0]]
-        with _collector_paused():
+        with collector_paused():
             evaluator = self._load(stage)
             armed = evaluator.next_wakeup()  # the timer the last advance left (see _advance)
             # Spark's watermark is the previous batch's; the landing's stamps are this
@@ -173,7 +173,7 @@ class StageProcessor(StatefulProcessor):
             return
         stage = self.stages[key[0]]
         watermark = timerValues.getCurrentWatermarkInMs() + 1
-        with _collector_paused():
+        with collector_paused():
             # The expiring timer was the group's only one; Spark deletes it after this.
             outputs = self._advance(key, stage, self._load(stage), watermark, None)
         if outputs is not None:
@@ -220,20 +220,6 @@ class StageProcessor(StatefulProcessor):
 
     def close(self) -> None:
         pass
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a group runs: the engine allocates a
-    dict or tuple per row and per output, none in a cycle, and the collector's passes
-    over them took a quarter of its time at a 1 s slide."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def packed_outputs(
