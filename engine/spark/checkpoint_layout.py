@@ -20,12 +20,14 @@ import pyarrow.fs as pafs
 from lookout.config import Config
 from lookout.storage import filesystem
 
-CHECKPOINT_LAYOUT = 3
-"""3: the landing query reads Lookout's landing source (offsets name the backlog's files),
-not Spark's file source. 2: heartbeats in one table per stream, and a RANGE frame's
-tuples in a chunk map beside each evaluator's head (state per change). 1: one
-`heartbeats` table."""
-CHECKPOINT_LAYOUT_CHANGE = "the landing query reads Lookout's own landing source"
+CHECKPOINT_LAYOUT = 4
+"""4: the rules queries' stateful step is PySpark's Row-based `transformWithState`, not
+`transformWithStateInPandas` (Spark refuses to resume one's state as the other's:
+`STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA`). 3: the landing query reads
+Lookout's landing source (offsets name the backlog's files), not Spark's file source.
+2: heartbeats in one table per stream, and a RANGE frame's tuples in a chunk map beside
+each evaluator's head (state per change). 1: one `heartbeats` table."""
+CHECKPOINT_LAYOUT_CHANGE = "the rules queries run PySpark's Row-based transformWithState"
 
 
 class CheckpointLayoutError(RuntimeError):

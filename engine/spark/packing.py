@@ -1,8 +1,9 @@
 """Readings packed per (stage, key) before they reach a stateful group (pure; no Spark).
 
-PySpark hands a `transformWithStateInPandas` group its rows by turning each Arrow batch
-into pandas, iterating it row by row and building a new DataFrame per group: about
-10 µs per row here, more than the engine core spends on it. So the rules query packs
+PySpark hands a stateful group its rows one at a time: `transformWithStateInPandas`
+iterated each Arrow batch row by row into a new DataFrame per group (about 10 µs per row
+here, more than the engine core spends on it), and the Row-based `transformWithState`
+that the rules query runs converts every cell to a Python object. So the rules query packs
 rows first, in a stateless `mapInArrow` step where Arrow arrives whole: each batch of
 input rows becomes one row per (stage, partition key) found in it, holding that key's
 rows as an Arrow IPC stream (sorting, slicing and serialising stay in Arrow). The

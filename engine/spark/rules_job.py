@@ -7,7 +7,7 @@ All stages that read one stream share one streaming query (one read of the strea
                                            # key) holding that key's rows (packing.py)
       .withWatermark(latest event time, slack + 1 ms)
       .groupBy(stage, key)
-      .transformWithStateInPandas(StageProcessor) # one KeyedEvaluator per group, saved
+      .transformWithState(StageProcessor)         # one KeyedEvaluator per group, saved
                                                   # in the RocksDB state store: a head,
                                                   # and a RANGE frame's tuples in chunks
       .foreachBatch(OutputWriter)                 # exactly-once Delta appends
@@ -42,9 +42,8 @@ from functools import reduce
 from typing import Any
 
 import orjson
-import pandas as pd
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
@@ -141,8 +140,8 @@ class StageProcessor(StatefulProcessor):
             self.chunks.updateValue((number,), (data,))
 
     def handleInputRows(
-        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
-    ) -> Iterator[pd.DataFrame]:
+        self, key: Any, rows: Iterator[Row], timerValues: TimerValues
+    ) -> Iterator[Row]:
         if key[0] in (CLOCK, HEARTBEAT):
             for _ in rows:  # heartbeats: only their arrival matters
                 pass
@@ -156,18 +155,16 @@ class StageProcessor(StatefulProcessor):
             # Spark's watermark is the previous batch's; the landing's stamps are this
             # one's, so this batch's rows are final now rather than pickled until the next.
             watermark = timerValues.getCurrentWatermarkInMs() + 1
-            for frame in rows:
-                for payload, stamp in zip(frame[ROWS], frame[ARRIVAL_WM], strict=True):
-                    if not pd.isna(stamp):
-                        watermark = max(watermark, int(stamp))
-                    evaluator.insert_many(unpack(payload))
+            for row in rows:
+                if row[ARRIVAL_WM] is not None:
+                    watermark = max(watermark, row[ARRIVAL_WM])
+                evaluator.insert_many(unpack(row[ROWS]))
             outputs = self._advance(key, stage, evaluator, watermark, armed)
-        if outputs is not None:
-            yield outputs
+        yield from outputs
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
-    ) -> Iterator[pd.DataFrame]:
+    ) -> Iterator[Row]:
         if key[0] == CLOCK:
             yield from self._tick(timerValues)
             return
@@ -176,17 +173,16 @@ class StageProcessor(StatefulProcessor):
         with collector_paused():
             # The expiring timer was the group's only one; Spark deletes it after this.
             outputs = self._advance(key, stage, self._load(stage), watermark, None)
-        if outputs is not None:
-            yield outputs
+        yield from outputs
 
-    def _tick(self, timer_values: TimerValues) -> Iterator[pd.DataFrame]:
+    def _tick(self, timer_values: TimerValues) -> Iterator[Row]:
         """The clock group: report the watermark every stage of this batch advanced to."""
         watermark = timer_values.getCurrentWatermarkInMs()
         for timer in list(self.handle.listTimers()):
             self.handle.deleteTimer(timer)
         # Expires in the next batch whose watermark is higher: one tick per advance.
         self.handle.registerTimer(watermark + 1)
-        yield packed_outputs([Output(CLOCK, watermark + 1, {})], "", {})
+        yield from packed_outputs([Output(CLOCK, watermark + 1, {})], "", {})
 
     def _advance(
         self,
@@ -195,10 +191,10 @@ class StageProcessor(StatefulProcessor):
         evaluator: KeyedEvaluator,
         watermark: int,
         armed: int | None,
-    ) -> pd.DataFrame | None:
+    ) -> list[Row]:
         """Advance to `watermark` (never back: the landing's stamps may have taken the
         evaluator past Spark's watermark), re-arm the group's timer, and return the
-        outputs packed (None if there are none).
+        outputs packed.
 
         A group has at most one timer, at its evaluator's `next_wakeup() - 1` as last
         saved: `armed` is that wakeup (None if no timer is set), so the timer moves only
@@ -214,7 +210,7 @@ class StageProcessor(StatefulProcessor):
                 # Fires once the Spark watermark reaches wakeup - 1, i.e. advance(wakeup).
                 self.handle.registerTimer(wakeup - 1)
         if not outputs:
-            return None
+            return []
         key_text = format_key(stage.key, tuple(orjson.loads(key[1])))
         return packed_outputs(outputs, key_text, self.streams)
 
@@ -224,17 +220,21 @@ class StageProcessor(StatefulProcessor):
 
 def packed_outputs(
     outputs: list[Output], key: str, streams: Mapping[str, StreamSchema]
-) -> pd.DataFrame:
+) -> list[Row]:
     """`OUTPUT_SCHEMA` rows for one group's outputs (`key` as alerts show it): one per
     sink, typed as the derived stream's table in `streams`, else as `RAW_OUTPUTS`."""
     by_sink: dict[str, list[Output]] = {}
     for output in outputs:
         by_sink.setdefault(output.sink, []).append(output)
-    payloads = [
-        ipc_bytes(stream_rows(streams[sink], part) if sink in streams else raw_outputs(part, key))
+    return [
+        Row(
+            sink=sink,
+            outputs=ipc_bytes(
+                stream_rows(streams[sink], part) if sink in streams else raw_outputs(part, key)
+            ),
+        )
         for sink, part in by_sink.items()
     ]
-    return pd.DataFrame({"sink": list(by_sink), "outputs": payloads})
 
 
 def raw_outputs(outputs: list[Output], key: str) -> pa.Table:
@@ -480,7 +480,7 @@ def start_rules_query(
     outputs = (
         reduce(DataFrame.unionByName, packed)
         .groupBy(STAGE, KEY)
-        .transformWithStateInPandas(
+        .transformWithState(
             StageProcessor({s.name: s for s in stages}, written),
             OUTPUT_SCHEMA,
             "Append",

@@ -1,6 +1,6 @@
 """The SparkSession Lookout runs on: Delta configured, sized for the machine.
 
-Settings that matter here (DESIGN §7): RocksDB state store (transformWithStateInPandas
+Settings that matter here (DESIGN §7): RocksDB state store (transformWithState
 needs it), few shuffle partitions in local mode, Delta tables created without deletion
 vectors or column mapping so the dashboard's delta-rs reader can load them, and
 checkpoint files written through Hadoop's FileSystem API rather than FileContext (see

@@ -59,9 +59,8 @@ def test_each_sink_reads_back_its_outputs(emitted: list[tuple[str, dict]], ts: i
     outputs = [Output(sink, ts + i, row, "src", i) for i, (sink, row) in enumerate(emitted)]
     packed = packed_outputs(outputs, "station=1", {"windows": STREAM})
 
-    assert sorted(packed["sink"]) == sorted({o.sink for o in outputs})
-    payloads = zip(packed["sink"], packed["outputs"], strict=True)
-    by_sink = {sink: read_ipc(payload) for sink, payload in payloads}
+    assert sorted(row.sink for row in packed) == sorted({o.sink for o in outputs})
+    by_sink = {row.sink: read_ipc(row.outputs) for row in packed}
     if "windows" in by_sink:
         table = by_sink["windows"]
         assert table.schema == tables.derived_schema(STREAM)
