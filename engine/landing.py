@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from engine.core.plan import ColumnType, StreamSchema
+from engine.core.plan import StreamSchema
 
 # The judging itself (dedupe, then slack) is shared with replay; the names stay public here.
 from engine.core.sequencer import DEDUPE_HORIZON_MS as DEDUPE_HORIZON_MS
@@ -31,7 +31,9 @@ from engine.tables import to_timestamp
 
 @dataclass
 class LandingOutput:
-    """Rows for each table from one batch of landed lines, and counts for health."""
+    """Rows for each table from one batch of landed lines, and counts for health.
+    A reading's timestamps (its own, `received_at`, `arrival_watermark`) are epoch ms,
+    as :func:`engine.tables.ms_table` takes them: a batch can hold many thousands."""
 
     readings: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     late: list[dict[str, Any]] = field(default_factory=list)
@@ -44,16 +46,13 @@ class LandingOutput:
 def _stored_reading(
     schema: StreamSchema, line: Mapping[str, Any], watermark: int
 ) -> dict[str, Any]:
-    row = {
-        c.name: to_timestamp(line[c.name]) if c.type == ColumnType.TIMESTAMP else line[c.name]
-        for c in schema.columns
-    }
+    row = {c.name: line[c.name] for c in schema.columns}
     row.update(
         source=line["source"],
         seq=line["seq"],
         topic=line.get("_topic"),
-        received_at=to_timestamp(line.get("_received_ms")),
-        arrival_watermark=to_timestamp(watermark),
+        received_at=line.get("_received_ms"),
+        arrival_watermark=watermark,
     )
     return row
 

@@ -131,11 +131,9 @@ class LandingJob:
         )
         schemas = {s.name: s for s in self.sources}
         for stream, rows in out.readings.items():
+            schema = tables.readings_schema(schemas[stream])
             self._append(
-                tables.readings_table(stream),
-                tables.readings_schema(schemas[stream]),
-                rows,
-                batch_id,
+                tables.readings_table(stream), schema, tables.ms_table(rows, schema), batch_id
             )
         self._append("late_readings", tables.LATE_READINGS, out.late, batch_id)
         beats: dict[str, list[dict]] = {}
@@ -178,7 +176,9 @@ class LandingJob:
             )
         return health
 
-    def _append(self, table: str, schema: pa.Schema, rows: list[dict], batch_id: int) -> None:
+    def _append(
+        self, table: str, schema: pa.Schema, rows: list[dict] | pa.Table, batch_id: int
+    ) -> None:
         tables.append_once(
             self.config.table(table), schema, rows, f"{WRITER}-{table}", batch_id, self.config.s3
         )

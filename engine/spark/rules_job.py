@@ -323,17 +323,8 @@ def stream_rows(schema: StreamSchema, outputs: list[Output]) -> pa.Table:
     """A derived stream's outputs as its table stores them: the SELECT list and the
     (source, seq) tie order that stages reading the stream use. Built column by column
     (a batch can hold a million windows); timestamps are epoch ms in the rows."""
-    rows = [o.row for o in outputs]
     columns = [
-        pa.array(
-            [row.get(c.name) for row in rows],
-            pa.timestamp("ms", tz="UTC")
-            if c.type == ColumnType.TIMESTAMP
-            else tables.ARROW_TYPES[c.type],
-        ).cast(tables.ARROW_TYPES[c.type])
-        for c in schema.columns
-    ]
-    columns += [
+        *tables.ms_columns([o.row for o in outputs], tables.stream_schema(schema)),
         pa.array([o.source for o in outputs], pa.string()),
         pa.array([o.seq for o in outputs], pa.int64()),
     ]

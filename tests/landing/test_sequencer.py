@@ -124,7 +124,7 @@ def test_each_reading_carries_the_watermark_no_later_reading_is_below(
         batch = lines[start:end]
         rng.shuffle(batch)
         for row in sequencer.split(batch).readings.get("traffic", []):
-            stored.append((_ms(row["ts"]), _ms(row["arrival_watermark"])))
+            stored.append((row["ts"], row["arrival_watermark"]))
     expected, highest = [], None
     verdicts = _with_beats(oracle(entries), entries)
     for (ts, _, _, beat), verdict in zip(entries, verdicts, strict=True):
@@ -141,10 +141,6 @@ def _with_beats(verdicts: list[tuple[str, str, int]], entries) -> list[str | Non
     """The oracle's verdicts aligned with `entries` (None for a heartbeat)."""
     readings = iter(verdicts)
     return [None if beat else next(readings)[0] for *_, beat in entries]
-
-
-def _ms(value) -> int:
-    return round(value.timestamp() * 1000)
 
 
 def test_exactly_slack_behind_is_on_time_and_one_more_is_late():
