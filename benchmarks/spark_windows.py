@@ -8,7 +8,7 @@ in event time. Each window is "average speed per station over 15 minutes", as
   no state store);
 * Lookout: the same extents (WID, `FROM traffic [RANGE 15 MINUTES SLIDE s]
   GROUP BY station`) run by the live runtime (`engine/spark/rules_job.py`: the Delta
-  table of readings → transformWithStateInPandas → the derived stream's Delta table),
+  table of readings → transformWithState → the derived stream's Delta table),
   from the query's start until its table holds every window;
 
 for slides of 1 minute, 10 s and 1 s, and the 15-minute tumble. Spark copies each row
@@ -277,7 +277,7 @@ def main() -> None:
                     f"avg_speed FROM traffic {window} GROUP BY station;\n",
                 )
                 ours = timed(
-                    "Lookout extents (transformWithStateInPandas)",
+                    "Lookout extents (transformWithState)",
                     data.num_rows,
                     run_lookout,
                     spark,
