@@ -10,7 +10,10 @@ whose batch is not yet committed.
 
 So an offset is the sorted list of the landing files admitted so far that were still in
 the folder when it was made. The next offset keeps the files of the previous one that
-are still there and adds every file the folder holds that it does not name; a batch
+are still there and adds the files the folder holds that it does not name, the oldest
+first and at most so many (a backlog, after a stop or a burst, is read in batches the
+driver can hold: one batch of 215 files, ≈ 900k readings, ran Spark's 1 GB driver out
+of memory); a batch
 reads the files its end offset names and its start does not; committing an offset
 removes every file it names. After a restart Spark hands back the last offsets from its
 log, and the same rules give the same batches: a re-run batch reads exactly its files
@@ -31,15 +34,28 @@ def initial_offset() -> dict[str, Any]:
     return {FILES: []}
 
 
-def next_offset(start: Mapping[str, Any], present: Iterable[str]) -> Mapping[str, Any]:
+def next_offset(
+    start: Mapping[str, Any], present: Iterable[str], max_new: int
+) -> Mapping[str, Any]:
     """The offset after `start` given the files now in the folder: `start`'s files still
-    present plus every present file it does not name; `start` itself when there is no new
-    file (Spark then plans no batch)."""
+    present plus the `max_new` oldest present files it does not name (all of them if
+    fewer); `start` itself when there is no new file (Spark then plans no batch).
+
+    Oldest is by file name (`part-<landing time>-...`, whatever the stream folder), so
+    each stream's files are admitted in the order they landed, which is the order the
+    landing judges them in."""
     admitted = set(start[FILES])
     folder = set(present)
-    if folder <= admitted:
+    new = sorted(folder - admitted, key=_landing_order)[:max_new]
+    if not new:
         return start
-    return {FILES: sorted(folder)}
+    return {FILES: sorted((folder & admitted).union(new))}
+
+
+def _landing_order(path: str) -> tuple[str, str]:
+    """A landing file's place in landing order: its name, then its stream folder."""
+    folder, _, name = path.rpartition("/")
+    return name, folder
 
 
 def batch_files(start: Mapping[str, Any], end: Mapping[str, Any]) -> list[str]:
