@@ -99,16 +99,23 @@ def landing_order(path: str) -> tuple[str, str]:
     return path.rsplit("/", 1)[1], path
 
 
+def run_script(script: list, max_new: int, crashes: bool = True) -> tuple[Engine, list[str]]:
+    """Land each step's files (unique names, in no particular order), then trigger, with
+    the step's crash if `crashes`. Returns the engine and the files landed."""
+    engine = Engine(max_new)
+    landed: list[str] = []
+    for names, crash, removed in script:
+        for stream, time in names:
+            landed.append(name(stream, time, len(landed)))
+            engine.folder.add(landed[-1])
+        engine.step(*((crash, removed) if crashes else ("none", 0)))
+    return engine, landed
+
+
 @settings(max_examples=300, deadline=None)
 @given(steps, bounds)
 def test_every_landed_file_is_read_by_exactly_one_batch(script, max_new: int) -> None:
-    engine = Engine(max_new)
-    landed = []
-    for names, crash, removed in script:
-        for stream, time in names:  # unique names, in no particular order
-            landed.append(name(stream, time, len(landed)))
-            engine.folder.add(landed[-1])
-        engine.step(crash, removed)
+    engine, landed = run_script(script, max_new)
     while engine.step("none", 0):  # clean triggers read whatever is left
         pass
 
@@ -123,14 +130,8 @@ def test_a_batch_admits_at_most_the_bound_and_the_oldest_first(script, max_new: 
     """However big the backlog, a batch admits at most `max_new` new files, and none it
     leaves for later landed before one it admits (so each stream's files are judged in
     the order they landed, batch after batch)."""
-    engine = Engine(max_new)
-    count = 0
-    for names, crash, removed in script:
-        for stream, time in names:
-            engine.folder.add(name(stream, time, count))
-            count += 1
-        engine.step(crash, removed)
-    assert engine.admissions or not count
+    engine, landed = run_script(script, max_new)
+    assert engine.admissions or not landed
     for admitted, left in engine.admissions:
         assert 1 <= len(admitted) <= max_new
         if left:
@@ -142,13 +143,7 @@ def test_a_batch_admits_at_most_the_bound_and_the_oldest_first(script, max_new: 
 def test_offsets_name_only_the_backlog(script, max_new: int) -> None:
     """Committed files leave the folder and the offsets: once a later batch has started,
     an offset names only the files of the batch before and its own."""
-    engine = Engine(max_new)
-    count = 0
-    for names, _, _ in script:
-        for stream, time in names:
-            engine.folder.add(name(stream, time, count))
-            count += 1
-        engine.step("none", 0)
+    engine, _ = run_script(script, max_new, crashes=False)
     for batch in range(1, len(engine.offset_log)):
         named = set(engine.offset_log[batch]["files"])
         recent = set(batch_files(engine.offset(batch - 2), engine.offset(batch)))
