@@ -34,9 +34,6 @@ STREAM_FOLDER = "stream="
 # of ≈ 4,300 readings (≈ 0.8 MB): 40 of them are ≈ 30 MB of lines, which the driver
 # holds twice (Spark's rows, then the Arrow it collects); 215 were too many for 1 GB.
 MAX_FILES_PER_BATCH = 40
-# Lines are handed to Spark in Arrow batches of at most this many files (an offset logged
-# by a version that admitted more can name more than `MAX_FILES_PER_BATCH`).
-FILES_PER_ARROW_BATCH = 256
 _S3_OPTIONS = ("endpoint", "region", "access_key", "secret_key")
 
 
@@ -103,7 +100,8 @@ class LandingReader(SimpleDataSourceStreamReader):
         return initial_offset()
 
     def read(self, start: dict) -> tuple[Iterator[pa.RecordBatch], dict]:
-        """The lines of every file new since `start`, and the offset that admits them."""
+        """The lines of the files new since `start` (the oldest `MAX_FILES_PER_BATCH` of
+        them), and the offset that admits them."""
         fs, root = self._landing
         end = dict(next_offset(start, landing_files(fs, root), MAX_FILES_PER_BATCH))
         # Read now, while planning: Spark keeps these until the batch commits.
@@ -112,10 +110,9 @@ class LandingReader(SimpleDataSourceStreamReader):
     def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[pa.RecordBatch]:
         """The lines of the batch from `start` to `end` (also a re-run after a restart:
         its files leave the folder only once it is committed)."""
-        files = batch_files(start, end)
-        fs, root = self._landing
-        for i in range(0, len(files), FILES_PER_ARROW_BATCH):
-            yield _lines(fs, root, files[i : i + FILES_PER_ARROW_BATCH])
+        files = batch_files(start, end)  # at most MAX_FILES_PER_BATCH: one Arrow batch
+        if files:
+            yield _lines(*self._landing, files)
 
     def commit(self, end: dict) -> None:
         fs, root = self._landing
