@@ -21,8 +21,9 @@ appends would take most of an hour. `--real` builds them by appends instead.
 **Landing folder.** For each file count N, N one-line landing files, then a stream over
 the folder: Spark's file source with or without `cleanSource = delete`, and Lookout's
 landing source (`engine/spark/landing_source.py`), which the landing query reads; once
-the first batch has read the N files, four new files a second for `--seconds`, and the
-median and highest `latestOffset` of the batches after the first. Lookout's source is a
+the N files are read (in one batch by the file source, 40 a batch by Lookout's), four
+new files a second for `--seconds`, and the median and highest `latestOffset` of the
+batches after that. Lookout's source is a
 simple reader: its `latestOffset` also reads the batch's new files (Spark's sources
 read theirs later, in tasks).
 
@@ -128,9 +129,11 @@ def landing_ms(
         .trigger(processingTime="500 milliseconds")
         .start()
     )
-    while not any((p.numInputRows or 0) >= files for p in query.recentProgress):
+    read: dict[int, int] = {}  # rows per batch id (recentProgress keeps the last 100)
+    while sum(read.values()) < files:
         time.sleep(0.5)
-    first = len(query.recentProgress) + 1
+        read.update({p.batchId: p.numInputRows or 0 for p in query.recentProgress})
+    backlog_done = max(read)  # and the batch after it, which may be running as landing starts
     lander = threading.Thread(target=land)
     lander.start()
     time.sleep(seconds)
@@ -138,7 +141,11 @@ def landing_ms(
     lander.join()
     progress = list(query.recentProgress)
     query.stop()
-    took = [t for p in progress[first:] if (t := p.durationMs.get("latestOffset")) is not None]
+    took = [
+        t
+        for p in progress
+        if p.batchId > backlog_done + 1 and (t := p.durationMs.get("latestOffset")) is not None
+    ]
     left = len(list(folder.glob("part-*")))
     shutil.rmtree(folder.parent)
     return statistics.median(took), max(took), left
