@@ -160,13 +160,13 @@ def ms_columns(rows: Sequence[Mapping[str, Any]], fields: Iterable[pa.Field]) ->
     """The columns `fields` of dict `rows` whose timestamps are epoch ms (ints): built
     column by column, with no datetime made per value (a batch can hold a million rows).
     A missing key is NULL."""
-    return [
-        pa.array(
-            [row.get(f.name) for row in rows],
-            pa.timestamp("ms", tz="UTC") if pa.types.is_timestamp(f.type) else f.type,
-        ).cast(f.type)
-        for f in fields
-    ]
+    return [ms_array([row.get(f.name) for row in rows], f.type) for f in fields]
+
+
+def ms_array(values: Sequence[Any], type_: pa.DataType) -> pa.Array:
+    """`values` as an array of `type_`, timestamps given as epoch ms (ints)."""
+    given = pa.timestamp("ms", tz="UTC") if pa.types.is_timestamp(type_) else type_
+    return pa.array(values, given).cast(type_)
 
 
 def ms_table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import json
 import pickle
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from engine.core.chunks import ChunkReader
@@ -38,6 +38,7 @@ from engine.core.plan import (
     R2S,
     ExtentWindow,
     OverWindow,
+    Project,
     Query,
     RelationWindow,
     RowOps,
@@ -45,6 +46,7 @@ from engine.core.plan import (
     compile_ops,
 )
 from engine.core.windows import (
+    ExtentColumns,
     ExtentOperator,
     OverOperator,
     PaneExtentOperator,
@@ -92,6 +94,44 @@ class Output(NamedTuple):
     row: dict[str, Any]
     source: str = ""
     seq: int = 0
+
+
+class OutputColumns(NamedTuple):
+    """A run of one query's outputs as columns (:meth:`KeyedEvaluator.advance_columns`):
+    the :class:`Output` s ``outputs()`` gives, whose ``seq`` count on from ``seq``.
+    ``columns`` maps the SELECT list's names to one value per output; ``ts`` holds
+    their event times."""
+
+    sink: str
+    ts: list[int]
+    columns: dict[str, list[Any]]
+    source: str
+    seq: int
+
+    def outputs(self) -> list[Output]:
+        """The same outputs, one :class:`Output` each."""
+        names, sink, source, seq = list(self.columns), self.sink, self.source, self.seq
+        columns = zip(*self.columns.values(), strict=True)
+        rows = [dict(zip(names, values, strict=True)) for values in columns]
+        return [
+            Output(sink, ts, row, source, seq + j)
+            for j, (ts, row) in enumerate(zip(self.ts, rows, strict=True))
+        ]
+
+
+Emitted = list[Output | OutputColumns]
+"""What an advance emits, in order."""
+
+
+def output_rows(outputs: Iterable[Output | OutputColumns]) -> list[Output]:
+    """``outputs`` with each :class:`OutputColumns` as its :class:`Output` s."""
+    rows: list[Output] = []
+    for output in outputs:
+        if isinstance(output, OutputColumns):
+            rows += output.outputs()
+        else:
+            rows.append(output)
+    return rows
 
 
 class SavedState(NamedTuple):
@@ -161,6 +201,18 @@ class KeyedEvaluator:
         for q in stage.downstream:
             entry = (q, compile_ops(q.pre), compile_ops(q.post))
             self._consumers.setdefault(q.input, []).append(entry)
+        # Extents whose results the SELECT list only copies, with nothing reading the
+        # sink here, leave as columns: the row keys each output column copies.
+        post = stage.query.post
+        self._copies = (
+            post[0].copies
+            if isinstance(self.operator, PaneExtentOperator)
+            and self.r2s is None
+            and len(post) == 1
+            and isinstance(post[0], Project)
+            and stage.query.sink.name not in self._consumers
+            else None
+        )
 
     def insert(self, row: Row) -> None:
         """Buffer one input tuple (processed by a later ``advance``)."""
@@ -193,7 +245,12 @@ class KeyedEvaluator:
 
     def advance(self, watermark: int) -> list[Output]:
         """Process every buffered tuple and timer strictly below ``watermark``."""
-        out: list[Output] = []
+        return output_rows(self.advance_columns(watermark))
+
+    def advance_columns(self, watermark: int) -> Emitted:
+        """:meth:`advance`, with a run of extents whose columns the query only copies as
+        one :class:`OutputColumns` (the runtime writes columns: no row per output)."""
+        out: Emitted = []
         op = self.operator
         if self.chunked:
             op.prepare(watermark)  # type: ignore[union-attr]
@@ -208,7 +265,10 @@ class KeyedEvaluator:
         arrive_slot = getattr(op, "arrive_slot", None)
         # Arrivals and timers in one call, where no relation needs a hook per timer.
         run = getattr(op, "run", None)
-        if run is not None and r2s is None:
+        if self._copies is not None:
+            i, extents = op.run_columns(pending, i, n, watermark)  # type: ignore[union-attr]
+            self._emit_columns(query, extents, out)
+        elif run is not None and r2s is None:
             i, results = run(pending, i, n, watermark)
             self._emit_all(query, results, out)
         while True:
@@ -253,7 +313,22 @@ class KeyedEvaluator:
         self.watermark = max(self.watermark, watermark)
         return out
 
-    def _emit_all(self, query: Query, results: list[Result], out: list[Output]) -> None:
+    def _emit_columns(self, query: Query, extents: ExtentColumns, out: Emitted) -> None:
+        """Deliver extents as ``query``'s outputs, its SELECT list copying columns."""
+        count = len(extents.ends)
+        if not count:
+            return
+        assert self._copies is not None
+        names = [name for name, _ in query.post[0].columns]  # type: ignore[attr-defined]
+        have = extents.columns
+        columns = {
+            name: have[key] if key in have else [None] * count
+            for name, key in zip(names, self._copies, strict=True)
+        }
+        out.append(OutputColumns(query.sink.name, extents.ends, columns, self.source, self.emitted))
+        self.emitted += count
+
+    def _emit_all(self, query: Query, results: list[Result], out: Emitted) -> None:
         """Deliver the operator's ``results`` as ``query``'s outputs (through its post ops
         unless the operator ran them)."""
         if self._final:
@@ -262,18 +337,18 @@ class KeyedEvaluator:
         post = self._post
         self._deliver_all(query, [(ts, final) for ts, row in results for final in post(row)], out)
 
-    def _emit(self, query: Query, post: RowOps, ts: int, row: Row, out: list[Output]) -> None:
+    def _emit(self, query: Query, post: RowOps, ts: int, row: Row, out: Emitted) -> None:
         """Run ``query``'s post ops (``post``) and deliver the result."""
         self._deliver_all(query, [(ts, final) for final in post(row)], out)
 
-    def _relation_change(self, ts: int, results: list[Result], out: list[Output]) -> None:
+    def _relation_change(self, ts: int, results: list[Result], out: Emitted) -> None:
         """Note R's rows from instant ``ts`` on; an earlier pending change is final now."""
         if self.change is not None and self.change[0] < ts:
             self._commit(out)
         rows = [r for _, row in results for r in self._post(row)]
         self.change = (ts, rows)
 
-    def _commit(self, out: list[Output]) -> None:
+    def _commit(self, out: Emitted) -> None:
         """Deliver the pending change at its instant: RSTREAM all its rows, ISTREAM /
         DSTREAM the bag difference with the committed relation."""
         assert self.change is not None
@@ -292,11 +367,11 @@ class KeyedEvaluator:
                 self._deliver(self.stage.query, ts, row, out)
         self.relation, self.change = rows, None
 
-    def _deliver(self, query: Query, ts: int, final: Row, out: list[Output]) -> None:
+    def _deliver(self, query: Query, ts: int, final: Row, out: Emitted) -> None:
         """Write a row to ``query``'s sink, then feed the stateless queries reading it."""
         self._deliver_all(query, ((ts, final),), out)
 
-    def _deliver_all(self, query: Query, finals: Sequence[Result], out: list[Output]) -> None:
+    def _deliver_all(self, query: Query, finals: Sequence[Result], out: Emitted) -> None:
         """Write rows ``(ts, row)`` to ``query``'s sink in order, each followed by what the
         stateless queries reading it make of it (their outputs number after it)."""
         sink, source = query.sink.name, self.source

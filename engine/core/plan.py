@@ -106,9 +106,14 @@ class Filter:
 
 @dataclass(frozen=True)
 class Project:
-    """Replace the row by ``{name: expr(row) for name, expr in columns}`` (SELECT list)."""
+    """Replace the row by ``{name: expr(row) for name, expr in columns}`` (SELECT list).
+
+    ``copies``, when the compiler knows every column is a plain copy of one row key (a
+    column reference, an aggregate's value): those keys in ``columns`` order, so whole
+    columns of results can be projected at once. None: some column is computed."""
 
     columns: tuple[tuple[str, Expr], ...]
+    copies: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

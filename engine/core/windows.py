@@ -31,7 +31,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine.core.aggregates import IncrementalAggregate, WindowAggregate, make_aggregate
 from engine.core.chunks import ChunkedBuffer, ChunkReader
@@ -52,6 +52,16 @@ Arrival = tuple[int, Row]
 """A tuple handed to an operator: (ts, row)."""
 Result = tuple[int, Row]
 """An operator's output: (event ts, row for the post ops)."""
+
+
+class ExtentColumns(NamedTuple):
+    """Extents' results column by column (:meth:`PaneExtentOperator.run_columns`):
+    ``ends`` (each extent's end, its event ts) and ``columns``, the names a result row
+    would have (group key, ``window_start``, ``window_end``, aggregate aliases) to one
+    value per extent."""
+
+    ends: list[int]
+    columns: dict[str, list[Any]]
 
 
 class BufferView:
@@ -886,7 +896,7 @@ class PaneExtentOperator:
         kept, so the state stays within ``r / g`` panes."""
         ts = group[0][0]
         entries = [(ts, "", 0, 0, row) for _, row in group]
-        self._drive(entries, 0, len(entries), ts + 1, closes=False)
+        self._drive(entries, 0, len(entries), ts + 1, None)
         return []
 
     def run(
@@ -899,7 +909,35 @@ class PaneExtentOperator:
         reading; a sliding window closes an extent per slide). An arrival at an extent's
         last instant comes before its close. Returns the index after the last arrival
         taken and the extents' results."""
-        return self._drive(pending, i, n, watermark, closes=True)
+        results: list[Result] = []
+        append, row = results.append, self._row
+        i = self._drive(
+            pending, i, n, watermark, lambda end, values: append((end, row(end, values)))
+        )
+        return i, results
+
+    def run_columns(
+        self, pending: list[tuple[int, str, int, int, Row]], i: int, n: int, watermark: int
+    ) -> tuple[int, ExtentColumns]:
+        """:meth:`run` with the extents' results as columns: no row per extent, for a
+        query that only copies the result's columns (a slide of 1 s closes a million
+        extents in 12 days of readings)."""
+        ends: list[int] = []
+        values: list[list[Any]] = []
+        add_end, add_values = ends.append, values.append
+
+        def closed(end: int, extent: list[Any]) -> None:
+            add_end(end)
+            add_values(extent)
+
+        i = self._drive(pending, i, n, watermark, closed)
+        reach = self.window.range_ms
+        columns = {name: [value] * len(ends) for name, value in (self.key or {}).items()}
+        columns["window_start"] = [end - reach for end in ends]
+        columns["window_end"] = ends
+        by_call = zip(*values, strict=True) if values else [()] * len(self._aliases)
+        columns.update(zip(self._aliases, map(list, by_call), strict=True))
+        return i, ExtentColumns(ends, columns)
 
     def arrive_slot(
         self, pending: list[tuple[int, str, int, int, Row]], i: int, n: int, watermark: int
@@ -908,7 +946,7 @@ class PaneExtentOperator:
         source, seq, tiebreak, row)`` from index ``i`` (below ``n``): those below
         ``watermark`` that come before the next timer. Returns the index after the run;
         no outputs (extents are emitted by timers)."""
-        return self._drive(pending, i, n, watermark, closes=False)[0]
+        return self._drive(pending, i, n, watermark, None)
 
     def _drive(
         self,
@@ -916,14 +954,14 @@ class PaneExtentOperator:
         i: int,
         n: int,
         watermark: int,
-        closes: bool,
-    ) -> tuple[int, list[Result]]:
+        closed: Callable[[int, list[Any]], None] | None,
+    ) -> int:
         """Arrivals from ``pending[i:n]`` below ``watermark`` in time order, with the
-        extent closes due between them when ``closes`` (else up to the first close due).
-        One loop for both: it runs per slide, and calls between its steps cost more here
-        than the steps. Only a tuple that opens a pane can move the next close, and only
-        while no extent is showing (then the next close is one slide after the last)."""
-        results: list[Result] = []
+        extent closes due between them, each handed to ``closed(end, values)`` (with
+        ``closed`` None, up to the first close due). One loop for both: it runs per
+        slide, and calls between its steps cost more here than the steps. Only a tuple
+        that opens a pane can move the next close, and only while no extent is showing
+        (then the next close is one slide after the last)."""
         pane_ms, add, queue = self.pane_ms, self._add, self.queue
         slide, reach = self.window.slide_ms, self.window.range_ms
         if self.key is None and i < n:
@@ -954,9 +992,11 @@ class PaneExtentOperator:
                 add(current, pending[i][4])
                 i += 1
             else:
-                if not (due and closes):
-                    return i, results
-                results += self.fire(timer)  # type: ignore[arg-type]
+                if not (due and closed is not None):
+                    return i
+                values = self._close(timer)  # type: ignore[arg-type]
+                if values is not None:
+                    closed(timer + 1, values)  # type: ignore[operator]
 
     def _close_pane(self) -> None:
         if self.current is not None:
@@ -982,19 +1022,25 @@ class PaneExtentOperator:
 
     def fire(self, instant: int) -> list[Result]:
         """Close the extent ending at ``instant + 1``: its panes are complete."""
+        values = self._close(instant)
+        return [] if values is None else [(instant + 1, self._row(instant + 1, values))]
+
+    def _close(self, instant: int) -> list[Any] | None:
+        """Close the extent ending at ``instant + 1``; its aggregates' values, one per
+        call (None when it holds no tuple: nothing to show)."""
         end = instant + 1
-        start = end - self.window.range_ms
         self._close_pane()
         queue = self.queue
-        queue.evict_before(start // self.pane_ms)
+        queue.evict_before((end - self.window.range_ms) // self.pane_ms)
         self.closed = end
         self.showing = len(queue) > 0
-        if not self.showing:
-            return []
-        row = {**(self.key or {}), "window_start": start, "window_end": end}
         # Incremental aggregates give one value each: one row, no combinations.
-        row.update(zip(self._aliases, queue.values(), strict=True))
-        return [(end, row)]
+        return queue.values() if self.showing else None
+
+    def _row(self, end: int, values: list[Any]) -> Row:
+        row = {**(self.key or {}), "window_start": end - self.window.range_ms, "window_end": end}
+        row.update(zip(self._aliases, values, strict=True))
+        return row
 
     def settle(self, watermark: int) -> None:
         """Panes leave at extent closes (timers), never in between."""

@@ -36,11 +36,12 @@ the watermark `engine.core.replay` gives a union sink.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import reduce
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 from pyspark.sql import DataFrame, Row, SparkSession
@@ -56,7 +57,7 @@ from pyspark.sql.streaming.stateful_processor import (
 
 from engine import tables
 from engine.alerts import AlertSpec, alert_rows, format_key
-from engine.core.evaluator import KeyedEvaluator, Output
+from engine.core.evaluator import KeyedEvaluator, Output, OutputColumns, output_rows
 from engine.core.plan import ColumnType, Plan, SinkKind, Stage, StreamSchema
 from engine.spark.packing import (
     ARRIVAL_WM,
@@ -200,7 +201,7 @@ class StageProcessor(StatefulProcessor):
         saved: `armed` is that wakeup (None if no timer is set), so the timer moves only
         when the wakeup does, without listing timers (each call is a round trip to the
         JVM's state server, per key and batch)."""
-        outputs = evaluator.advance(max(watermark, evaluator.watermark))
+        outputs = evaluator.advance_columns(max(watermark, evaluator.watermark))
         self._save(evaluator)
         wakeup = evaluator.next_wakeup()
         if wakeup != armed:
@@ -219,18 +220,20 @@ class StageProcessor(StatefulProcessor):
 
 
 def packed_outputs(
-    outputs: list[Output], key: str, streams: Mapping[str, StreamSchema]
+    outputs: Sequence[Output | OutputColumns], key: str, streams: Mapping[str, StreamSchema]
 ) -> list[Row]:
     """`OUTPUT_SCHEMA` rows for one group's outputs (`key` as alerts show it): one per
     sink, typed as the derived stream's table in `streams`, else as `RAW_OUTPUTS`."""
-    by_sink: dict[str, list[Output]] = {}
+    by_sink: dict[str, list[Output | OutputColumns]] = {}
     for output in outputs:
         by_sink.setdefault(output.sink, []).append(output)
     return [
         Row(
             sink=sink,
             outputs=ipc_bytes(
-                stream_rows(streams[sink], part) if sink in streams else raw_outputs(part, key)
+                stream_rows(streams[sink], part)
+                if sink in streams
+                else raw_outputs(output_rows(part), key)
             ),
         )
         for sink, part in by_sink.items()
@@ -319,16 +322,33 @@ class OutputWriter:
                 )
 
 
-def stream_rows(schema: StreamSchema, outputs: list[Output]) -> pa.Table:
+def stream_rows(schema: StreamSchema, outputs: Sequence[Output | OutputColumns]) -> pa.Table:
     """A derived stream's outputs as its table stores them: the SELECT list and the
     (source, seq) tie order that stages reading the stream use. Built column by column
     (a batch can hold a million windows); timestamps are epoch ms in the rows."""
-    columns = [
-        *tables.ms_columns([o.row for o in outputs], tables.stream_schema(schema)),
-        pa.array([o.source for o in outputs], pa.string()),
-        pa.array([o.seq for o in outputs], pa.int64()),
-    ]
-    return pa.Table.from_arrays(columns, schema=tables.derived_schema(schema))
+    target = tables.derived_schema(schema)
+    fields = list(tables.stream_schema(schema))
+    parts: list[pa.Table] = []
+    rows: list[Output] = []
+    for output in [*outputs, None]:
+        if isinstance(output, Output):
+            rows.append(output)
+            continue
+        if rows:  # a run of single outputs, ended
+            columns = tables.ms_columns([o.row for o in rows], fields)
+            sources = pa.array([o.source for o in rows], pa.string())
+            seqs = pa.array([o.seq for o in rows], pa.int64())
+            parts.append(pa.Table.from_arrays([*columns, sources, seqs], schema=target))
+            rows = []
+        if output is not None:
+            count = len(output.ts)
+            columns = [
+                tables.ms_array(output.columns.get(f.name, [None] * count), f.type) for f in fields
+            ]
+            sources = pa.repeat(pa.scalar(output.source, pa.string()), count)
+            seqs = pa.array(np.arange(output.seq, output.seq + count, dtype=np.int64))
+            parts.append(pa.Table.from_arrays([*columns, sources, seqs], schema=target))
+    return pa.concat_tables(parts) if parts else target.empty_table()
 
 
 def _sinks(stage: Stage) -> dict[str, SinkKind]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from engine.core import plan
@@ -112,6 +112,27 @@ columns are under their names, a joined table's under ``"<label>.<column>"``
 (:class:`engine.core.plan.LookupJoin`); references not listed read their own name."""
 
 
+def _row_key(column: ast.Column, keys: RowKeys) -> str:
+    """The row key a column reference reads (see :data:`RowKeys`)."""
+    return keys.get((column.qualifier, column.name), column.name)
+
+
+def _copies(
+    exprs: Sequence[ast.Expr], aggregates: Mapping[ast.Call, str], keys: RowKeys | None
+) -> tuple[str, ...] | None:
+    """The row key each of `exprs` copies unchanged, if every one is a column reference
+    or an aggregate's value (:attr:`engine.core.plan.Project.copies`); else None."""
+    copied = []
+    for expr in exprs:
+        if isinstance(expr, ast.Column):
+            copied.append(_row_key(expr, keys or {}))
+        elif expr in aggregates:
+            copied.append(aggregates[expr])  # type: ignore[index]
+        else:
+            return None
+    return tuple(copied)
+
+
 def compile_expr(
     expr: ast.Expr, aggregates: Mapping[ast.Call, str] | None = None, keys: RowKeys | None = None
 ) -> Fn:
@@ -129,9 +150,7 @@ def compile_expr(
             return lambda row: value
         if isinstance(node, ast.Column):
             # C-level `row.get(name)`: column reads run per tuple and per output.
-            return operator.methodcaller(
-                "get", row_keys.get((node.qualifier, node.name), node.name)
-            )
+            return operator.methodcaller("get", _row_key(node, row_keys))
         if isinstance(node, ast.Unary):
             inner = build(node.operand)
             if node.op == "NOT":
@@ -583,12 +602,14 @@ def _compile_select(
     if select.having is not None:
         post.append(plan.Filter(compile_expr(select.having, alias_of, keys)))
     # A later UNION ALL branch's columns take the first branch's names, by position.
+    exprs = [expr for _, _, expr in sel.outputs]
     post.append(
         plan.Project(
             tuple(
                 (name, compile_expr(expr, alias_of, keys))
-                for name, (_, _, expr) in zip(names, sel.outputs, strict=True)
-            )
+                for name, expr in zip(names, exprs, strict=True)
+            ),
+            _copies(exprs, alias_of, keys),
         )
     )
     kind = plan.SinkKind.ALERT if isinstance(stmt, ast.CreateAlert) else plan.SinkKind.STREAM

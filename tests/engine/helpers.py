@@ -110,9 +110,12 @@ def extent_plan(
     stream: StreamSchema = TRAFFIC,
     r2s: R2S | None = None,
     bounds: bool = True,
+    copies: bool = False,
 ) -> Plan:
     """One extent query selecting the group columns, the window bounds (if ``bounds``)
-    and the aliases, with an optional relation-to-stream operator."""
+    and the aliases, with an optional relation-to-stream operator; with ``copies``, its
+    projection says it copies them (as the compiler's does: results may leave as
+    columns)."""
     names = (
         *window.group_by,
         *(("window_start", "window_end") if bounds else ()),
@@ -122,7 +125,7 @@ def extent_plan(
         Sink("out", SinkKind.STREAM),
         stream.name,
         window=window,
-        post=(Project(tuple((n, col(n)) for n in names)),),
+        post=(Project(tuple((n, col(n)) for n in names), names if copies else None),),
         r2s=r2s,
     )
     return Plan({stream.name: stream}, (q,))

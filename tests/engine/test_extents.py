@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core import windows
-from engine.core.evaluator import KeyedEvaluator
+from engine.core.evaluator import KeyedEvaluator, OutputColumns, output_rows
 from engine.core.plan import (
     END_OF_TIME,
     R2S,
@@ -44,10 +44,10 @@ AGGS = (
 )
 
 
-def minmax_plan(r: int, s: int) -> Plan:
+def minmax_plan(r: int, s: int, copies: bool = False) -> Plan:
     """``SELECT station, window_start, window_end, aggs FROM traffic [RANGE r SLIDE s]
     GROUP BY station``."""
-    return extent_plan(ExtentWindow(AGGS, r, s, ("station",)))
+    return extent_plan(ExtentWindow(AGGS, r, s, ("station",)), copies=copies)
 
 
 def oracle(rows: list[dict], r: int, s: int) -> list[tuple]:
@@ -77,19 +77,21 @@ def oracle(rows: list[dict], r: int, s: int) -> list[tuple]:
     r=st.integers(1, 40),
     s=st.integers(1, 40),
     paned=st.booleans(),
+    copies=st.booleans(),
     cuts=st.lists(st.integers(0, 40), max_size=4),
 )
 def test_extents_match_the_wid_definition(
-    raw: list, r: int, s: int, paned: bool, cuts: list[int]
+    raw: list, r: int, s: int, paned: bool, copies: bool, cuts: list[int]
 ) -> None:
     # The aggregates are algebraic, so extents run on panes of gcd(r, s) ms; with panes
     # switched off, on the buffered tuples (ExtentOperator). The rows come in batches
-    # cut at `cuts`, each advanced to the next batch's first timestamp.
+    # cut at `cuts`, each advanced to the next batch's first timestamp. A projection
+    # that copies columns lets results on panes leave as columns.
     rows = [
         {"ts": ts, "station": k, "speed": float(v), "source": "s", "seq": i}
         for i, (ts, k, v) in enumerate(sorted(raw))
     ]
-    (stage,) = minmax_plan(r, s).stages()
+    (stage,) = minmax_plan(r, s, copies).stages()
     assert stage.key == ("station",)
     evaluators: dict[Any, KeyedEvaluator] = {}
     outputs: dict[Any, list] = {}
@@ -100,12 +102,16 @@ def test_extents_match_the_wid_definition(
                 evaluators.setdefault(row["station"], KeyedEvaluator(stage)).insert(row)
             watermark = rows[hi]["ts"] if hi < len(rows) else END_OF_TIME
             for key, ev in evaluators.items():
-                outputs.setdefault(key, []).extend(ev.advance(watermark))
+                batch = ev.advance_columns(watermark)
+                as_columns = paned and copies
+                assert all(isinstance(o, OutputColumns) == as_columns for o in batch)
+                outputs.setdefault(key, []).extend(output_rows(batch))
     kind = PaneExtentOperator if paned else ExtentOperator
     assert all(type(ev.operator) is kind for ev in evaluators.values())
     got = []
     for mine in outputs.values():
         assert [o.ts for o in mine] == sorted(o.ts for o in mine)
+        assert [o.seq for o in mine] == list(range(len(mine)))
         got += [(o.ts, *o.row.values()) for o in mine]
     want = oracle(rows, r, s)
     got.sort()

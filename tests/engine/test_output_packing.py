@@ -1,9 +1,10 @@
 """A stateful group's outputs packed per sink, read back as the driver reads them.
 
 Whatever a group emits (outputs of a derived stream with every column type and NULLs,
-and of an alert, interleaved), each packed row must name one sink, and reading all of
-a sink's payloads must give exactly that sink's outputs: a derived stream's rows typed
-as its Delta table (timestamps from epoch ms), an alert's as JSON with the group's key.
+and of an alert, interleaved, one by one or in runs as columns), each packed row must
+name one sink, and reading all of a sink's payloads must give exactly that sink's
+outputs: a derived stream's rows typed as its Delta table (timestamps from epoch ms),
+an alert's as JSON with the group's key.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import tables
-from engine.core.evaluator import Output
+from engine.core.evaluator import Output, OutputColumns
 from engine.core.plan import Column, ColumnType, StreamSchema
 from engine.spark.packing import read_ipc
 from engine.spark.rules_job import packed_outputs
@@ -44,20 +45,34 @@ stream_row = st.fixed_dictionaries(
     }
 )
 alert_row = st.fixed_dictionaries({"station": st.integers(1, 9), "msg": st.text(max_size=5)})
+# A run of one sink's rows, emitted one by one or (True) as one OutputColumns.
 outputs_strategy = st.lists(
     st.one_of(
-        st.tuples(st.just("windows"), stream_row),
-        st.tuples(st.just("alarm"), alert_row),
+        st.tuples(st.just("windows"), st.lists(stream_row, min_size=1, max_size=4), st.booleans()),
+        st.tuples(st.just("alarm"), st.lists(alert_row, min_size=1, max_size=4), st.booleans()),
     ),
-    max_size=30,
+    max_size=12,
 )
 
 
 @settings(max_examples=150, deadline=None)
 @given(emitted=outputs_strategy, ts=st.integers(0, 10**12))
-def test_each_sink_reads_back_its_outputs(emitted: list[tuple[str, dict]], ts: int) -> None:
-    outputs = [Output(sink, ts + i, row, "src", i) for i, (sink, row) in enumerate(emitted)]
-    packed = packed_outputs(outputs, "station=1", {"windows": STREAM})
+def test_each_sink_reads_back_its_outputs(
+    emitted: list[tuple[str, list[dict], bool]], ts: int
+) -> None:
+    given_outputs: list[Output | OutputColumns] = []
+    outputs: list[Output] = []  # the same, one by one
+    for sink, rows, as_columns in emitted:
+        first = len(outputs)
+        run = [Output(sink, ts + first + i, row, "src", first + i) for i, row in enumerate(rows)]
+        outputs += run
+        if as_columns:
+            columns = {name: [row[name] for row in rows] for name in rows[0]}
+            times = [o.ts for o in run]
+            given_outputs.append(OutputColumns(sink, times, columns, "src", first))
+        else:
+            given_outputs += run
+    packed = packed_outputs(given_outputs, "station=1", {"windows": STREAM})
 
     assert sorted(row.sink for row in packed) == sorted({o.sink for o in outputs})
     by_sink = {row.sink: read_ipc(row.outputs) for row in packed}

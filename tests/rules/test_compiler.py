@@ -155,3 +155,36 @@ def test_non_blocking_uda_with_group_by_runs_unbounded(tmp_path: Path) -> None:
         ("station",),
     )
     assert window.aggregates[0].factory is not None
+
+
+COPYING = """
+CREATE STREAM plain AS SELECT station, window_end, avg(speed) AS avg_speed
+  FROM traffic [RANGE 15 MINUTES SLIDE 1 MINUTE] GROUP BY station;
+CREATE STREAM computed AS SELECT station, max(speed) * 3.6 AS kmh
+  FROM traffic [RANGE 1 MINUTE] GROUP BY station;
+CREATE STREAM renamed AS SELECT t.station AS where_, t.speed AS v, t.ts
+  FROM traffic AS t WHERE t.speed > 1;
+"""
+
+
+def test_a_projection_copies_exactly_the_keys_its_columns_read(tmp_path: Path) -> None:
+    # `copies` lets results leave as whole columns: each named key must be what the
+    # column's own expression reads, on any row; a computed column means no copies.
+    rules = tmp_path / "copying.sql"
+    rules.write_text(TRAFFIC + COPYING)
+    library = load_rules([RULES_DIR]).plan.queries
+    queries = {q.sink.name: q for q in (*load_rules([rules]).plan.queries, *library)}
+    seen = 0
+    for name, query in queries.items():
+        project = query.post[-1]
+        assert isinstance(project, Project)
+        if project.copies is None:
+            continue
+        seen += 1
+        keys = {*project.copies, "other"}
+        row = {key: f"{key}-value" for key in keys}
+        got = [expr(row) for _, expr in project.columns]
+        assert got == [row[key] for key in project.copies], name
+    assert queries["computed"].post[-1].copies is None  # type: ignore[union-attr]
+    assert queries["renamed"].post[-1].copies == ("station", "speed", "ts")  # type: ignore[union-attr]
+    assert seen >= 8
