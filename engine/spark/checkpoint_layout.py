@@ -20,14 +20,16 @@ import pyarrow.fs as pafs
 from lookout.config import Config
 from lookout.storage import filesystem
 
-CHECKPOINT_LAYOUT = 4
-"""4: the rules queries' stateful step is PySpark's Row-based `transformWithState`, not
+CHECKPOINT_LAYOUT = 5
+"""5: a rules query's stateful groups are the evaluators whose keys start with the same
+value (a station's), not one (stage, key) each, so its state is keyed otherwise.
+4: the rules queries' stateful step is PySpark's Row-based `transformWithState`, not
 `transformWithStateInPandas` (Spark refuses to resume one's state as the other's:
 `STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA`). 3: the landing query reads
 Lookout's landing source (offsets name the backlog's files), not Spark's file source.
 2: heartbeats in one table per stream, and a RANGE frame's tuples in a chunk map beside
 each evaluator's head (state per change). 1: one `heartbeats` table."""
-CHECKPOINT_LAYOUT_CHANGE = "the rules queries run PySpark's Row-based transformWithState"
+CHECKPOINT_LAYOUT_CHANGE = "the rules queries keep one stateful group per station, not per stage"
 
 
 class CheckpointLayoutError(RuntimeError):

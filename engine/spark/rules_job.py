@@ -6,10 +6,11 @@ All stages that read one stream share one streaming query (one read of the strea
       .mapInArrow(Router)                  # per Arrow batch: one packed row per (stage,
                                            # key) holding that key's rows (packing.py)
       .withWatermark(latest event time, slack + 1 ms)
-      .groupBy(stage, key)
-      .transformWithState(StageProcessor)         # one KeyedEvaluator per group, saved
-                                                  # in the RocksDB state store: a head,
-                                                  # and a RANGE frame's tuples in chunks
+      .groupBy(group, group key)           # the evaluators of one station, say
+      .transformWithState(StageProcessor)         # a KeyedEvaluator per (stage, key),
+                                                  # saved in the RocksDB state store:
+                                                  # the group's heads in one value, and
+                                                  # RANGE frames' tuples in chunks
       .foreachBatch(OutputWriter)                 # exactly-once Delta appends
 
 Spark drops rows at or below its watermark; the pin keeps `ts == max - slack` on time,
@@ -19,7 +20,7 @@ to the higher of `spark_watermark + 1` (every row still to come has ts > spark_w
 and the landing's `arrival_watermark` stamps on the rows it got: Spark's watermark is the
 previous batch's, the stamps are this batch's, so most rows are final in the batch that
 brings them instead of being pickled into the state store until the next one. It keeps
-one event-time timer per group at the evaluator's `next_wakeup`, which is how
+one event-time timer per group at its evaluators' earliest `next_wakeup`, which is how
 expirations and time slides fire in a batch with no input for that key.
 
 A derived stream's readers need its producer's event time, not only its rows: when the
@@ -36,6 +37,7 @@ the watermark `engine.core.replay` gives a union sink.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import reduce
@@ -63,6 +65,8 @@ from engine.spark.packing import (
     ARRIVAL_WM,
     CLOCK,
     EVENT_TIME,
+    GROUP,
+    GROUP_KEY,
     HEARTBEAT,
     KEY,
     PACKED_DDL,
@@ -94,18 +98,30 @@ RAW_OUTPUTS = pa.schema(
 # Files of a readings or derived table per micro-batch: the landing writes one file per
 # stream and landing batch (about a second of readings).
 MAX_FILES_PER_BATCH = 20
-_STATE = T.StructType([T.StructField("snapshot", T.BinaryType())])
-_CHUNK_NUMBER = T.StructType([T.StructField("number", T.LongType())])
+# A group's state: its evaluators' heads and wakeups, pickled as one value (one read
+# and one write per group and batch), and their RANGE frames' chunks.
+_STATE = T.StructType([T.StructField("evaluators", T.BinaryType())])
+_CHUNK_KEY = T.StructType(
+    [
+        T.StructField("stage", T.StringType()),
+        T.StructField("key", T.StringType()),
+        T.StructField("number", T.LongType()),
+    ]
+)
 _CHUNK = T.StructType([T.StructField("data", T.BinaryType())])
+
+Saved = dict[tuple[str, str], tuple[bytes, int | None]]
+"""A group's evaluators as stored: (stage name, key as JSON) -> (head, next wakeup)."""
 
 
 class StageProcessor(StatefulProcessor):
-    """Runs the `KeyedEvaluator` of (stage, partition key) inside Spark.
+    """Runs the `KeyedEvaluator` of each (stage, partition key) inside Spark.
 
-    One processor serves every stage that reads the same table: Spark groups packed
-    rows (`engine.spark.packing`) by (stage name, key as JSON), so each group is exactly
-    one evaluator. Keying by name keeps a stage's state across restarts when other rules
-    are added.
+    One processor serves every stage that reads the same table. Spark groups the packed
+    rows (`engine.spark.packing`) by their group: the evaluators whose keys start with
+    the same value (a station's, for every stage keyed by station first), or a key-less
+    stage's one evaluator. A group's state holds its evaluators by (stage name, key), so
+    a stage keeps its state across restarts when other rules are added.
     """
 
     def __init__(self, stages: Mapping[str, Stage], streams: Mapping[str, StreamSchema]) -> None:
@@ -115,30 +131,35 @@ class StageProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         freeze_worker_heap()
         self.handle = handle
-        self.state = handle.getValueState("evaluator", _STATE)
+        self.state = handle.getValueState("evaluators", _STATE)
         # A RANGE frame's tuples, in chunks (`KeyedEvaluator.save`): a batch reads and
         # writes the window's ends, not the whole window.
-        self.chunks = handle.getMapState("chunks", _CHUNK_NUMBER, _CHUNK)
+        self.chunks = handle.getMapState("chunks", _CHUNK_KEY, _CHUNK)
 
-    def _load(self, stage: Stage) -> KeyedEvaluator:
-        saved = self.state.get()  # one round trip to the state server, not two
-        if saved is None:
+    def _saved(self) -> Saved:
+        found = self.state.get()  # one round trip to the state server, not two
+        return {} if found is None else pickle.loads(found[0])
+
+    def _load(self, saved: Saved, stage: Stage, key: str) -> KeyedEvaluator:
+        entry = saved.get((stage.name, key))
+        if entry is None:
             return KeyedEvaluator(stage)
-        return KeyedEvaluator.load(stage, saved[0], self._read_chunk)
 
-    def _read_chunk(self, number: int) -> bytes:
-        found = self.chunks.getValue((number,))
-        if found is None:
-            raise KeyError(f"state chunk {number} missing from the state store")
-        return found[0]
+        def read_chunk(number: int) -> bytes:
+            found = self.chunks.getValue((stage.name, key, number))
+            if found is None:
+                raise KeyError(f"state chunk {number} of {stage.name} {key} missing")
+            return found[0]
 
-    def _save(self, evaluator: KeyedEvaluator) -> None:
-        saved = evaluator.save()
-        self.state.update((saved.head,))
-        for number in saved.deletes:
-            self.chunks.removeKey((number,))
-        for number, data in saved.writes.items():
-            self.chunks.updateValue((number,), (data,))
+        return KeyedEvaluator.load(stage, entry[0], read_chunk)
+
+    def _wakeup(self, saved: Saved) -> int | None:
+        """The earliest wakeup of the group's evaluators (of stages still in the rules:
+        a removed stage's evaluator is kept, never run)."""
+        wakeups = [
+            w for (name, _), (_, w) in saved.items() if w is not None and name in self.stages
+        ]
+        return min(wakeups, default=None)
 
     def handleInputRows(
         self, key: Any, rows: Iterator[Row], timerValues: TimerValues
@@ -149,18 +170,26 @@ class StageProcessor(StatefulProcessor):
             if key[0] == CLOCK:
                 yield from self._tick(timerValues)
             return
-        stage = self.stages[key[0]]
         with collector_paused():
-            evaluator = self._load(stage)
-            armed = evaluator.next_wakeup()  # the timer the last advance left (see _advance)
+            saved = self._saved()
+            armed = self._wakeup(saved)  # the timer the last batch left (see _store)
             # Spark's watermark is the previous batch's; the landing's stamps are this
-            # one's, so this batch's rows are final now rather than pickled until the next.
+            # one's (and the stream's: valid for every evaluator), so this batch's rows
+            # are final now rather than pickled until the next.
             watermark = timerValues.getCurrentWatermarkInMs() + 1
+            packed: dict[tuple[str, str], list[Row]] = {}
             for row in rows:
                 if row[ARRIVAL_WM] is not None:
                     watermark = max(watermark, row[ARRIVAL_WM])
-                evaluator.insert_many(unpack(row[ROWS]))
-            outputs = self._advance(key, stage, evaluator, watermark, armed)
+                packed.setdefault((row[STAGE], row[KEY]), []).append(row)
+            outputs: list[Row] = []
+            for (name, evaluator_key), mine in packed.items():
+                stage = self.stages[name]
+                evaluator = self._load(saved, stage, evaluator_key)
+                for row in mine:
+                    evaluator.insert_many(unpack(row[ROWS]))
+                outputs += self._advance(saved, stage, evaluator_key, evaluator, watermark)
+            self._store(saved, armed)
         yield from outputs
 
     def handleExpiredTimer(
@@ -169,11 +198,18 @@ class StageProcessor(StatefulProcessor):
         if key[0] == CLOCK:
             yield from self._tick(timerValues)
             return
-        stage = self.stages[key[0]]
         watermark = timerValues.getCurrentWatermarkInMs() + 1
         with collector_paused():
+            saved = self._saved()
+            outputs: list[Row] = []
+            for (name, evaluator_key), (_, wakeup) in list(saved.items()):
+                stage = self.stages.get(name)
+                if stage is None or wakeup is None or wakeup > watermark:
+                    continue  # removed from the rules, or not due
+                evaluator = self._load(saved, stage, evaluator_key)
+                outputs += self._advance(saved, stage, evaluator_key, evaluator, watermark)
             # The expiring timer was the group's only one; Spark deletes it after this.
-            outputs = self._advance(key, stage, self._load(stage), watermark, None)
+            self._store(saved, None)
         yield from outputs
 
     def _tick(self, timer_values: TimerValues) -> Iterator[Row]:
@@ -186,34 +222,38 @@ class StageProcessor(StatefulProcessor):
         yield from packed_outputs([Output(CLOCK, watermark + 1, {})], "", {})
 
     def _advance(
-        self,
-        key: Any,
-        stage: Stage,
-        evaluator: KeyedEvaluator,
-        watermark: int,
-        armed: int | None,
+        self, saved: Saved, stage: Stage, key: str, evaluator: KeyedEvaluator, watermark: int
     ) -> list[Row]:
         """Advance to `watermark` (never back: the landing's stamps may have taken the
-        evaluator past Spark's watermark), re-arm the group's timer, and return the
-        outputs packed.
-
-        A group has at most one timer, at its evaluator's `next_wakeup() - 1` as last
-        saved: `armed` is that wakeup (None if no timer is set), so the timer moves only
-        when the wakeup does, without listing timers (each call is a round trip to the
-        JVM's state server, per key and batch)."""
+        evaluator past Spark's watermark), note it in `saved` (its chunks are written
+        now), and return its outputs packed."""
         outputs = evaluator.advance_columns(max(watermark, evaluator.watermark))
-        self._save(evaluator)
-        wakeup = evaluator.next_wakeup()
+        state = evaluator.save()
+        saved[(stage.name, key)] = (state.head, evaluator.next_wakeup())
+        for number in state.deletes:
+            self.chunks.removeKey((stage.name, key, number))
+        for number, data in state.writes.items():
+            self.chunks.updateValue((stage.name, key, number), (data,))
+        if not outputs:
+            return []
+        key_text = format_key(stage.key, tuple(orjson.loads(key)))
+        return packed_outputs(outputs, key_text, self.streams)
+
+    def _store(self, saved: Saved, armed: int | None) -> None:
+        """Write the group's evaluators, and re-arm its timer.
+
+        A group has at most one timer, at its evaluators' earliest wakeup - 1 as last
+        stored: `armed` is that wakeup (None if no timer is set), so the timer moves only
+        when the wakeup does, without listing timers (each call is a round trip to the
+        JVM's state server, per group and batch)."""
+        self.state.update((pickle.dumps(saved, protocol=pickle.HIGHEST_PROTOCOL),))
+        wakeup = self._wakeup(saved)
         if wakeup != armed:
             if armed is not None:
                 self.handle.deleteTimer(armed - 1)
             if wakeup is not None:
                 # Fires once the Spark watermark reaches wakeup - 1, i.e. advance(wakeup).
                 self.handle.registerTimer(wakeup - 1)
-        if not outputs:
-            return []
-        key_text = format_key(stage.key, tuple(orjson.loads(key[1])))
-        return packed_outputs(outputs, key_text, self.streams)
 
     def close(self) -> None:
         pass
@@ -490,7 +530,7 @@ def start_rules_query(
     name = query_name(stream)
     outputs = (
         reduce(DataFrame.unionByName, packed)
-        .groupBy(STAGE, KEY)
+        .groupBy(GROUP, GROUP_KEY)
         .transformWithState(
             StageProcessor({s.name: s for s in stages}, written),
             OUTPUT_SCHEMA,

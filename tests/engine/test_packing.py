@@ -2,9 +2,9 @@
 
 Whatever a batch holds (keys with nulls and NaN, heartbeats, several stages keyed
 differently), unpacking what `pack` made must give each stage every reading exactly
-once, every packed row must hold only rows of its key, and its event time and landing
-stamp must be the highest of its rows; the batch's heartbeats make one packed row at
-their latest time.
+once, every packed row must hold only rows of its key and name its stateful group, and
+its event time and landing stamp must be the highest of its rows; the batch's
+heartbeats make one packed row at their latest time.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from engine.spark.packing import (
     ARRIVAL_WM,
     CLOCK,
     EVENT_TIME,
+    GROUP,
+    GROUP_KEY,
     HEARTBEAT,
     KEY,
     ROWS,
@@ -79,6 +81,10 @@ def test_every_reading_reaches_every_stage_once_under_its_key(rows):
             members = unpack(p[ROWS])
             assert members, "a packed row holds at least one reading"
             key = orjson.loads(p[KEY])
+            # The stateful group: the stage's first key column and its value, shared by
+            # every stage keyed by that column first; a key-less stage is its own.
+            want_group = (f"by:{route.key[0]}", key[:1]) if route.key else (route.stage, [])
+            assert (p[GROUP], orjson.loads(p[GROUP_KEY])) == want_group
             for member in members:
                 assert all(_same(member[k], v) for k, v in zip(route.key, key, strict=True)), (
                     f"{route.stage}: row {member} packed under key {key}"
