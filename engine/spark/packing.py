@@ -16,11 +16,13 @@ set on), the highest landing stamp of its rows (`arrival_watermark`, or null), a
 rows.
 
 **Groups.** Spark's stateful step pays per group and batch: a round trip to its state
-server to set the group's key, each state read and write, each timer call. So the
-evaluators whose keys start with the same column value share one group (`group_of`):
-every stage keyed by station, and `(station, lane)`, of one station together, ≈ 41
-groups a batch for the traffic library's 40 stations instead of ≈ 360. A stage with no
-key is a group of its own.
+server to set the group's key, each state read and write, each timer call. So a stage
+whose key starts with another stage's key shares that stage's groups (`routes`): every
+stage keyed by station, and `(station, lane)`, of one station together, ≈ 41 groups a
+batch for the traffic library's 40 stations instead of ≈ 360. A stage keyed by no
+other stage's key prefix keeps a group per key (grouping an expressway's positions
+together would make one group of all of them), and a stage with no key is a group of
+its own.
 """
 
 from __future__ import annotations
@@ -73,12 +75,24 @@ class Route:
 
     stage: str
     key: tuple[str, ...]
+    shared: int = 0
+    """How many leading key columns name the stage's stateful group (`routes`)."""
 
     @property
     def group(self) -> str:
-        """The stateful group's name (module docstring): ``by:<first key column>``, or
-        the stage's own name for a stage with no key (no stage name holds a colon)."""
-        return f"by:{self.key[0]}" if self.key else self.stage
+        """The stateful group's name: ``by:<its key columns>``, or the stage's own name
+        for a stage with no key (no stage name holds a colon)."""
+        return f"by:{','.join(self.key[: self.shared])}" if self.shared else self.stage
+
+
+def routes(keys: dict[str, tuple[str, ...]]) -> tuple[Route, ...]:
+    """The routes of stages (name -> key) read by one query: each stage's group is keyed
+    by the shortest stage key that starts its own (module docstring)."""
+
+    def shared(key: tuple[str, ...]) -> int:
+        return min((len(k) for k in keys.values() if k and key[: len(k)] == k), default=0)
+
+    return tuple(Route(stage, key, shared(key)) for stage, key in keys.items())
 
 
 @dataclass(frozen=True)
@@ -116,7 +130,8 @@ def pack(batch: pa.RecordBatch, router: Router) -> pa.RecordBatch:
         out[STAGE].append(stage)
         out[KEY].append(orjson.dumps(key).decode())
         out[GROUP].append(group)
-        out[GROUP_KEY].append(orjson.dumps(key[:1]).decode())
+        shared = 0 if isinstance(route, str) else route.shared
+        out[GROUP_KEY].append(orjson.dumps(key[:shared]).decode())
         out[EVENT_TIME].append(int(times.max()) * 1000)
         out[ARRIVAL_WM].append(pc.max(stamps).as_py())
         out[ROWS].append(payload)

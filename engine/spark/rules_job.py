@@ -72,10 +72,10 @@ from engine.spark.packing import (
     PACKED_DDL,
     ROWS,
     STAGE,
-    Route,
     Router,
     ipc_bytes,
     read_ipc,
+    routes,
     unpack,
 )
 from engine.spark.worker_gc import collector_paused, freeze_worker_heap
@@ -119,9 +119,10 @@ class StageProcessor(StatefulProcessor):
 
     One processor serves every stage that reads the same table. Spark groups the packed
     rows (`engine.spark.packing`) by their group: the evaluators whose keys start with
-    the same value (a station's, for every stage keyed by station first), or a key-less
-    stage's one evaluator. A group's state holds its evaluators by (stage name, key), so
-    a stage keeps its state across restarts when other rules are added.
+    the same value of a shared key (a station's, for every stage keyed by station
+    first), or a key-less stage's one evaluator. A group's state holds its evaluators
+    by (stage name, key), so a stage keeps its state across restarts when other rules
+    are added.
     """
 
     def __init__(self, stages: Mapping[str, Stage], streams: Mapping[str, StreamSchema]) -> None:
@@ -511,7 +512,7 @@ def start_rules_query(
             config.table(tables.heartbeats_table(beats)), tables.HEARTBEATS, options
         )
     router = Router(
-        tuple(Route(stage.name, stage.key) for stage in stages),
+        routes({stage.name: stage.key for stage in stages}),
         ts,
         (*(c.name for c in plan.streams[stream].columns), "source", "seq"),
         # Heartbeats start the clock (its timer keeps it ticking afterwards).

@@ -29,11 +29,12 @@ from engine.spark.packing import (
     Route,
     Router,
     pack,
+    routes,
     unpack,
 )
 
 ROUTER = Router(
-    (Route("by_station", ("station",)), Route("by_pair", ("station", "lane")), Route("all", ())),
+    routes({"by_station": ("station",), "by_pair": ("station", "lane"), "all": ()}),
     "ts",
     ("station", "lane", "speed", "ts", "source", "seq"),
     clock=False,
@@ -81,9 +82,9 @@ def test_every_reading_reaches_every_stage_once_under_its_key(rows):
             members = unpack(p[ROWS])
             assert members, "a packed row holds at least one reading"
             key = orjson.loads(p[KEY])
-            # The stateful group: the stage's first key column and its value, shared by
-            # every stage keyed by that column first; a key-less stage is its own.
-            want_group = (f"by:{route.key[0]}", key[:1]) if route.key else (route.stage, [])
+            # The stateful group: a station's, for both stages keyed by station first; a
+            # key-less stage is its own.
+            want_group = ("by:station", key[:1]) if route.key else ("all", [])
             assert (p[GROUP], orjson.loads(p[GROUP_KEY])) == want_group
             for member in members:
                 assert all(_same(member[k], v) for k, v in zip(route.key, key, strict=True)), (
@@ -116,3 +117,27 @@ def test_heartbeats_go_to_the_clock_when_the_query_has_one():
     )
     (row,) = pack(batch, router).to_pylist()
     assert (row[STAGE], round(row[EVENT_TIME].timestamp() * 1000)) == (CLOCK, 9)
+
+
+def test_a_stage_shares_the_groups_of_the_shortest_stage_key_starting_its_own():
+    got = routes(
+        {
+            "lanes": ("station", "lane"),
+            "speed": ("station",),
+            "accident": ("xway", "dir", "seg", "pos"),
+            "segments": ("xway", "dir", "seg"),
+            "vehicles": ("vid",),
+            "speeding": (),
+        }
+    )
+    assert {r.stage: r.group for r in got} == {
+        "lanes": "by:station",
+        "speed": "by:station",
+        # No stage is keyed by expressway alone: grouping by it would make one group of
+        # every position.
+        "accident": "by:xway,dir,seg",
+        "segments": "by:xway,dir,seg",
+        "vehicles": "by:vid",
+        "speeding": "speeding",
+    }
+    assert got[0] == Route("lanes", ("station", "lane"), 1)
