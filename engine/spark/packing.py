@@ -1,28 +1,28 @@
-"""Readings packed per (stage, key) before they reach a stateful group (pure; no Spark).
+"""Readings packed per stateful group before they reach it (pure; no Spark).
 
 PySpark hands a stateful group its rows one at a time: `transformWithStateInPandas`
 iterated each Arrow batch row by row into a new DataFrame per group (about 10 µs per row
 here, more than the engine core spends on it), and the Row-based `transformWithState`
 that the rules query runs converts every cell to a Python object. So the rules query packs
 rows first, in a stateless `mapInArrow` step where Arrow arrives whole: each batch of
-input rows becomes one row per (stage, partition key) found in it, holding that key's
-rows as an Arrow IPC stream (sorting, slicing and serialising stay in Arrow). The
-stateful step then sees a few packed rows per batch instead of every reading, and Spark
-shuffles fewer, larger rows.
-
-A packed row: the stage name, the key (a JSON array of the key values), the stateful
-group it belongs to, the latest event time of its rows (the column the watermark is
-set on), the highest landing stamp of its rows (`arrival_watermark`, or null), and the
-rows.
+input rows becomes one row per stateful group found in it, holding that group's rows as
+an Arrow IPC stream (sorting, slicing and serialising stay in Arrow). The stateful step
+then sees a few packed rows per batch instead of every reading, and Spark shuffles
+fewer, larger rows.
 
 **Groups.** Spark's stateful step pays per group and batch: a round trip to its state
 server to set the group's key, each state read and write, each timer call. So a stage
 whose key starts with another stage's key shares that stage's groups (`routes`): every
 stage keyed by station, and `(station, lane)`, of one station together, ≈ 41 groups a
-batch for the traffic library's 40 stations instead of ≈ 360. A stage keyed by no
-other stage's key prefix keeps a group per key (grouping an expressway's positions
-together would make one group of all of them), and a stage with no key is a group of
-its own.
+batch for the traffic library's 40 stations instead of ≈ 360, and a reading is packed
+once per group rather than once per stage. A stage keyed by no other stage's key
+prefix keeps a group per key (grouping an expressway's positions together would make
+one group of all of them), and a stage with no key is a group of its own.
+
+A packed row: the group's name and key (a JSON array of its key values), the latest
+event time of its rows (the column the watermark is set on), the highest landing stamp
+of its rows (`arrival_watermark`, or null), and the rows; the stateful step splits
+them among the group's stages and keys (`evaluator_keys`).
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ import pyarrow.compute as pc
 
 from engine.spark.worker_gc import freeze_worker_heap
 
-STAGE = "lookout_stage"
-KEY = "lookout_key"
 GROUP = "lookout_group"
 GROUP_KEY = "lookout_group_key"
 EVENT_TIME = "lookout_event_time"
@@ -54,8 +52,6 @@ CLOCK = "lookout_clock"
 
 PACKED_SCHEMA = pa.schema(
     [
-        pa.field(STAGE, pa.string()),
-        pa.field(KEY, pa.string()),
         pa.field(GROUP, pa.string()),
         pa.field(GROUP_KEY, pa.string()),
         pa.field(EVENT_TIME, pa.timestamp("us", tz="UTC")),
@@ -64,8 +60,7 @@ PACKED_SCHEMA = pa.schema(
     ]
 )
 PACKED_DDL = (
-    f"{STAGE} STRING, {KEY} STRING, {GROUP} STRING, {GROUP_KEY} STRING, "
-    f"{EVENT_TIME} TIMESTAMP, {ARRIVAL_WM} LONG, {ROWS} BINARY"
+    f"{GROUP} STRING, {GROUP_KEY} STRING, {EVENT_TIME} TIMESTAMP, {ARRIVAL_WM} LONG, {ROWS} BINARY"
 )
 
 
@@ -82,7 +77,12 @@ class Route:
     def group(self) -> str:
         """The stateful group's name: ``by:<its key columns>``, or the stage's own name
         for a stage with no key (no stage name holds a colon)."""
-        return f"by:{','.join(self.key[: self.shared])}" if self.shared else self.stage
+        return f"by:{','.join(self.group_key)}" if self.shared else self.stage
+
+    @property
+    def group_key(self) -> tuple[str, ...]:
+        """The columns whose values tell the stage's groups apart."""
+        return self.key[: self.shared]
 
 
 def routes(keys: dict[str, tuple[str, ...]]) -> tuple[Route, ...]:
@@ -97,7 +97,7 @@ def routes(keys: dict[str, tuple[str, ...]]) -> tuple[Route, ...]:
 
 @dataclass(frozen=True)
 class Router:
-    """`mapInArrow` function: packs each batch of a stream's rows per (stage, key).
+    """`mapInArrow` function: packs each batch of a stream's rows per stateful group.
 
     `timestamp` names the stream's event-time column (in ms); `columns` are the ones a
     stage's rows carry. A batch's heartbeats become one packed row (their time is all
@@ -118,23 +118,17 @@ class Router:
 
 
 def pack(batch: pa.RecordBatch, router: Router) -> pa.RecordBatch:
-    """One packed row per (stage, key) of the batch's readings (plus one for its
+    """One packed row per stateful group of the batch's readings (plus one for its
     heartbeats). Sorting and converting run in Arrow; Python only slices lists."""
     beats = batch.column(HEARTBEAT).to_numpy(zero_copy_only=False)
     out: dict[str, list[Any]] = {f.name: [] for f in PACKED_SCHEMA}
 
-    def emit(
-        route: Route | str, key: list[Any], times: np.ndarray, stamps: pa.Array, payload: bytes
-    ) -> None:
-        stage, group = (route, route) if isinstance(route, str) else (route.stage, route.group)
-        out[STAGE].append(stage)
-        out[KEY].append(orjson.dumps(key).decode())
+    def emit(group: str, key: list[Any], times: np.ndarray, stamps: pa.Array, rows: bytes) -> None:
         out[GROUP].append(group)
-        shared = 0 if isinstance(route, str) else route.shared
-        out[GROUP_KEY].append(orjson.dumps(key[:shared]).decode())
+        out[GROUP_KEY].append(orjson.dumps(key).decode())
         out[EVENT_TIME].append(int(times.max()) * 1000)
         out[ARRIVAL_WM].append(pc.max(stamps).as_py())
-        out[ROWS].append(payload)
+        out[ROWS].append(rows)
 
     if beats.any():
         # Heartbeats carry only time; their packed row is what counts them in the
@@ -144,23 +138,36 @@ def pack(batch: pa.RecordBatch, router: Router) -> pa.RecordBatch:
     readings = batch.filter(pa.array(~beats)) if beats.any() else batch
     if not readings.num_rows:
         return pa.RecordBatch.from_pydict(out, schema=PACKED_SCHEMA)
-    for route in router.routes:
+    for group, columns in {route.group: route.group_key for route in router.routes}.items():
         rows = readings
-        if route.key:
-            rows = readings.take(pc.sort_indices(readings, [(k, "ascending") for k in route.key]))
+        if columns:
+            rows = readings.take(pc.sort_indices(readings, [(k, "ascending") for k in columns]))
         members = rows.select(list(router.columns))
         times = rows.column(router.timestamp).to_numpy(zero_copy_only=False)
         stamps = rows.column(ARRIVAL_WM)
-        for start, end in itertools.pairwise(_cuts(rows, route.key)):
-            key = [rows.column(name)[start].as_py() for name in route.key]
+        for start, end in itertools.pairwise(_cuts(rows, columns)):
             emit(
-                route,
-                key,
+                group,
+                [rows.column(name)[start].as_py() for name in columns],
                 times[start:end],
                 stamps.slice(start, end - start),
                 ipc_bytes(members.slice(start, end - start)),
             )
     return pa.RecordBatch.from_pydict(out, schema=PACKED_SCHEMA)
+
+
+def evaluator_keys(
+    route: Route, group_key: str, rows: list[dict[str, Any]]
+) -> dict[str, list[dict[str, Any]]]:
+    """A group's `rows` (its key `group_key`, as packed) split by `route`'s stage key:
+    each evaluator's key as JSON, as `pack` writes a group key, to its rows in order."""
+    if route.key == route.group_key:
+        return {group_key: rows}  # `pack` cut them by this very key
+    split: dict[str, list[dict[str, Any]]] = {}
+    columns = route.key
+    for row in rows:
+        split.setdefault(orjson.dumps([row[c] for c in columns]).decode(), []).append(row)
+    return split
 
 
 def ipc_bytes(data: pa.RecordBatch | pa.Table) -> bytes:

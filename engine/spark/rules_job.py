@@ -3,8 +3,8 @@
 All stages that read one stream share one streaming query (one read of the stream):
 
     readStream(Delta table of the stream) + its heartbeats   # timestamps as epoch ms
-      .mapInArrow(Router)                  # per Arrow batch: one packed row per (stage,
-                                           # key) holding that key's rows (packing.py)
+      .mapInArrow(Router)                  # per Arrow batch: one packed row per
+                                           # stateful group holding its rows (packing.py)
       .withWatermark(latest event time, slack + 1 ms)
       .groupBy(group, group key)           # the evaluators of one station, say
       .transformWithState(StageProcessor)         # a KeyedEvaluator per (stage, key),
@@ -68,11 +68,11 @@ from engine.spark.packing import (
     GROUP,
     GROUP_KEY,
     HEARTBEAT,
-    KEY,
     PACKED_DDL,
     ROWS,
-    STAGE,
+    Route,
     Router,
+    evaluator_keys,
     ipc_bytes,
     read_ipc,
     routes,
@@ -128,6 +128,9 @@ class StageProcessor(StatefulProcessor):
     def __init__(self, stages: Mapping[str, Stage], streams: Mapping[str, StreamSchema]) -> None:
         self.stages = dict(stages)
         self.streams = dict(streams)  # the derived streams the stages write, by name
+        self.groups: dict[str, list[Route]] = {}  # each group's stages, as the router has them
+        for route in routes({stage.name: stage.key for stage in stages.values()}):
+            self.groups.setdefault(route.group, []).append(route)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         freeze_worker_heap()
@@ -178,18 +181,18 @@ class StageProcessor(StatefulProcessor):
             # one's (and the stream's: valid for every evaluator), so this batch's rows
             # are final now rather than pickled until the next.
             watermark = timerValues.getCurrentWatermarkInMs() + 1
-            packed: dict[tuple[str, str], list[Row]] = {}
+            readings: list[dict[str, Any]] = []
             for row in rows:
                 if row[ARRIVAL_WM] is not None:
                     watermark = max(watermark, row[ARRIVAL_WM])
-                packed.setdefault((row[STAGE], row[KEY]), []).append(row)
+                readings += unpack(row[ROWS])
             outputs: list[Row] = []
-            for (name, evaluator_key), mine in packed.items():
-                stage = self.stages[name]
-                evaluator = self._load(saved, stage, evaluator_key)
-                for row in mine:
-                    evaluator.insert_many(unpack(row[ROWS]))
-                outputs += self._advance(saved, stage, evaluator_key, evaluator, watermark)
+            for route in self.groups[key[0]]:
+                stage = self.stages[route.stage]
+                for evaluator_key, mine in evaluator_keys(route, key[1], readings).items():
+                    evaluator = self._load(saved, stage, evaluator_key)
+                    evaluator.insert_many(mine)
+                    outputs += self._advance(saved, stage, evaluator_key, evaluator, watermark)
             self._store(saved, armed)
         yield from outputs
 

@@ -1,10 +1,11 @@
-"""Packing a stream's rows per (stage, key) for the stateful step, against brute force.
+"""Packing a stream's rows per stateful group for the stateful step, against brute force.
 
 Whatever a batch holds (keys with nulls and NaN, heartbeats, several stages keyed
-differently), unpacking what `pack` made must give each stage every reading exactly
-once, every packed row must hold only rows of its key and name its stateful group, and
-its event time and landing stamp must be the highest of its rows; the batch's
-heartbeats make one packed row at their latest time.
+differently), unpacking what `pack` made and splitting it per stage key
+(`evaluator_keys`) must give each stage every reading exactly once, each evaluator only
+rows of its key, under its group's key; a packed row's event time and landing stamp
+must be the highest of its rows; the batch's heartbeats make one packed row at their
+latest time.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ from engine.spark.packing import (
     GROUP,
     GROUP_KEY,
     HEARTBEAT,
-    KEY,
     ROWS,
-    STAGE,
     Route,
     Router,
+    evaluator_keys,
     pack,
     routes,
     unpack,
@@ -76,31 +76,35 @@ def test_every_reading_reaches_every_stage_once_under_its_key(rows):
     packed = pack(pa.RecordBatch.from_pylist(rows, schema=SCHEMA), ROUTER).to_pylist()
     readings = [r for r in rows if not r[HEARTBEAT]]
     columns = ROUTER.columns
+    # The stateful groups: a station's, for both stages keyed by station first; the
+    # key-less stage's own.
+    groups = {"by_station": "by:station", "by_pair": "by:station", "all": "all"}
     for route in ROUTER.routes:
         got = Counter()
-        for p in (p for p in packed if p[STAGE] == route.stage):
+        for p in (p for p in packed if p[GROUP] == groups[route.stage]):
             members = unpack(p[ROWS])
             assert members, "a packed row holds at least one reading"
-            key = orjson.loads(p[KEY])
-            # The stateful group: a station's, for both stages keyed by station first; a
-            # key-less stage is its own.
-            want_group = ("by:station", key[:1]) if route.key else ("all", [])
-            assert (p[GROUP], orjson.loads(p[GROUP_KEY])) == want_group
-            for member in members:
-                assert all(_same(member[k], v) for k, v in zip(route.key, key, strict=True)), (
-                    f"{route.stage}: row {member} packed under key {key}"
-                )
+            group_key = orjson.loads(p[GROUP_KEY])
             assert round(p[EVENT_TIME].timestamp() * 1000) == max(m["ts"] for m in members)
-            got.update(orjson.dumps(m) for m in members)
+            for key_text, mine in evaluator_keys(route, p[GROUP_KEY], members).items():
+                key = orjson.loads(key_text)
+                assert key[: len(group_key)] == group_key
+                for member in mine:
+                    assert all(_same(member[k], v) for k, v in zip(route.key, key, strict=True)), (
+                        f"{route.stage}: row {member} split under key {key}"
+                    )
+                got.update(orjson.dumps(m) for m in mine)
         want = Counter(orjson.dumps({c: r[c] for c in columns}) for r in readings)
         assert got == want, route.stage
     # The key-less stage packs the whole batch in one row: its stamp is the batch's.
     stamps = [r[ARRIVAL_WM] for r in readings if r[ARRIVAL_WM] is not None]
-    assert [p[ARRIVAL_WM] for p in packed if p[STAGE] == "all"] == (
+    assert [p[ARRIVAL_WM] for p in packed if p[GROUP] == "all"] == (
         [max(stamps, default=None)] if readings else []
     )
+    # A reading is packed once per group, not once per stage.
+    assert sum(len(unpack(p[ROWS])) for p in packed if p[ROWS]) == 2 * len(readings)
     beats = [r["ts"] for r in rows if r[HEARTBEAT]]
-    beat_rows = [p for p in packed if p[STAGE] == HEARTBEAT]
+    beat_rows = [p for p in packed if p[GROUP] == HEARTBEAT]
     assert len(beat_rows) == (1 if beats else 0)
     if beats:
         assert round(beat_rows[0][EVENT_TIME].timestamp() * 1000) == max(beats)
@@ -116,7 +120,7 @@ def test_heartbeats_go_to_the_clock_when_the_query_has_one():
         schema=SCHEMA,
     )
     (row,) = pack(batch, router).to_pylist()
-    assert (row[STAGE], round(row[EVENT_TIME].timestamp() * 1000)) == (CLOCK, 9)
+    assert (row[GROUP], round(row[EVENT_TIME].timestamp() * 1000)) == (CLOCK, 9)
 
 
 def test_a_stage_shares_the_groups_of_the_shortest_stage_key_starting_its_own():
