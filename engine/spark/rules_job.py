@@ -125,11 +125,17 @@ class StageProcessor(StatefulProcessor):
     are added.
     """
 
-    def __init__(self, stages: Mapping[str, Stage], streams: Mapping[str, StreamSchema]) -> None:
+    def __init__(
+        self,
+        stages: Mapping[str, Stage],
+        streams: Mapping[str, StreamSchema],
+        stage_routes: Sequence[Route],
+    ) -> None:
         self.stages = dict(stages)
         self.streams = dict(streams)  # the derived streams the stages write, by name
-        self.groups: dict[str, list[Route]] = {}  # each group's stages, as the router has them
-        for route in routes({stage.name: stage.key for stage in stages.values()}):
+        # Each group's stages: the routes the query's router packs by.
+        self.groups: dict[str, list[Route]] = {}
+        for route in stage_routes:
             self.groups.setdefault(route.group, []).append(route)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
@@ -514,8 +520,9 @@ def start_rules_query(
         tables.ensure_table(
             config.table(tables.heartbeats_table(beats)), tables.HEARTBEATS, options
         )
+    stage_routes = routes({stage.name: stage.key for stage in stages})
     router = Router(
-        routes({stage.name: stage.key for stage in stages}),
+        stage_routes,
         ts,
         (*(c.name for c in plan.streams[stream].columns), "source", "seq"),
         # Heartbeats start the clock (its timer keeps it ticking afterwards).
@@ -536,7 +543,7 @@ def start_rules_query(
         reduce(DataFrame.unionByName, packed)
         .groupBy(GROUP, GROUP_KEY)
         .transformWithState(
-            StageProcessor({s.name: s for s in stages}, written),
+            StageProcessor({s.name: s for s in stages}, written, stage_routes),
             OUTPUT_SCHEMA,
             "Append",
             "EventTime",
