@@ -20,8 +20,10 @@ import pyarrow.fs as pafs
 from lookout.config import Config
 from lookout.storage import filesystem
 
-CHECKPOINT_LAYOUT = 5
-"""5: a rules query's stateful groups are the evaluators whose keys start with the same
+CHECKPOINT_LAYOUT = 6
+"""6: a rules query's stateful groups are buckets of the keys of layout 5 (a stable
+hash of the key modulo `packing.BUCKETS`), so a key's state is found by its bucket.
+5: a rules query's stateful groups are the evaluators whose keys start with the same
 value (a station's), not one (stage, key) each, so its state is keyed otherwise.
 4: the rules queries' stateful step is PySpark's Row-based `transformWithState`, not
 `transformWithStateInPandas` (Spark refuses to resume one's state as the other's:
@@ -29,7 +31,9 @@ value (a station's), not one (stage, key) each, so its state is keyed otherwise.
 Lookout's landing source (offsets name the backlog's files), not Spark's file source.
 2: heartbeats in one table per stream, and a RANGE frame's tuples in a chunk map beside
 each evaluator's head (state per change). 1: one `heartbeats` table."""
-CHECKPOINT_LAYOUT_CHANGE = "the rules queries keep one stateful group per station, not per stage"
+CHECKPOINT_LAYOUT_CHANGE = (
+    "the rules queries keep their stations' state in hashed buckets, not one group per station"
+)
 
 
 class CheckpointLayoutError(RuntimeError):

@@ -6,7 +6,8 @@ All stages that read one stream share one streaming query (one read of the strea
       .mapInArrow(Router)                  # per Arrow batch: one packed row per
                                            # stateful group holding its rows (packing.py)
       .withWatermark(latest event time, slack + 1 ms)
-      .groupBy(group, group key)           # the evaluators of one station, say
+      .groupBy(group, bucket)              # the evaluators of the stations whose
+                                           # keys hash to one bucket, say
       .transformWithState(StageProcessor)         # a KeyedEvaluator per (stage, key),
                                                   # saved in the RocksDB state store:
                                                   # the group's heads in one value, and
@@ -63,6 +64,7 @@ from engine.core.evaluator import KeyedEvaluator, Output, OutputColumns, output_
 from engine.core.plan import ColumnType, Plan, SinkKind, Stage, StreamSchema
 from engine.spark.packing import (
     ARRIVAL_WM,
+    BUCKET,
     CLOCK,
     EVENT_TIME,
     GROUP,
@@ -118,11 +120,11 @@ class StageProcessor(StatefulProcessor):
     """Runs the `KeyedEvaluator` of each (stage, partition key) inside Spark.
 
     One processor serves every stage that reads the same table. Spark groups the packed
-    rows (`engine.spark.packing`) by their group: the evaluators whose keys start with
-    the same value of a shared key (a station's, for every stage keyed by station
-    first), or a key-less stage's one evaluator. A group's state holds its evaluators
-    by (stage name, key), so a stage keeps its state across restarts when other rules
-    are added.
+    rows (`engine.spark.packing`) by group name and bucket: the evaluators whose keys
+    start with a value of a shared key (a station's, for every stage keyed by station
+    first) that hashes to the bucket, or a key-less stage's one evaluator. A group's
+    state holds its evaluators by (stage name, key), so a stage keeps its state across
+    restarts when other rules are added.
     """
 
     def __init__(
@@ -187,18 +189,20 @@ class StageProcessor(StatefulProcessor):
             # one's (and the stream's: valid for every evaluator), so this batch's rows
             # are final now rather than pickled until the next.
             watermark = timerValues.getCurrentWatermarkInMs() + 1
-            readings: list[dict[str, Any]] = []
+            # The bucket's rows by group key (a key can come in several packed rows).
+            readings: dict[str, list[dict[str, Any]]] = {}
             for row in rows:
                 if row[ARRIVAL_WM] is not None:
                     watermark = max(watermark, row[ARRIVAL_WM])
-                readings += unpack(row[ROWS])
+                readings.setdefault(row[GROUP_KEY], []).extend(unpack(row[ROWS]))
             outputs: list[Row] = []
             for route in self.groups[key[0]]:
                 stage = self.stages[route.stage]
-                for evaluator_key, mine in evaluator_keys(route, key[1], readings).items():
-                    evaluator = self._load(saved, stage, evaluator_key)
-                    evaluator.insert_many(mine)
-                    outputs += self._advance(saved, stage, evaluator_key, evaluator, watermark)
+                for group_key, members in readings.items():
+                    for evaluator_key, mine in evaluator_keys(route, group_key, members).items():
+                        evaluator = self._load(saved, stage, evaluator_key)
+                        evaluator.insert_many(mine)
+                        outputs += self._advance(saved, stage, evaluator_key, evaluator, watermark)
             self._store(saved, armed)
         yield from outputs
 
@@ -541,7 +545,7 @@ def start_rules_query(
     name = query_name(stream)
     outputs = (
         reduce(DataFrame.unionByName, packed)
-        .groupBy(GROUP, GROUP_KEY)
+        .groupBy(GROUP, BUCKET)
         .transformWithState(
             StageProcessor({s.name: s for s in stages}, written, stage_routes),
             OUTPUT_SCHEMA,

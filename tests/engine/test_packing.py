@@ -5,11 +5,13 @@ differently), unpacking what `pack` made and splitting it per stage key
 (`evaluator_keys`) must give each stage every reading exactly once, each evaluator only
 rows of its key, under its group's key; a packed row's event time and landing stamp
 must be the highest of its rows; the batch's heartbeats make one packed row at their
-latest time.
+latest time. A group key's bucket is the same in every batch and every process.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 
 import orjson
@@ -19,6 +21,8 @@ from hypothesis import strategies as st
 
 from engine.spark.packing import (
     ARRIVAL_WM,
+    BUCKET,
+    BUCKETS,
     CLOCK,
     EVENT_TIME,
     GROUP,
@@ -27,6 +31,7 @@ from engine.spark.packing import (
     ROWS,
     Route,
     Router,
+    bucket,
     evaluator_keys,
     pack,
     routes,
@@ -85,6 +90,7 @@ def test_every_reading_reaches_every_stage_once_under_its_key(rows):
             members = unpack(p[ROWS])
             assert members, "a packed row holds at least one reading"
             group_key = orjson.loads(p[GROUP_KEY])
+            assert p[BUCKET] == bucket(p[GROUP_KEY]), "a key's bucket depends on it alone"
             assert round(p[EVENT_TIME].timestamp() * 1000) == max(m["ts"] for m in members)
             for key_text, mine in evaluator_keys(route, p[GROUP_KEY], members).items():
                 key = orjson.loads(key_text)
@@ -145,3 +151,28 @@ def test_a_stage_shares_the_groups_of_the_shortest_stage_key_starting_its_own():
         "speeding": "speeding",
     }
     assert got[0] == Route("lanes", ("station", "lane"), 1)
+
+
+def test_a_group_keys_bucket_is_the_same_in_every_process():
+    # Python's own string hash differs per process: a key's state would be looked up in
+    # the wrong bucket after a restart, or by another worker.
+    keys = [orjson.dumps([station]).decode() for station in range(200)]
+    script = (
+        "import sys, orjson; from engine.spark.packing import bucket; "
+        "print(orjson.dumps([bucket(k) for k in orjson.loads(sys.argv[1])]).decode())"
+    )
+    for seed in ("1", "2"):
+        out = subprocess.run(
+            [sys.executable, "-c", script, orjson.dumps(keys).decode()],
+            env={"PYTHONHASHSEED": seed, "PATH": ""},
+            capture_output=True,
+            check=True,
+            text=True,
+        ).stdout
+        assert orjson.loads(out) == [bucket(k) for k in keys]
+
+
+def test_many_keys_spread_over_every_bucket():
+    counts = Counter(bucket(orjson.dumps([station]).decode()) for station in range(BUCKETS * 20))
+    assert sorted(counts) == list(range(BUCKETS))
+    assert max(counts.values()) < 3 * 20, "no bucket takes a large share of the keys"
