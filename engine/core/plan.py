@@ -376,6 +376,9 @@ class Query:
     the same sink (their ``post`` gives the first branch's column names); ``branch`` is
     the SELECT's index. The sink's rows are the union, and a stage reading it processes
     them in (ts, source, seq) order: the sort-merge by timestamp of ESL's UNION ALL."""
+    definition: str = field(default="", compare=False)
+    """A digest of the rule text the query was compiled from (positions aside): saved
+    state of a query whose definition has changed since is not resumed."""
 
     @property
     def name(self) -> str:

@@ -22,9 +22,10 @@ from lookout.storage import filesystem
 
 CHECKPOINT_LAYOUT = 6
 """6: a rules query's stateful groups are buckets of the keys of layout 5 (a stable
-hash of the key modulo `packing.BUCKETS`), so a key's state is found by its bucket.
-5: a rules query's stateful groups are the evaluators whose keys start with the same
-value (a station's), not one (stage, key) each, so its state is keyed otherwise.
+hash of the key modulo `packing.BUCKETS`), so a key's state is found by its bucket; each
+evaluator is saved with its rule's definition digest. 5: a rules query's stateful groups
+are the evaluators whose keys start with the same value (a station's), not one (stage,
+key) each, so its state is keyed otherwise.
 4: the rules queries' stateful step is PySpark's Row-based `transformWithState`, not
 `transformWithStateInPandas` (Spark refuses to resume one's state as the other's:
 `STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA`). 3: the landing query reads
@@ -32,7 +33,8 @@ Lookout's landing source (offsets name the backlog's files), not Spark's file so
 2: heartbeats in one table per stream, and a RANGE frame's tuples in a chunk map beside
 each evaluator's head (state per change). 1: one `heartbeats` table."""
 CHECKPOINT_LAYOUT_CHANGE = (
-    "the rules queries keep their stations' state in hashed buckets, not one group per station"
+    "the rules queries keep their stations' state in hashed buckets, not one group per "
+    "station, each evaluator with its rule's definition"
 )
 
 

@@ -22,6 +22,7 @@ from engine.core.plan import Plan
 from engine.maintenance import TableMaintenance, read_floors
 from engine.spark.checkpoint_layout import check_checkpoint_layout
 from engine.spark.landing_job import LandingJob
+from engine.spark.rule_changes import record_rule_changes
 from engine.spark.rules_job import stages_by_input, start_rules_query
 from engine.spark.session import build_session
 from lookout.config import Config
@@ -60,6 +61,8 @@ class EngineJob:
     def start(self) -> None:
         """Start the landing query, then one rules query per stream that stages read."""
         check_checkpoint_layout(self.config)
+        for change in record_rule_changes(self.config, self.plan):
+            log.warning(change)
         self.queries.append(self.landing.start(self.config.engine.trigger_seconds))
         for stream, stages in stages_by_input(self.plan).items():
             self.queries.append(

@@ -112,8 +112,14 @@ _CHUNK_KEY = T.StructType(
 )
 _CHUNK = T.StructType([T.StructField("data", T.BinaryType())])
 
-Saved = dict[tuple[str, str], tuple[bytes, int | None]]
-"""A group's evaluators as stored: (stage name, key as JSON) -> (head, next wakeup)."""
+Saved = dict[tuple[str, str], tuple[bytes, int | None, str]]
+"""A group's evaluators as stored: (stage name, key as JSON) -> (head, next wakeup, the
+stage's `Query.definition` when saved)."""
+
+
+def earliest_wakeup(saved: Saved) -> int | None:
+    """The earliest next wakeup of a group's evaluators: where its one timer goes."""
+    return min((w for _, w, _ in saved.values() if w is not None), default=None)
 
 
 class StageProcessor(StatefulProcessor):
@@ -148,9 +154,29 @@ class StageProcessor(StatefulProcessor):
         # writes the window's ends, not the whole window.
         self.chunks = handle.getMapState("chunks", _CHUNK_KEY, _CHUNK)
 
-    def _saved(self) -> Saved:
+    def _saved(self) -> tuple[Saved, int | None]:
+        """The group's evaluators of stages still in the rules as they were saved, and
+        the wakeup its timer was armed at (by every evaluator it had, see `_store`).
+
+        An evaluator of a stage removed from the rules, or whose rule has been edited
+        since (`Query.definition`), is deleted with its chunks: its state was built
+        by another rule, and a stage that comes back has missed readings meanwhile."""
         found = self.state.get()  # one round trip to the state server, not two
-        return {} if found is None else pickle.loads(found[0])
+        saved: Saved = {} if found is None else pickle.loads(found[0])
+        armed = earliest_wakeup(saved)
+        stale = {
+            name_key
+            for name_key, (_, _, definition) in saved.items()
+            if name_key[0] not in self.stages
+            or self.stages[name_key[0]].query.definition != definition
+        }
+        if stale:
+            for name_key in stale:
+                del saved[name_key]
+            for chunk in list(self.chunks.keys()):
+                if (chunk[0], chunk[1]) in stale:
+                    self.chunks.removeKey(chunk)
+        return saved, armed
 
     def _load(self, saved: Saved, stage: Stage, key: str) -> KeyedEvaluator:
         entry = saved.get((stage.name, key))
@@ -165,14 +191,6 @@ class StageProcessor(StatefulProcessor):
 
         return KeyedEvaluator.load(stage, entry[0], read_chunk)
 
-    def _wakeup(self, saved: Saved) -> int | None:
-        """The earliest wakeup of the group's evaluators (of stages still in the rules:
-        a removed stage's evaluator is kept, never run)."""
-        wakeups = [
-            w for (name, _), (_, w) in saved.items() if w is not None and name in self.stages
-        ]
-        return min(wakeups, default=None)
-
     def handleInputRows(
         self, key: Any, rows: Iterator[Row], timerValues: TimerValues
     ) -> Iterator[Row]:
@@ -183,8 +201,7 @@ class StageProcessor(StatefulProcessor):
                 yield from self._tick(timerValues)
             return
         with collector_paused():
-            saved = self._saved()
-            armed = self._wakeup(saved)  # the timer the last batch left (see _store)
+            saved, armed = self._saved()
             # Spark's watermark is the previous batch's; the landing's stamps are this
             # one's (and the stream's: valid for every evaluator), so this batch's rows
             # are final now rather than pickled until the next.
@@ -214,12 +231,12 @@ class StageProcessor(StatefulProcessor):
             return
         watermark = timerValues.getCurrentWatermarkInMs() + 1
         with collector_paused():
-            saved = self._saved()
+            saved, _ = self._saved()
             outputs: list[Row] = []
-            for (name, evaluator_key), (_, wakeup) in list(saved.items()):
-                stage = self.stages.get(name)
-                if stage is None or wakeup is None or wakeup > watermark:
-                    continue  # removed from the rules, or not due
+            for (name, evaluator_key), (_, wakeup, _) in list(saved.items()):
+                if wakeup is None or wakeup > watermark:
+                    continue  # not due
+                stage = self.stages[name]
                 evaluator = self._load(saved, stage, evaluator_key)
                 outputs += self._advance(saved, stage, evaluator_key, evaluator, watermark)
             # The expiring timer was the group's only one; Spark deletes it after this.
@@ -243,7 +260,7 @@ class StageProcessor(StatefulProcessor):
         now), and return its outputs packed."""
         outputs = evaluator.advance_columns(max(watermark, evaluator.watermark))
         state = evaluator.save()
-        saved[(stage.name, key)] = (state.head, evaluator.next_wakeup())
+        saved[(stage.name, key)] = (state.head, evaluator.next_wakeup(), stage.query.definition)
         for number in state.deletes:
             self.chunks.removeKey((stage.name, key, number))
         for number, data in state.writes.items():
@@ -261,7 +278,7 @@ class StageProcessor(StatefulProcessor):
         when the wakeup does, without listing timers (each call is a round trip to the
         JVM's state server, per group and batch)."""
         self.state.update((pickle.dumps(saved, protocol=pickle.HIGHEST_PROTOCOL),))
-        wakeup = self._wakeup(saved)
+        wakeup = earliest_wakeup(saved)
         if wakeup != armed:
             if armed is not None:
                 self.handle.deleteTimer(armed - 1)

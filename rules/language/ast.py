@@ -7,7 +7,7 @@ The tree is plain frozen data: nothing here evaluates anything.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Literal as TypingLiteral
 
 Severity = TypingLiteral["info", "warning", "critical"]
@@ -273,3 +273,20 @@ class CreateAlert:
 
 
 Statement = CreateStream | CreateDerived | CreateTable | CreateAggregate | CreateAlert
+
+
+def without_positions(node: object) -> object:
+    """`node` as nested tuples with no positions or file names: the same for the same
+    rule however its file is laid out (what a rule's saved state is tied to)."""
+    if is_dataclass(node) and not isinstance(node, type):
+        return (
+            type(node).__name__,
+            *(
+                (f.name, without_positions(getattr(node, f.name)))
+                for f in fields(node)
+                if f.name not in ("pos", "file") and not f.name.endswith("_pos")
+            ),
+        )
+    if isinstance(node, tuple | list):
+        return tuple(without_positions(item) for item in node)
+    return node

@@ -8,6 +8,7 @@ never passes a rule the engine would refuse.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
@@ -621,7 +622,31 @@ def _compile_select(
         post=tuple(post),
         r2s=_r2s(select, window),
         branch=branch,
+        definition=_definition(sel, names),
     )
+
+
+def _definition(sel: SelectInfo, names: list[str]) -> str:
+    """A digest of what a query's saved state was built by: its SELECT block and output
+    names, its input stream's columns, and the declarations of the UDAs it calls. Moving
+    or re-commenting the rule keeps it; editing any of those changes it."""
+    assert sel.stream is not None
+    udas = sorted(
+        {
+            use.call.name: ast.without_positions(use.uda.statement)
+            for use in sel.aggregates
+            if use.uda is not None
+        }.items(),
+        key=operator.itemgetter(0),
+    )
+    parts = (
+        ast.without_positions(sel.select),
+        names,
+        sorted(sel.stream.columns.items()),
+        sel.stream.timestamp,
+        udas,
+    )
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
 def compile_catalog(catalog: Catalog, texts: dict[str, str]) -> tuple[plan.Plan, list[RuleError]]:

@@ -188,3 +188,53 @@ def test_a_projection_copies_exactly_the_keys_its_columns_read(tmp_path: Path) -
     assert queries["computed"].post[-1].copies is None  # type: ignore[union-attr]
     assert queries["renamed"].post[-1].copies == ("station", "speed", "ts")  # type: ignore[union-attr]
     assert seen >= 8
+
+
+DEFINED = """
+CREATE AGGREGATE silence(ts TIMESTAMP) RETURNS TIMESTAMP LANGUAGE PYTHON AS 'rules.udas:Silence';
+CREATE STREAM avg_speed AS SELECT station, ts,
+    avg(speed) OVER (PARTITION BY station RANGE 5 MINUTES PRECEDING) AS v FROM traffic;
+CREATE ALERT quiet SEVERITY warning AS SELECT station,
+    silence(ts) OVER (PARTITION BY station RANGE 5 SECONDS PRECEDING ACTIVE EXPIRATION) AS s
+  FROM traffic;
+CREATE STREAM slow AS SELECT station, ts, v FROM avg_speed WHERE v < 10;
+"""
+# Each edit changes what the named queries' saved state was built by.
+EDITS = [
+    ("RANGE 5 MINUTES", "RANGE 6 MINUTES", {"avg_speed"}),
+    ("avg(speed)", "max(speed)", {"avg_speed"}),
+    (") AS s\n", ") AS last_seen\n", {"quiet"}),
+    ("AS v FROM traffic;", "AS v FROM traffic WHERE lane = 1;", {"avg_speed"}),
+    ("RETURNS TIMESTAMP", "RETURNS BIGINT", {"quiet"}),
+    ("WHERE v < 10", "WHERE v < 11", {"slow"}),
+    ("length DOUBLE", "length INT", {"avg_speed", "quiet"}),
+]
+
+
+def _definitions(tmp_path: Path, files: dict[str, str]) -> dict[str, str]:
+    paths = []
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+        paths.append(tmp_path / name)
+    return {q.name: q.definition for q in load_rules(paths).plan.queries}
+
+
+def test_a_query_definition_changes_with_its_rule_and_not_with_the_layout(tmp_path: Path) -> None:
+    base = _definitions(tmp_path, {"a.sql": TRAFFIC + DEFINED})
+    assert len(set(base.values())) == len(base), "distinct rules, distinct definitions"
+    # Comments, line breaks, indentation and file boundaries do not count.
+    statements = [s.strip() + ";" for s in DEFINED.split(";") if s.strip()]
+    relaid = {
+        "b.sql": "-- the traffic stream\n\n" + TRAFFIC.replace("\n  ", "\n        "),
+        "c.sql": "\n\n".join(f"-- rule {i}\n\n  {s}" for i, s in enumerate(statements[:2])),
+        "d.sql": "\n".join(s.replace("\n", "\n\n") for s in statements[2:]),
+    }
+    (tmp_path / "relaid").mkdir()
+    assert _definitions(tmp_path / "relaid", relaid) == base
+    for i, (old, new, changed) in enumerate(EDITS):
+        text = TRAFFIC + DEFINED
+        assert old in text, old
+        folder = tmp_path / f"edit{i}"
+        folder.mkdir()
+        edited = _definitions(folder, {"a.sql": text.replace(old, new)})
+        assert {name for name in base if edited[name] != base[name]} == changed, (old, new)

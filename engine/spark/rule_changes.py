@@ -1,0 +1,61 @@
+"""Which rules changed since the engine last started on a lakehouse, said at start.
+
+A rules query resumes each stage's state from its checkpoint, and its stateful step
+deletes an evaluator whose stage has been removed from the rules, or whose rule has
+been edited since the evaluator was saved (`Query.definition`): that state was built by
+another rule, and a stage that comes back has missed the readings in between. This
+happens inside Spark's Python workers, where nobody reads it, so the engine records the
+stages' definitions at every start (`<lakehouse>/_checkpoints/RULES.json`) and logs what
+differs from the last start's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import suppress
+
+import orjson
+import pyarrow.fs as pafs
+
+from engine.core.plan import Plan
+from lookout.config import Config
+from lookout.storage import filesystem
+
+
+def rule_changes(last: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
+    """What the rules queries do differently from the last start, one message per
+    stage edited or removed (stage name -> definition, as `definitions` gives)."""
+    messages = [
+        f"rule {name!r} has been edited since the last start: its state from before "
+        "is deleted, so its windows start empty"
+        for name in sorted(now.keys() & last.keys())
+        if now[name] != last[name]
+    ]
+    messages += [
+        f"rule {name!r} is no longer in the rules: its state is deleted (were it added "
+        "again, it would start empty)"
+        for name in sorted(last.keys() - now.keys())
+    ]
+    return messages
+
+
+def definitions(plan: Plan) -> dict[str, str]:
+    """Every stage of `plan` by name, with its root query's definition digest."""
+    return {stage.name: stage.query.definition for stage in plan.stages()}
+
+
+def record_rule_changes(config: Config, plan: Plan) -> list[str]:
+    """Compare `plan` with the stages recorded at the last start on this lakehouse
+    (none: nothing changed), record `plan`'s, and return `rule_changes`' messages."""
+    fs, root = filesystem(config.table("_checkpoints"), config.s3)
+    record = f"{root}/RULES.json"
+    last: dict[str, str] = {}
+    if fs.get_file_info(record).type == pafs.FileType.File:
+        # A record cut short by a crash while written loses only these messages.
+        with fs.open_input_stream(record) as f, suppress(orjson.JSONDecodeError):
+            last = orjson.loads(f.read())
+    now = definitions(plan)
+    fs.create_dir(root, recursive=True)
+    with fs.open_output_stream(record) as f:
+        f.write(orjson.dumps(now, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2))
+    return rule_changes(last, now)
