@@ -27,12 +27,12 @@ def rule_changes(last: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
     stage edited or removed (stage name -> definition, as `definitions` gives)."""
     messages = [
         f"rule {name!r} has been edited since the last start: its state from before "
-        "is deleted, so its windows start empty"
+        "is dropped, so its windows start empty"
         for name in sorted(now.keys() & last.keys())
         if now[name] != last[name]
     ]
     messages += [
-        f"rule {name!r} is no longer in the rules: its state is deleted (were it added "
+        f"rule {name!r} is no longer in the rules: its state is dropped (were it added "
         "again, it would start empty)"
         for name in sorted(last.keys() - now.keys())
     ]
