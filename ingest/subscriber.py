@@ -313,10 +313,12 @@ class Ingester:
                 return
             except OSError as err:
                 self.stats.last_error = f"landing failed: {err}"
-                self.write_health(force=True)
                 if self._stopping.is_set():
+                    self.write_health(force=True)
                     raise
+                # Logged before the health record shows it: whoever sees one finds the other.
                 log.error("%s; retrying in %.0f s", self.stats.last_error, LANDING_RETRY_S)
+                self.write_health(force=True)
                 time.sleep(LANDING_RETRY_S)
 
     def _acknowledge(self, batch: list[_Message]) -> None:
