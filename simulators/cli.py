@@ -23,22 +23,26 @@ from simulators.truth import Truth
 FILE_START = "2026-01-01T00:00:00+00:00"
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 @contextlib.contextmanager
-def _sigterm_stops_cleanly() -> Iterator[None]:
-    """While sending, SIGTERM (how ``lookout demo`` stops its parts) acts like Ctrl-C:
-    the publisher flushes and collects its PUBACKs before exiting."""
+def _signals_stop_cleanly() -> Iterator[threading.Event]:
+    """While sending, SIGTERM (how ``lookout demo`` stops its parts) and Ctrl-C set the
+    event yielded: the publisher finishes the message in hand, flushes and collects its
+    PUBACKs before exiting. A flag, not an exception raised wherever the signal lands:
+    one raised inside a publish left a message counted but never sent, and closing then
+    waited for its PUBACK."""
+    stop = threading.Event()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield stop
         return
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: stop.set())
+        for sig in (signal.SIGTERM, signal.SIGINT)
+    }
     try:
-        yield
+        yield stop
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -281,8 +285,8 @@ def _simulate(
             print(f"simulate: cannot open {where}: {e}", file=sys.stderr)
             return 1
         progress = Progress(f"simulate {kind}", truth, args.quiet)
-        with _sigterm_stops_cleanly():
-            emit(messages, sink, 0 if args.out else args.speedup, start, progress)
+        with _signals_stop_cleanly() as stop:
+            emit(messages, sink, 0 if args.out else args.speedup, start, progress, stop)
     except ValueError as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
@@ -353,13 +357,14 @@ def run_replay(args: argparse.Namespace) -> int:
         except OSError as e:
             print(f"simulate replay: cannot reach {args.host}:{args.port}: {e}", file=sys.stderr)
             return 1
-        with _sigterm_stops_cleanly():
+        with _signals_stop_cleanly() as stop:
             emit(
                 replay_messages(fh, args.topic, lag),
                 sink,
                 args.speedup,
                 start,
                 Progress("simulate replay", None, args.quiet),
+                stop,
             )
     return 0
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -53,9 +54,12 @@ class FileSink:
     def flush(self) -> None:
         """Nothing is buffered beyond the file object's own buffer."""
 
-    def wait(self, seconds: float) -> None:
-        """Sleep (a file needs no servicing)."""
-        time.sleep(seconds)
+    def wait(self, seconds: float, stop: threading.Event | None = None) -> None:
+        """Sleep (a file needs no servicing), or until `stop` is set."""
+        if stop is None:
+            time.sleep(seconds)
+        else:
+            stop.wait(seconds)
 
     def close(self) -> None:
         """Close the file."""
@@ -137,13 +141,14 @@ class MqttSink:
         # Bound the in-flight window: paho would otherwise queue without limit.
         while self.qos and self.messages - self._acked >= self.max_inflight:
             self._serve(0.05)
-        self.messages += 1
         self._client.publish(topic, data, qos=self.qos)
+        self.messages += 1  # once published: `close` waits for this many PUBACKs
 
-    def wait(self, seconds: float) -> None:
-        """Idle for ``seconds`` while serving the network (PUBACKs, keep-alive)."""
+    def wait(self, seconds: float, stop: threading.Event | None = None) -> None:
+        """Idle for ``seconds`` (or until `stop` is set) while serving the network
+        (PUBACKs, keep-alive)."""
         end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
+        while (left := end - time.monotonic()) > 0 and not (stop and stop.is_set()):
             self._serve(min(left, 0.1))
 
     def _flush_topic(self, topic: str) -> None:
@@ -218,22 +223,27 @@ def emit(
     speedup: float,
     start_ms: int,
     progress: Progress | None = None,
+    stop: threading.Event | None = None,
 ) -> int:
     """Send ``messages`` to ``sink`` paced by arrival time; return the readings sent.
 
-    ``speedup`` 0 means as fast as possible. Ctrl-C stops cleanly: what was sent is
-    flushed and acknowledged.
+    ``speedup`` 0 means as fast as possible. Setting ``stop`` (or Ctrl-C) stops cleanly:
+    what was sent is flushed and acknowledged.
     """
     wall0 = time.monotonic()
     event_ms = start_ms
     try:
         for arrival, kind, topic, payload in messages:
+            if stop is not None and stop.is_set():
+                break
             event_ms = arrival
             if speedup > 0:
                 wait = wall0 + (arrival - start_ms) / 1000 / speedup - time.monotonic()
                 if wait > 0.001:
                     sink.flush()
-                    sink.wait(wait)
+                    sink.wait(wait, stop)
+                    if stop is not None and stop.is_set():
+                        break
             sink.send(kind, topic, payload)
             if progress is not None:
                 progress.tick(sink, event_ms)

@@ -17,6 +17,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from simulators.cli import main
+from simulators.publish import MqttSink
 from tests.simulators.helpers import is_reading, load, simulate
 
 pytestmark = pytest.mark.mqtt
@@ -188,3 +189,22 @@ def test_sigterm_stops_cleanly_with_nothing_lost(
     subscriber.wait_for(sent)
     assert len(subscriber.readings) == sent
     assert {r["station"] for _, r in subscriber.readings} == set(range(1, 11))
+
+
+def test_a_publish_cut_short_is_not_waited_for(mosquitto: tuple[str, int]) -> None:
+    # A signal used to raise inside `send`: a message counted before paho had it made
+    # `close` wait for a PUBACK that could never come (SIGTERM then took 60 s).
+    sink = MqttSink(*mosquitto)
+    beat = {"source": "gw", "ts": 1}
+    sink.send("heartbeat", "lookout/traffic/gw/heartbeat", beat)
+    publish = sink._client.publish
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    sink._client.publish = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        sink.send("heartbeat", "lookout/traffic/gw/heartbeat", beat)
+    sink._client.publish = publish  # type: ignore[method-assign]
+    sink.close(timeout=5)
+    assert (sink.messages, sink.inflight) == (1, 0)
