@@ -117,8 +117,9 @@ class MqttSink:
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
         self._acked += 1
 
-    def _serve(self, timeout: float) -> None:
-        """One round of the network loop; reconnect if the broker went away (a restart).
+    def _serve(self, timeout: float, until: float | None = None) -> None:
+        """One round of the network loop; reconnect if the broker went away (a restart),
+        trying until the monotonic time `until` (None: for as long as it takes).
 
         paho's manual `loop` does not reconnect by itself. On reconnect paho sends the
         unacknowledged QoS 1 messages again (DUP), so nothing published is lost; a copy
@@ -127,7 +128,7 @@ class MqttSink:
         if self._client.loop(timeout=timeout) == mqtt.MQTT_ERR_SUCCESS:
             return
         delay = 0.2
-        while True:
+        while until is None or time.monotonic() < until:
             time.sleep(delay)
             try:
                 if self._client.reconnect() == mqtt.MQTT_ERR_SUCCESS:
@@ -175,11 +176,19 @@ class MqttSink:
             self._flush_topic(topic)
 
     def close(self, timeout: float = 60.0) -> None:
-        """Flush, wait for all acknowledgements, disconnect."""
+        """Flush, wait (at most `timeout` s, reconnecting meanwhile) for all
+        acknowledgements, disconnect; say how many never came."""
         self.flush()
         deadline = time.monotonic() + timeout
         while self.qos and self._acked < self.messages and time.monotonic() < deadline:
-            self._serve(0.1)
+            self._serve(0.1, until=deadline)
+        if self.inflight:
+            print(
+                f"simulate: {self.inflight} messages not acknowledged after {timeout:.0f} s "
+                "(the broker is unreachable): they may not have arrived",
+                file=sys.stderr,
+                flush=True,
+            )
         self._client.disconnect()
 
 

@@ -16,6 +16,7 @@ import orjson
 import paho.mqtt.client as mqtt
 import pytest
 
+from lookout.broker import Broker, free_port
 from simulators.cli import main
 from simulators.publish import MqttSink
 from tests.simulators.helpers import is_reading, load, simulate
@@ -208,3 +209,16 @@ def test_a_publish_cut_short_is_not_waited_for(mosquitto: tuple[str, int]) -> No
     sink._client.publish = publish  # type: ignore[method-assign]
     sink.close(timeout=5)
     assert (sink.messages, sink.inflight) == (1, 0)
+
+
+def test_closing_gives_up_on_a_broker_that_is_gone(tmp_path: Path) -> None:
+    # Reconnecting while sending is right (a broker restart loses nothing), but closing
+    # must end: a simulator whose broker had stopped used to retry for ever.
+    broker = Broker("127.0.0.1", free_port(), tmp_path).start()
+    sink = MqttSink(broker.host, broker.port)
+    broker.stop()
+    sink.send("heartbeat", "lookout/traffic/gw/heartbeat", {"source": "gw", "ts": 1})
+    closing = threading.Thread(target=sink.close, kwargs={"timeout": 2}, daemon=True)
+    closing.start()
+    closing.join(timeout=30)
+    assert not closing.is_alive(), "close() still reconnecting 30 s after a 2 s timeout"
