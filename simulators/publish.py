@@ -243,16 +243,14 @@ def emit(
     event_ms = start_ms
     try:
         for arrival, kind, topic, payload in messages:
-            if stop is not None and stop.is_set():
-                break
-            event_ms = arrival
             if speedup > 0:
                 wait = wall0 + (arrival - start_ms) / 1000 / speedup - time.monotonic()
                 if wait > 0.001:
                     sink.flush()
-                    sink.wait(wait, stop)
-                    if stop is not None and stop.is_set():
-                        break
+                    sink.wait(wait, stop)  # returns early once `stop` is set
+            if stop is not None and stop.is_set():
+                break
+            event_ms = arrival
             sink.send(kind, topic, payload)
             if progress is not None:
                 progress.tick(sink, event_ms)

@@ -138,7 +138,7 @@ def pack(batch: pa.RecordBatch, router: Router) -> pa.RecordBatch:
     out: dict[str, list[Any]] = {f.name: [] for f in PACKED_SCHEMA}
 
     def emit(group: str, key: list[Any], times: np.ndarray, stamps: pa.Array, rows: bytes) -> None:
-        key_text = orjson.dumps(key).decode()
+        key_text = key_json(key)
         out[GROUP].append(group)
         out[BUCKET].append(bucket(key_text))
         out[GROUP_KEY].append(key_text)
@@ -172,6 +172,12 @@ def pack(batch: pa.RecordBatch, router: Router) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict(out, schema=PACKED_SCHEMA)
 
 
+def key_json(values: list[Any]) -> str:
+    """A group's or an evaluator's key as text: a JSON array of its values. `pack` and
+    `evaluator_keys` must write a key alike, as the state is found by this text."""
+    return orjson.dumps(values).decode()
+
+
 def bucket(group_key: str) -> int:
     """The bucket of a group key (as JSON): the same in every process, unlike `hash`."""
     return zlib.crc32(group_key.encode()) % BUCKETS
@@ -181,13 +187,13 @@ def evaluator_keys(
     route: Route, group_key: str, rows: list[dict[str, Any]]
 ) -> dict[str, list[dict[str, Any]]]:
     """A group's `rows` (its key `group_key`, as packed) split by `route`'s stage key:
-    each evaluator's key as JSON, as `pack` writes a group key, to its rows in order."""
+    each evaluator's key (`key_json`) to its rows in order."""
     if route.key == route.group_key:
         return {group_key: rows}  # `pack` cut them by this very key
     split: dict[str, list[dict[str, Any]]] = {}
     columns = route.key
     for row in rows:
-        split.setdefault(orjson.dumps([row[c] for c in columns]).decode(), []).append(row)
+        split.setdefault(key_json([row[c] for c in columns]), []).append(row)
     return split
 
 

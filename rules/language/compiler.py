@@ -631,13 +631,13 @@ def _definition(sel: SelectInfo, names: list[str]) -> str:
     names, its input stream's columns, and the declarations of the UDAs it calls. Moving
     or re-commenting the rule keeps it; editing any of those changes it."""
     assert sel.stream is not None
+    # By name: names are unique, so sorting never compares the declarations.
     udas = sorted(
         {
             use.call.name: ast.without_positions(use.uda.statement)
             for use in sel.aggregates
             if use.uda is not None
-        }.items(),
-        key=operator.itemgetter(0),
+        }.items()
     )
     parts = (
         ast.without_positions(sel.select),
