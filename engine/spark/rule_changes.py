@@ -49,11 +49,13 @@ def record_rule_changes(config: Config, plan: Plan) -> list[str]:
     (none: nothing changed), record `plan`'s, and return `rule_changes`' messages."""
     fs, root = filesystem(config.table("_checkpoints"), config.s3)
     record = f"{root}/RULES.json"
-    last: dict[str, str] = {}
+    last: object = {}
     if fs.get_file_info(record).type == pafs.FileType.File:
         # A record cut short by a crash while written loses only these messages.
         with fs.open_input_stream(record) as f, suppress(orjson.JSONDecodeError):
             last = orjson.loads(f.read())
+    if not isinstance(last, dict):
+        last = {}  # not a record this engine wrote (edited by hand): nothing to compare
     now = definitions(plan)
     fs.create_dir(root, recursive=True)
     with fs.open_output_stream(record) as f:

@@ -44,7 +44,7 @@ def test_edited_and_removed_rules_are_named_once(tmp_path: Path) -> None:
     assert changes(tmp_path, config, {**edited, "volume": RULES["volume"]}) == []
 
 
-def test_a_record_cut_short_is_read_as_none(tmp_path: Path) -> None:
+def test_a_record_cut_short_or_not_a_record_is_read_as_none(tmp_path: Path) -> None:
     config = Config(lakehouse=str(tmp_path / "lake"))
     changes(tmp_path, config, RULES)
     record = tmp_path / "lake/_checkpoints/RULES.json"
@@ -52,3 +52,7 @@ def test_a_record_cut_short_is_read_as_none(tmp_path: Path) -> None:
     assert changes(tmp_path, config, {"speed": RULES["speed"]}) == []
     (said,) = changes(tmp_path, config, {})
     assert "'speed' is no longer in the rules" in said
+    # JSON, but not a record of stages: read as none too, and replaced by one.
+    record.write_bytes(b"[1, 2]")
+    assert changes(tmp_path, config, RULES) == []
+    assert changes(tmp_path, config, {}) != []
