@@ -7,9 +7,9 @@ in event time. Each window is "average speed per station over 15 minutes", as
   over the rows in Parquet, written to the `noop` sink (Spark's best case: no stream,
   no state store);
 * Lookout: the same extents (WID, `FROM traffic [RANGE 15 MINUTES SLIDE s]
-  GROUP BY station`) run by the live runtime (`engine/spark/rules_job.py`: the Delta
-  table of readings → transformWithState → the derived stream's Delta table),
-  from the query's start until its table holds every window;
+  GROUP BY station`) run by the live runtime (`engine/spark/query.py`: landed files
+  → parsed by the source's executors → the stateful step → the derived stream's Delta
+  table), from the query's start until its table holds every window;
 
 for slides of 1 minute, 10 s and 1 s, and the 15-minute tumble. Spark copies each row
 into (range / slide) windows: at 1 s that is 900 copies per row, so its 1 s run takes
@@ -40,13 +40,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 from flink_peer import flink_rates
 
-from engine import tables
 from engine.core.replay import run as replay
-from engine.spark.rules_job import stages_by_input, start_rules_query
+from engine.spark.job import EngineJob
+from engine.spark.query import start_query
 from engine.spark.session import build_session
+from ingest.landing import LandingWriter
 from lookout.config import Config, EngineConfig
 from rules.language.loader import load_rules
 
@@ -87,40 +88,26 @@ def readings(rows: int, stations: int, gaps: bool = False) -> pa.Table:
 
 
 def fill_lakehouse(lakehouse: Path, data: pa.Table, rule_text: str) -> tuple[Config, object]:
-    """A fresh lakehouse whose `readings_traffic` holds `data`, with a heartbeat a day
-    past the end (the final heartbeat: every window closes)."""
+    """A fresh lakehouse whose landing holds `data` as ingest lands it (files of 20,000
+    readings), then a heartbeat a day past the end (the final heartbeat: every window
+    closes)."""
     shutil.rmtree(lakehouse, ignore_errors=True)
     config = Config(lakehouse=str(lakehouse), engine=EngineConfig())
     rules = lakehouse.parent / "bench.sql"
     rules.write_text(STREAM + rule_text)
     rule_set = load_rules([rules])
-    schema = tables.readings_schema(rule_set.plan.streams["traffic"])
-    n = data.num_rows
-    ts_ms = data["ts"].cast(pa.int64()).to_numpy() // 1000
-    # The landing's stamp: the highest event time so far minus the stream's slack.
-    arrival = np.maximum.accumulate(ts_ms) - rule_set.plan.streams["traffic"].slack_ms
-    full = pa.table(
-        {
-            "station": data["station"],
-            "speed": data["speed"],
-            "ts": data["ts"],
-            "source": pa.array(["bench"] * n),
-            "seq": data["seq"],
-            "topic": pa.array(["lookout/traffic/bench/readings"] * n),
-            "received_at": data["ts"],
-            "arrival_watermark": pa.array(arrival, pa.timestamp("ms")),
-        }
-    ).cast(schema)
-    # As the landing writes it: one file per commit (here 100,000 readings each).
-    for offset in range(0, n, 100_000):
-        write_deltalake(
-            config.table("readings_traffic"), full.slice(offset, 100_000), mode="append"
-        )
-    end = data["ts"][-1].as_py().timestamp() * 1000 + 86_400_000
-    beat = [{"stream": "traffic", "source": "bench", "ts": tables.to_timestamp(int(end)),
-             "received_at": tables.to_timestamp(int(end))}]  # fmt: skip
-    beats = pa.Table.from_pylist(beat, tables.HEARTBEATS)
-    write_deltalake(config.table(tables.heartbeats_table("traffic")), beats)
+    writer = LandingWriter(config.landing, "bench")
+    ts_ms = (data["ts"].cast(pa.int64()).to_numpy() // 1000).tolist()
+    rows = [
+        {"station": st, "speed": v, "ts": t, "source": "bench", "seq": q}
+        for st, v, t, q in zip(data["station"].to_pylist(), data["speed"].to_pylist(), ts_ms,
+                               data["seq"].to_pylist(), strict=True)
+    ]  # fmt: skip
+    for offset in range(0, len(rows), 20_000):
+        writer.add_readings("traffic", rows[offset : offset + 20_000], "bench", 0)
+        writer.flush()
+    writer.add_heartbeat("traffic", {"source": "bench", "ts": ts_ms[-1] + 86_400_000}, 0)
+    writer.flush()
     return config, rule_set
 
 
@@ -129,11 +116,12 @@ STALL_S = 180.0
 
 
 def run_lookout(spark, config: Config, rule_set, sink: str, expected: int) -> float:
-    """Seconds from the rules query's start until `sink` holds `expected` rows."""
-    plan = rule_set.plan
-    ((stream, stages),) = stages_by_input(plan).items()
+    """Seconds from the engine query's start until `sink` holds `expected` rows."""
+    job = EngineJob(config, rule_set.plan, {}, spark=spark)
+    job.ensure_tables()
+    (component,) = job.components
     t0 = time.perf_counter()
-    query = start_rules_query(spark, config, plan, {}, stream, stages)
+    query, committer = start_query(spark, config, component)
     seen, since = -1, t0
     try:
         while True:
@@ -153,6 +141,7 @@ def run_lookout(spark, config: Config, rule_set, sink: str, expected: int) -> fl
             time.sleep(0.2)
     finally:
         query.stop()
+        committer.close()
 
 
 def warm_up(spark, work: Path, slides: list[tuple[str, str | None, int]]) -> None:
@@ -280,7 +269,7 @@ def main() -> None:
                 expected = extents(data, slide_s * 1000)
                 config, rule_set = fill_lakehouse(work / "lakehouse", data, avg15_rule(slide_s))
                 ours = timed(
-                    "Lookout extents (transformWithState)",
+                    "Lookout extents (the engine query)",
                     data.num_rows,
                     run_lookout,
                     spark,

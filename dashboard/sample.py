@@ -81,6 +81,7 @@ def traffic_readings(end_ms: int, rows: int, seed: int = 7) -> pa.Table:
             "length": length.round(2),
             "ts": _ts(ts),
             "source": source,
+            "epoch": [""] * n,
             "seq": np.arange(n, dtype="int64"),
             "topic": np.char.add(np.char.add("lookout/traffic/", station.astype(str)), "/readings"),
             "received_at": _ts(ts + 40),
@@ -193,6 +194,7 @@ def rfid_readings(end_ms: int, seed: int = 7) -> tuple[pa.Table, pa.Table]:
             "door": [r[2] for r in reads],
             "ts": _ts([r[3] for r in reads]),
             "source": [f"door-{r[2]}" for r in reads],
+            "epoch": [""] * n,
             "seq": np.arange(n, dtype="int64"),
             "topic": [f"lookout/rfid/{r[2]}/readings" for r in reads],
             "received_at": _ts([r[3] + 30 for r in reads]),
@@ -227,6 +229,7 @@ def side_tables(end_ms: int) -> dict[str, pa.Table]:
         {
             "stream": ["traffic", "traffic", "tag_readings"],
             "source": ["station-2", "station-6", "door-3"],
+            "epoch": ["", "", ""],
             "seq": pa.array([101, 202, 33], type=pa.int64()),
             "ts": _ts([end_ms - 900_000, end_ms - 600_000, end_ms - 300_000]),
             "watermark": _ts([end_ms - 895_000, end_ms - 590_000, end_ms - 297_000]),

@@ -35,11 +35,16 @@ def initial_offset() -> dict[str, Any]:
 
 
 def next_offset(
-    start: Mapping[str, Any], present: Iterable[str], max_new: int
+    start: Mapping[str, Any],
+    present: Iterable[str],
+    max_new: int,
+    sizes: Mapping[str, int] | None = None,
+    max_bytes: int | None = None,
 ) -> Mapping[str, Any]:
     """The offset after `start` given the files now in the folder: `start`'s files still
-    present plus the `max_new` oldest present files it does not name (all of them if
-    fewer); `start` itself when there is no new file (Spark then plans no batch).
+    present plus the oldest present files it does not name, at most `max_new` of them
+    and, with `sizes`, at most `max_bytes` together (always at least one); `start`
+    itself when there is no new file (Spark then plans no batch).
 
     Oldest is by file name (`part-<landing time>-...`, whatever the stream folder), so
     each stream's files are admitted in the order they landed, which is the order the
@@ -47,6 +52,13 @@ def next_offset(
     admitted = set(start[FILES])
     folder = set(present)
     new = sorted(folder - admitted, key=_landing_order)[:max_new]
+    if sizes is not None and max_bytes is not None:
+        total = 0
+        for count, path in enumerate(new):
+            total += sizes.get(path, 0)
+            if count and total > max_bytes:
+                new = new[:count]
+                break
     if not new:
         return start
     return {FILES: sorted((folder & admitted).union(new))}

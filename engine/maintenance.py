@@ -1,32 +1,26 @@
 """Table maintenance: the lakehouse's small files compacted, and later deleted, while
 the engine runs.
 
-Every micro-batch appends a small file to each table it writes, about two a second per
-table under load (some 170,000 a day), and a Delta table costs more to open and to
+Every batch appends a small file to each table it writes, about two a second per table
+under load (some 170,000 a day), and a Delta table costs more to open, to read and to
 append to the more files it holds: with delta-rs on this machine
 (`benchmarks/table_files.py`), 10,000 files took 12 ms to open and 8 ms per append,
-80,000 files 80 and 44 ms, and the engine's writers open a table for every append.
-Compaction (delta-rs ``optimize.compact``) rewrites the small files into a few; its
-commit marks every file it adds or removes ``dataChange = false``, so a streaming reader
-(the rules queries' Delta source) skips it and reads no row twice. A checkpoint right
-after keeps the next opens from replaying the compaction's removes: the 80,000-file
-table then opened in 25 ms and took appends in 2 ms.
+80,000 files 80 and 44 ms. Compaction (delta-rs ``optimize.compact``) rewrites the small
+files into a few; a checkpoint right after keeps the next opens from replaying the
+compaction's removes: the 80,000-file table then opened in 25 ms and took appends in
+2 ms.
 
-Compaction commits concurrently with the queries' appends (it removes only files it
+Compaction commits concurrently with the engine's appends (it removes only files it
 read, which an append never touches). The files it replaces stay on disk, and their
 removes in the checkpoints, for the table's retention (``delta.deletedFileRetentionDuration``,
-7 days by default): a streaming reader that far behind may still need them. After that
+7 days by default): a reader holding an older version may still read them. After that
 each round's ``VACUUM`` deletes them (delta-rs's lite vacuum: only files the log removed,
 never one an append is writing).
 
-The log itself grows by a commit file per append, and Spark's Delta source lists the
-whole ``_delta_log`` folder of a local or shared-filesystem table in every micro-batch:
-with 30,000 commit files its ``latestOffset`` took 1.8 s here against 0.23 s with 300
-(`benchmarks/source_listing.py`), and a busy table reaches that in about four hours. Delta's
-own cleanup keeps 30 days of commits. So each round also deletes the commit and
-checkpoint files below the newest checkpoint that no streaming reader still needs
-(:func:`clean_log`): the engine's queries report, per table, the lowest version they
-may read again (:func:`read_floors`), and every version from there on stays readable.
+The log itself grows by a commit file per append, and every reader lists the
+``_delta_log`` folder; Delta's own cleanup keeps 30 days of commits. So each round also
+deletes the commit and checkpoint files below the newest settled checkpoint
+(:func:`clean_log`): every version from that checkpoint on stays readable.
 """
 
 from __future__ import annotations
@@ -36,7 +30,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -44,7 +38,6 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from engine.tables import write_checksum
 from lookout.config import S3Config
 from lookout.storage import DEFAULT_S3, delta_options, filesystem
 
@@ -90,38 +83,10 @@ _LOG_FILE = re.compile(r"^(\d{20})\.(?:json|crc|checkpoint\..+)$")
 # A single-file checkpoint: what delta-rs and Spark write for tables of our size.
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint\.parquet$")
 
-ReadFloors = Callable[[], Mapping[str, int] | None]
-"""The lowest version of each table (by Delta table id) that a streaming reader may
-still read, or None while that is not known (see :func:`read_floors`)."""
 
-
-def read_floors(progresses: Iterable[Mapping[str, Any] | None]) -> dict[str, int] | None:
-    """From the last progress of each streaming query: per Delta table id, the lowest
-    version in a source offset (the start of the last batch, or its end when it had no
-    start), below which no query can read again, even when it re-runs that batch after a
-    restart. None when a query has reported no batch yet (its tables are unknown)."""
-    floors: dict[str, int] = {}
-    for progress in progresses:
-        if progress is None:
-            return None
-        for source in progress.get("sources") or []:
-            for end in ("startOffset", "endOffset"):
-                offset = source.get(end)
-                if isinstance(offset, str):
-                    offset = json.loads(offset)
-                if not isinstance(offset, dict) or "reservoirVersion" not in offset:
-                    continue  # no Delta source (the landing's files), or no start yet
-                table_id, version = offset["reservoirId"], int(offset["reservoirVersion"])
-                floors[table_id] = min(version, floors.get(table_id, version))
-    return floors
-
-
-def clean_log(
-    table: DeltaTable, keep_from: int | None, settle_s: float, s3: S3Config = DEFAULT_S3
-) -> int:
+def clean_log(table: DeltaTable, settle_s: float, s3: S3Config = DEFAULT_S3) -> int:
     """Delete ``table``'s commit, checksum and checkpoint files of the versions below its
-    newest checkpoint at or before ``keep_from`` (the lowest version a reader may still
-    read; None: no reader, any checkpoint) written at least ``settle_s`` seconds ago.
+    newest checkpoint written at least ``settle_s`` seconds ago.
     Every version from that checkpoint on stays readable: its checkpoint and every later
     commit are kept. The wait covers a reader that found an older checkpoint in
     ``_last_checkpoint`` just before this one was written and is still loading it.
@@ -145,7 +110,7 @@ def clean_log(
     # Never past the checkpoint readers start from (`_last_checkpoint`), should it lag.
     with fs.open_input_stream(f"{log_dir}/_last_checkpoint") as f:
         last = int(json.loads(f.read())["version"])
-    usable = [v for v in checkpoints if v <= last and (keep_from is None or v <= keep_from)]
+    usable = [v for v in checkpoints if v <= last]
     if not usable:
         return 0
     cut = max(usable)
@@ -157,8 +122,7 @@ def clean_log(
 
 class TableMaintenance:
     """A daemon thread compacting and vacuuming ``paths`` (on S3: reached as ``s3``
-    says) every ``every_s`` seconds (never when 0), and cleaning their logs below what
-    the streaming readers still need (``floors``).
+    says) every ``every_s`` seconds (never when 0), and cleaning their logs.
 
     A table that fails to compact (a commit conflict, storage trouble) is logged with
     its path and the error and tried again next round; its last error is in ``health``.
@@ -170,15 +134,12 @@ class TableMaintenance:
         every_s: float,
         min_files: int,
         s3: S3Config = DEFAULT_S3,
-        floors: ReadFloors | None = None,
         settle_s: float = 30.0,
     ) -> None:
         self.paths = list(paths)
         self.s3 = s3  # how to reach tables on S3 (delta-rs's options, pyarrow's filesystem)
         self.every_s = every_s
         self.min_files = min_files
-        # None: no streaming reader (tests, tools); the engine passes its queries' floors.
-        self.floors = floors
         self.settle_s = settle_s  # a checkpoint's age before the log below it goes
         self.last: dict[str, Compaction] = {}
         self.errors: dict[str, str] = {}
@@ -205,7 +166,6 @@ class TableMaintenance:
         """One round over every table (each opened once, and skipped while it does not
         exist yet); returns the compactions it made, by table path."""
         done = []
-        floors = {} if self.floors is None else self.floors()
         for path in self.paths:
             try:
                 table = DeltaTable(path, storage_options=delta_options(path, self.s3))
@@ -215,17 +175,12 @@ class TableMaintenance:
                 self._failed(path, err)
                 continue
             try:
-                opened = table.version()
                 result = compact(table, self.min_files)
                 deleted = vacuum(table)
-                if table.version() != opened:  # Spark's Delta source reads it (tables.py)
-                    write_checksum(path, table, self.s3)
-                if floors is not None:  # None: a query's tables are not known yet
-                    floor = floors.get(table.metadata().id)
-                    cleaned = clean_log(table, floor, self.settle_s, self.s3)
-                    self.log_cleaned[path] = self.log_cleaned.get(path, 0) + cleaned
-                    if cleaned:
-                        log.info("cleaned %s's log: %d files deleted", path, cleaned)
+                cleaned = clean_log(table, self.settle_s, self.s3)
+                self.log_cleaned[path] = self.log_cleaned.get(path, 0) + cleaned
+                if cleaned:
+                    log.info("cleaned %s's log: %d files deleted", path, cleaned)
             except Exception as err:  # any failure: reported, retried next round
                 self._failed(path, err)
                 continue

@@ -1,15 +1,17 @@
 """The Delta tables of the lakehouse: their schemas and exactly-once appends.
 
 Schemas are Arrow schemas (timestamps as UTC microseconds, which Spark reads as
-TIMESTAMP). Writes go through delta-rs from the driver: a micro-batch's rows are few
-and already in Python, and one small commit costs milliseconds where a Spark write job
-costs a good part of a second.
+TIMESTAMP). A batch's rows are written where they are computed, as Parquet files in the
+table's folder (`write_data_file`), and the driver adds them to the table in one
+delta-rs commit per table (`commit_files`): one small commit costs milliseconds where a
+Spark write job costs a good part of a second, and no row passes through the driver.
 
-Every append names its writer and batch (`app_id`, `version`: Delta's transaction
+Every commit names its writer and batch (`app_id`, `version`: Delta's transaction
 identifiers, the same ones Spark's `txnAppId`/`txnVersion` use). When a batch is run
-again after a crash, a table that already holds that writer's version is skipped, so a
-restart never duplicates a row. Tables are created without deletion vectors or column
-mapping, which the dashboard's reader does not support (DESIGN §7).
+again after a crash, a table that already holds that writer's version is skipped (and
+the files written again deleted), so a restart never duplicates a row. Tables are
+created without deletion vectors or column mapping, which the dashboard's reader
+(delta-rs) does not support.
 
 A table on S3 is reached with delta-rs's storage options (`lookout.storage.delta_options`,
 from `[s3]`), passed as `options` (or `[s3]` itself, `s3`); None for a local path.
@@ -17,35 +19,35 @@ from `[s3]`), passed as `options` (or `[s3]` itself, `s3`); None for a local pat
 
 from __future__ import annotations
 
+import contextlib
+import math
+import time
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
+from deltalake.transaction import AddAction
 
+from engine.core.pipeline import ARROW_TYPES
 from engine.core.plan import ColumnType, Plan, StreamSchema
 from lookout.config import S3Config
-from lookout.storage import DEFAULT_S3, delta_options, put_whole
+from lookout.storage import DEFAULT_S3, delta_options, filesystem
 
-TIMESTAMP = pa.timestamp("us", tz="UTC")
-
-ARROW_TYPES: dict[ColumnType, pa.DataType] = {
-    ColumnType.INT: pa.int32(),
-    ColumnType.BIGINT: pa.int64(),
-    ColumnType.DOUBLE: pa.float64(),
-    ColumnType.STRING: pa.string(),
-    ColumnType.BOOLEAN: pa.bool_(),
-    ColumnType.TIMESTAMP: TIMESTAMP,
-}
+TIMESTAMP = ARROW_TYPES[ColumnType.TIMESTAMP]
 
 LATE_READINGS = pa.schema(
     [
         ("stream", pa.string()),
         ("source", pa.string()),
+        ("epoch", pa.string()),
         ("seq", pa.int64()),
         ("ts", TIMESTAMP),
         ("watermark", TIMESTAMP),
@@ -56,21 +58,29 @@ LATE_READINGS = pa.schema(
     ]
 )
 
+CONFLICTS = pa.schema(
+    [
+        ("stream", pa.string()),
+        ("source", pa.string()),
+        ("epoch", pa.string()),
+        ("seq", pa.int64()),
+        ("ts", TIMESTAMP),
+        ("reason", pa.string()),
+        ("original_ts", TIMESTAMP),
+        ("reading", pa.string()),
+        ("topic", pa.string()),
+        ("received_at", TIMESTAMP),
+    ]
+)
+"""Readings whose id (source, epoch, seq) came before with other content: the new one
+as JSON, the first one's event time (its row is in the stream's readings table)."""
+
 QUARANTINE = pa.schema(
     [
         ("topic", pa.string()),
         ("reason", pa.string()),
         ("payload", pa.string()),
         ("payload_b64", pa.string()),
-        ("received_at", TIMESTAMP),
-    ]
-)
-
-HEARTBEATS = pa.schema(
-    [
-        ("stream", pa.string()),
-        ("source", pa.string()),
-        ("ts", TIMESTAMP),
         ("received_at", TIMESTAMP),
     ]
 )
@@ -88,16 +98,12 @@ ALERTS = pa.schema(
     ]
 )
 
-# Internal: each stream's highest event time after each landing batch (restart state).
-STREAM_PROGRESS = pa.schema(
-    [("stream", pa.string()), ("batch_id", pa.int64()), ("max_event_ms", pa.int64())]
-)
-
-# The tables the landing writes for every stream together, with their schemas.
-LANDING_SHARED = {
+# The tables every engine writes, whatever the rules, with their schemas.
+SHARED = {
     "late_readings": LATE_READINGS,
+    "conflicts": CONFLICTS,
     "quarantine": QUARANTINE,
-    "_stream_progress": STREAM_PROGRESS,
+    "alerts": ALERTS,
 }
 
 _TABLE_PROPERTIES = {
@@ -111,22 +117,11 @@ def readings_table(stream: str) -> str:
     return f"readings_{stream}"
 
 
-def heartbeats_table(stream: str) -> str:
-    """Name of the table holding a stream's heartbeats: one table per stream, so a
-    stream's rules query wakes for its own heartbeats only (Delta's streaming source
-    reads every commit of its table; it cannot skip another stream's rows unread)."""
-    return f"heartbeats_{stream}"
-
-
 def engine_tables(plan: Plan) -> list[str]:
     """Every table `lookout engine` appends to for `plan`: per source stream its
-    readings and heartbeats, per derived stream its rows and heartbeats (only those a
-    query feeds exist), and the shared ones."""
+    readings, per derived stream its rows, and the shared ones."""
     sources = {s.name for s in plan.sources()}
-    names = [*LANDING_SHARED, "alerts"]
-    for name in plan.streams:
-        names += [readings_table(name) if name in sources else name, heartbeats_table(name)]
-    return names
+    return [*SHARED, *(readings_table(n) if n in sources else n for n in plan.streams)]
 
 
 def stream_schema(schema: StreamSchema) -> pa.Schema:
@@ -148,6 +143,7 @@ def readings_schema(schema: StreamSchema) -> pa.Schema:
     older: the rules runtime may finalise every instant below it)."""
     provenance = [
         ("source", pa.string()),
+        ("epoch", pa.string()),
         ("seq", pa.int64()),
         ("topic", pa.string()),
         ("received_at", TIMESTAMP),
@@ -217,65 +213,100 @@ def append_once(
     s3: S3Config = DEFAULT_S3,
 ) -> bool:
     """Append `rows` (dicts, or a table already in `schema`) to the table at `path`
-    exactly once for (writer_id, batch_id), and write the new version's checksum.
-    `s3` says how to reach a table on S3.
-
-    Returns False when the table already holds this writer's batch (a re-run).
-    """
+    exactly once for (writer_id, batch_id): :func:`write_data_file`, then
+    :func:`commit_files`, as the engine's batches do. `s3` says how to reach a table on
+    S3. Returns False when the table already holds this writer's batch (a re-run)."""
     if len(rows) == 0:
         return False
-    options = delta_options(path, s3)
-    table = DeltaTable(path, storage_options=options)
+    data = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema=schema)
+    file = write_data_file(path.rstrip("/").rsplit("/", 1)[-1], path, data, s3)
+    return commit_files(path, schema, [file], writer_id, batch_id, s3)
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """A Parquet file written into a table's folder, not yet part of the table: what a
+    commit needs to add it (`path` relative to the table)."""
+
+    table: str
+    path: str
+    size: int
+    records: int
+    modified_ms: int
+    stats: str
+
+
+def write_data_file(
+    table: str, location: str, data: pa.Table, s3: S3Config = DEFAULT_S3
+) -> DataFile:
+    """Write `data` as a new Parquet file in the folder of the table `table` at
+    `location`. It is not part of the table until :func:`commit_files` adds it: a file
+    of a batch that never commits is an orphan the next vacuum removes."""
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    fs, root = filesystem(location, s3)
+    target = f"{root.rstrip('/')}/{name}"
+    pq.write_table(data, target, filesystem=fs, compression="snappy")
+    size = fs.get_file_info(target).size or 0
+    return DataFile(table, name, size, data.num_rows, int(time.time() * 1000), file_stats(data))
+
+
+def file_stats(data: pa.Table) -> str:
+    """Delta's per-file statistics (record count, nulls, and the bounds of numbers and
+    timestamps, as delta-rs writes them) for a reader's data skipping."""
+    low: dict[str, Any] = {}
+    high: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for field in data.schema:
+        column = data.column(field.name)
+        nulls[field.name] = column.null_count
+        numeric = pa.types.is_integer(field.type) or pa.types.is_floating(field.type)
+        if column.null_count == len(column) or not (numeric or pa.types.is_timestamp(field.type)):
+            continue
+        bounds = pc.min_max(column)
+        lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+        if pa.types.is_floating(field.type) and not (math.isfinite(lo) and math.isfinite(hi)):
+            continue
+        if pa.types.is_timestamp(field.type):
+            lo = lo.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            # Stats hold milliseconds; round the upper bound up so it still bounds.
+            top = hi.astimezone(UTC)
+            if top.microsecond % 1000:
+                top += timedelta(microseconds=1000 - top.microsecond % 1000)
+            hi = top.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        low[field.name], high[field.name] = lo, hi
+    stats = {"numRecords": data.num_rows, "minValues": low, "maxValues": high, "nullCount": nulls}
+    return orjson.dumps(stats).decode()
+
+
+def commit_files(
+    location: str,
+    schema: pa.Schema,
+    files: Sequence[DataFile],
+    writer_id: str,
+    batch_id: int,
+    s3: S3Config = DEFAULT_S3,
+) -> bool:
+    """Add `files` (written by :func:`write_data_file`) to the table at `location` in
+    one commit, exactly once for (writer_id, batch_id): when the table already holds that
+    writer's batch (a re-run after a crash), the files are deleted instead. Returns
+    whether it committed."""
+    if not files:
+        return False
+    table = DeltaTable(location, storage_options=delta_options(location, s3))
     done = table.transaction_version(writer_id)
     if done is not None and done >= batch_id:
+        fs, root = filesystem(location, s3)
+        for file in files:
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_file(f"{root.rstrip('/')}/{file.path}")
         return False
-    data = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema=schema)
-    write_deltalake(
-        table,
-        data,
-        mode="append",
+    actions = [AddAction(f.path, f.size, {}, f.modified_ms, True, f.stats) for f in files]
+    table.create_write_transaction(
+        actions,
+        "append",
+        schema,
         commit_properties=CommitProperties(
             app_transactions=[Transaction(app_id=writer_id, version=batch_id)]
         ),
     )
-    write_checksum(path, table, s3)
     return True
-
-
-def write_checksum(path: str, table: DeltaTable, s3: S3Config = DEFAULT_S3) -> None:
-    """Write the version checksum (`_delta_log/<version>.crc`) of `table` (the one at
-    `path`) at its loaded version: its protocol, metadata, file count and size.
-
-    delta-rs writes none, and without one Spark's Delta source runs a Spark job over the
-    log to find the protocol and metadata of each new version it reads (Delta's
-    `readProtocolAndMetadataFromChecksum`): a rules query's `latestOffset` took 286 ms a
-    batch with two commits a second, 23 ms with checksums (benchmarks/delta_source.py).
-    After a commit, delta-rs's `table` holds the new version's state, also when another
-    writer (a compaction) committed in between: it replays the commits it lost to."""
-    protocol = table.protocol()
-    metadata = table.metadata()
-    adds = pa.table(table.get_add_actions(flatten=True))
-    checksum = {
-        "tableSizeBytes": pc.sum(adds.column("size_bytes")).as_py() or 0,
-        "numFiles": adds.num_rows,
-        "numMetadata": 1,
-        "numProtocol": 1,
-        "protocol": {
-            "minReaderVersion": protocol.min_reader_version,
-            "minWriterVersion": protocol.min_writer_version,
-            **({"readerFeatures": protocol.reader_features} if protocol.reader_features else {}),
-            **({"writerFeatures": protocol.writer_features} if protocol.writer_features else {}),
-        },
-        "metadata": {
-            "id": metadata.id,
-            "name": metadata.name,
-            "description": metadata.description,
-            "format": {"provider": "parquet", "options": {}},
-            "schemaString": table.schema().to_json(),
-            "partitionColumns": list(metadata.partition_columns),
-            "configuration": dict(metadata.configuration),
-            "createdTime": metadata.created_time,
-        },
-    }
-    location = f"{path.rstrip('/')}/_delta_log/{table.version():020d}.crc"
-    put_whole(location, orjson.dumps(checksum), s3)

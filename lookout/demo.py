@@ -22,7 +22,7 @@ from typing import Any
 
 from lookout.broker import Broker, port_is_open
 from lookout.config import Config
-from lookout.health import read_health
+from lookout.health import engine_running, read_health
 
 STATE = Path(".lookout")
 
@@ -147,6 +147,7 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
     started: list[Part] = []
     try:
         ingest, engine, simulator, dashboard = parts
+        since_ms = int(time.time() * 1000)
         for part in (ingest, engine):
             part.start(env)
             started.append(part)
@@ -159,7 +160,7 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
         )
         _say("waiting for the Spark engine to start its queries (first run downloads Delta)")
         wait_for_parts(
-            lambda: read_health(config.lakehouse, "engine", config.s3) is not None,
+            lambda: engine_running(read_health(config.lakehouse, "engine", config.s3), since_ms),
             "the engine",
             started,
             900,

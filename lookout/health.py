@@ -40,3 +40,9 @@ def health_parts(lakehouse: str, s3: S3Config = DEFAULT_S3) -> list[str]:
     """Names of the parts that wrote a record (`engine`, `ingest-0`, ...)."""
     folder = f"{str(lakehouse).rstrip('/')}/{HEALTH_FOLDER}"
     return [name[: -len(".json")] for name in list_names(folder, s3) if name.endswith(".json")]
+
+
+def engine_running(record: dict[str, Any] | None, since_ms: int) -> bool:
+    """Whether an engine record says its queries run, in a run started at or after
+    `since_ms` (a record an earlier run left behind never counts)."""
+    return bool(record and record.get("ready") and record.get("started_at_ms", 0) >= since_ms)

@@ -8,25 +8,31 @@
   :class:`Output`.
 * :mod:`engine.core.windows` — the window operators the evaluator drives.
 * :mod:`engine.core.sequencer` — :class:`SlackClock` (the slack/lateness rule) and
-  :class:`StreamSequencer` (dedupe, then slack: what happens to an arriving reading).
-* :mod:`engine.core.replay` — :func:`run` (batch evaluation of a plan over recorded
-  readings, judged by the same sequencer as the live landing).
+  :class:`StreamSequencer` (identity, then slack: what happens to an arriving reading).
+* :mod:`engine.core.pipeline` — :class:`Pipeline`: the sequencers and every stage fed
+  by a set of source streams, batch after batch, with its state in a
+  :class:`~engine.core.state.StateStore`; what the live engine and replay both run.
+* :mod:`engine.core.replay` — :func:`run` (a plan over recorded readings, through the
+  same pipeline).
 """
 
 from engine.core.aggregates import BUILTINS, IncrementalAggregate, InWindow, WindowAggregate
 from engine.core.evaluator import KeyedEvaluator, Output
+from engine.core.pipeline import BatchResult, LateReading, Pipeline
 from engine.core.plan import END_OF_TIME, Plan, Stage
-from engine.core.replay import LateReading, ReplayResult, run
+from engine.core.replay import ReplayResult, run
 from engine.core.sequencer import SlackClock, StreamSequencer, Verdict
 
 __all__ = [
     "BUILTINS",
     "END_OF_TIME",
+    "BatchResult",
     "InWindow",
     "IncrementalAggregate",
     "KeyedEvaluator",
     "LateReading",
     "Output",
+    "Pipeline",
     "Plan",
     "ReplayResult",
     "SlackClock",

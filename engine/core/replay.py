@@ -1,56 +1,62 @@
-"""A pure batch runner over recorded readings, judged exactly like the live landing.
+"""Rules over recorded readings: the live engine's :class:`~engine.core.pipeline.Pipeline`,
+fed from a file instead of the landing.
 
-Every reading goes through the same :class:`~engine.core.sequencer.StreamSequencer` as
-the live landing job: a repeated (source, seq) is a duplicate (counted, dropped), a
-reading below its stream's slack watermark is late (set aside, never processed).
-
-:func:`run` evaluates a plan over readings in arrival order with the same
-:class:`~engine.core.evaluator.KeyedEvaluator` the live job uses, and returns the
-outputs and the late readings. End of input is a final heartbeat at
-:data:`~engine.core.plan.END_OF_TIME`: every window closes and every expiration fires.
+Every reading goes through the same sequencer as live: a repeated (source, epoch, seq)
+is a duplicate (counted, dropped) or a conflict (set aside), a reading below its
+stream's slack watermark is late (set aside, never processed). End of input is a final
+heartbeat at :data:`~engine.core.plan.END_OF_TIME`: every window closes and every
+expiration fires.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.core.evaluator import KeyedEvaluator, Output
-from engine.core.plan import END_OF_TIME, Plan
-from engine.core.sequencer import StreamSequencer, Verdict
+import pyarrow as pa
+
+from engine.core.evaluator import Output, OutputColumns
+from engine.core.pipeline import (
+    HEARTBEAT,
+    BatchResult,
+    Conflict,
+    LateReading,
+    Pipeline,
+    arrival_type,
+)
+from engine.core.plan import Plan, StreamSchema
+from engine.core.sequencer import sort_key
 
 Row = dict[str, Any]
 
-
-@dataclass(frozen=True)
-class LateReading:
-    """A reading below its stream's watermark: the reading, its stream and how late."""
-
-    stream: str
-    row: Row
-    ts: int
-    watermark: int
-
-    @property
-    def lateness_ms(self) -> int:
-        """How far below the watermark the reading was."""
-        return self.watermark - self.ts
+__all__ = ["LateReading", "ReplayResult", "arrival_table", "run"]
 
 
 @dataclass
 class ReplayResult:
-    """What :func:`run` produced: output rows, late readings and duplicate counts per
-    stream, all deterministic."""
+    """What :func:`run` produced: output rows, late readings, conflicts and duplicate
+    counts per stream, all deterministic."""
 
     outputs: list[Output] = field(default_factory=list)
     late: list[LateReading] = field(default_factory=list)
+    conflicts: list[Conflict] = field(default_factory=list)
     duplicates: dict[str, int] = field(default_factory=dict)
 
 
-def _sort_key(value: Hashable) -> str:
-    # Keys may mix types and NULLs; their repr gives a total, deterministic order.
-    return repr(value)
+def arrival_table(schema: StreamSchema, rows: list[Row]) -> pa.Table:
+    """Readings of ``schema`` (dicts, timestamps as epoch ms) as the columns
+    :meth:`Pipeline.process` takes; a missing ``source`` or ``epoch`` is ""."""
+    columns = {
+        c.name: pa.array([r.get(c.name) for r in rows], arrival_type(c.type))
+        for c in schema.columns
+    }
+    columns["source"] = pa.array([r.get("source") or "" for r in rows], pa.string())
+    columns["epoch"] = pa.array([r.get("epoch") or "" for r in rows], pa.string())
+    columns["seq"] = pa.array([r.get("seq") for r in rows], pa.int64())
+    columns[HEARTBEAT] = pa.array([False] * len(rows), pa.bool_())
+    return pa.table(columns)
 
 
 def run(plan: Plan, readings: Iterable[tuple[str, Row]], batch: int = 10_000) -> ReplayResult:
@@ -58,83 +64,48 @@ def run(plan: Plan, readings: Iterable[tuple[str, Row]], batch: int = 10_000) ->
 
     Rows carry their stream's columns with the timestamp as int ms; ``source`` and
     ``seq`` default to ``""`` and the arrival index (ties then follow arrival order, and
-    such readings are never duplicates of each other).
-    Every ``batch`` readings the evaluators advance to their stream's watermark (which
-    bounds memory and, by snapshot-equivalence, does not change the result). A derived
-    stream's rows feed the stages reading it as soon as its producer emits them, with
-    the producer's watermark and the tie order of :class:`Output` (``source``, ``seq``),
-    exactly as the live job feeds them from the derived stream's table.
+    such readings are never duplicates of each other). The readings go to the pipeline
+    ``batch`` at a time (which bounds memory and, by snapshot-equivalence, does not
+    change the result).
 
     Outputs are ordered by event time, then stage, key and the evaluator's own order;
     late readings in arrival order.
     """
-    stages = plan.stages()
-    sequencers = {s.name: StreamSequencer(s.slack_ms) for s in plan.sources()}
-    ts_column = {name: _timestamp(plan, name) for name in sequencers}
-    evaluators: list[dict[tuple[Any, ...], KeyedEvaluator]] = [{} for _ in stages]
-    by_input: dict[str, list[int]] = {}
-    for i, stage in enumerate(stages):
-        by_input.setdefault(stage.input, []).append(i)
-    produced: list[tuple[int, int, str, int, Output]] = []
+    pipeline = Pipeline(plan)
     result = ReplayResult()
+    produced: list[tuple[int, int, str, int, Output]] = []
 
-    def feed(i: int, row: Row) -> None:
-        stage = stages[i]
-        key = tuple(row.get(c) for c in stage.key)
-        ev = evaluators[i].get(key)
-        if ev is None:
-            ev = evaluators[i][key] = KeyedEvaluator(stage)
-        ev.insert(row)
+    def collect(step: BatchResult) -> None:
+        result.late += step.late
+        result.conflicts += step.conflicts
+        for stream, count in step.duplicates.items():
+            result.duplicates[stream] = result.duplicates.get(stream, 0) + count
+        for emitted in step.outputs:
+            output = emitted.output
+            outputs = output.outputs() if isinstance(output, OutputColumns) else [output]
+            key = sort_key(emitted.key)
+            produced.extend((o.ts, emitted.stage, key, o.seq, o) for o in outputs)
 
-    def drain(watermarks: dict[str, int]) -> None:
-        """Advance every stage to its input's watermark, in plan order (producers before
-        consumers), feeding each derived row to the stages that read it at once."""
-        for i, stage in enumerate(stages):
-            watermark = watermarks[stage.input]
-            outputs = []
-            for key, ev in evaluators[i].items():
-                for o in ev.advance(watermark):
-                    outputs.append((o.ts, i, _sort_key(key), o.seq, o))
-            produced.extend(outputs)
-            # Everything the stage emits from now on has ts >= watermark (outputs keep
-            # their input's time, or fire at timers >= it): its sinks' watermark, the
-            # lowest of their producers' for a UNION ALL.
-            for q in (stage.query, *stage.downstream):
-                watermarks[q.sink.name] = min(watermarks.get(q.sink.name, watermark), watermark)
-            for *_, o in outputs:
-                for j in by_input.get(o.sink, ()):
-                    ts = stages[j].timestamp
-                    feed(j, {**o.row, ts: o.ts, "source": o.source, "seq": o.seq})
-
-    for arrival, (stream, raw) in enumerate(readings):
-        sequencer = sequencers.get(stream)
-        if sequencer is None:
-            raise ValueError(f"unknown source stream {stream!r}")
-        row = {"source": "", "seq": arrival, **raw}
-        ts = row[ts_column[stream]]
-        watermark = sequencer.clock.watermark
-        verdict = sequencer.admit(row["source"], row["seq"], ts)
-        if verdict is Verdict.DUPLICATE:
-            result.duplicates[stream] = result.duplicates.get(stream, 0) + 1
-            continue
-        if verdict is Verdict.LATE:
-            result.late.append(LateReading(stream, row, ts, watermark))
-            continue
-        for i in by_input.get(stream, ()):
-            feed(i, row)
-        if (arrival + 1) % batch == 0:
-            for seqr in sequencers.values():
-                seqr.forget_old()
-            drain({name: seqr.clock.watermark for name, seqr in sequencers.items()})
-
-    drain(dict.fromkeys(sequencers, END_OF_TIME))  # end of input: the final heartbeat
+    iterator = iter(readings)
+    arrived = 0
+    while chunk := list(itertools.islice(iterator, batch)):
+        by_stream: dict[str, list[Row]] = {}
+        order: list[str] = []
+        for arrival, (stream, row) in enumerate(chunk, start=arrived):
+            if row.get("seq") is None:
+                row = {**row, "seq": arrival}
+            if stream not in pipeline.sources:
+                raise ValueError(f"unknown source stream {stream!r}")
+            if stream not in by_stream:
+                order.append(stream)
+            by_stream.setdefault(stream, []).append(row)
+        arrived += len(chunk)
+        # Streams are judged apart (each has its own clock), so grouping a chunk's
+        # readings by stream keeps every stream's arrival order.
+        collect(
+            pipeline.process({s: arrival_table(pipeline.sources[s], by_stream[s]) for s in order})
+        )
+    collect(pipeline.finish())
     produced.sort(key=lambda p: p[:4])
     result.outputs = [p[4] for p in produced]
     return result
-
-
-def _timestamp(plan: Plan, stream: str) -> str:
-    schema = plan.streams[stream]
-    if schema.timestamp is None:
-        raise ValueError(f"source stream {stream!r} has no timestamp column")
-    return schema.timestamp

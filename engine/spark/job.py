@@ -1,15 +1,19 @@
-"""`lookout engine`: one Spark application running the landing query and every rule stage.
+"""`lookout engine`: one Spark application running an engine query per connected part
+of the rules' stream graph (`engine.spark.query`).
 
-It also writes `<lakehouse>/_health/engine.json` every few seconds (per query: input
-rate, batch duration, watermark, state rows), which the dashboard's health page reads.
+It also writes `<lakehouse>/_health/engine.json` every few seconds (per query: batch,
+rate, durations; per stream: event time, watermark, lag, counts), which the dashboard's
+health page reads. The record says `ready` once every query of this run has finished a
+batch, and carries this run's start, so a record an earlier run left is never taken
+for a running engine.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from py4j.protocol import Py4JError
@@ -18,55 +22,67 @@ from pyspark.sql.streaming import StreamingQuery
 
 from engine import tables
 from engine.alerts import AlertSpec
+from engine.core.pipeline import fed_stages
 from engine.core.plan import Plan
-from engine.maintenance import TableMaintenance, read_floors
+from engine.maintenance import TableMaintenance
 from engine.spark.checkpoint_layout import check_checkpoint_layout
-from engine.spark.landing_job import LandingJob
+from engine.spark.commit import Committer, table_schemas
+from engine.spark.query import engine_components, start_query
 from engine.spark.rule_changes import record_rule_changes
-from engine.spark.rules_job import stages_by_input, start_rules_query
 from engine.spark.session import build_session
 from lookout.config import Config
 from lookout.health import write_health
-from lookout.storage import uses_object_store
+from lookout.storage import lakehouse_options, uses_object_store
 
 log = logging.getLogger("lookout.engine")
 
 
 class EngineJob:
-    """All streaming queries of one rule set, started and stopped together."""
+    """All engine queries of one rule set, started and stopped together."""
 
     def __init__(
         self,
         config: Config,
         plan: Plan,
-        alerts: dict[str, AlertSpec],
+        alerts: Mapping[str, AlertSpec],
         spark: SparkSession | None = None,
     ) -> None:
         self.config = config
         self.plan = plan
-        self.alerts = alerts
+        self.components = engine_components(plan, alerts)
         self.spark = spark or build_session(
             config.engine, s3=config.s3 if uses_object_store(config) else None
         )
-        self.landing = LandingJob(self.spark, config, list(plan.sources()))
-        self.queries: list[StreamingQuery] = []
+        self.queries: list[tuple[StreamingQuery, Committer]] = []
+        self.started_at_ms = int(time.time() * 1000)
         self.maintenance = TableMaintenance(
             [config.table(name) for name in tables.engine_tables(plan)],
             config.engine.compact_every_seconds,
             config.engine.compact_min_files,
             s3=config.s3,
-            floors=self.read_floors,
         )
 
+    def ensure_tables(self) -> None:
+        """Create every table the queries append to, so readers can start at once."""
+        options = lakehouse_options(self.config)
+        for component in self.components:
+            for name, schema in table_schemas(self.plan, component.sources).items():
+                tables.ensure_table(self.config.table(name), schema, options)
+
     def start(self) -> None:
-        """Start the landing query, then one rules query per stream that stages read."""
+        """Start one query per component, after checking the lakehouse's layout."""
         check_checkpoint_layout(self.config)
         for change in record_rule_changes(self.config, self.plan):
             log.warning(change)
-        self.queries.append(self.landing.start(self.config.engine.trigger_seconds))
-        for stream, stages in stages_by_input(self.plan).items():
-            self.queries.append(
-                start_rules_query(self.spark, self.config, self.plan, self.alerts, stream, stages)
+        self.ensure_tables()
+        for component in self.components:
+            self.queries.append(start_query(self.spark, self.config, component))
+            rules = [stage.name for _, stage in fed_stages(self.plan, component.sources)]
+            log.info(
+                "query %s: streams %s; rules %s",
+                component.name,
+                ", ".join(component.sources),
+                ", ".join(rules) or "none",
             )
         self.maintenance.start()
         log.info("engine running %d queries", len(self.queries))
@@ -81,10 +97,10 @@ class EngineJob:
 
         A query stopped in the middle of a batch interrupts its `foreachBatch`, whose
         error py4j would log with two stack traces: the batch is abandoned, and runs
-        again at the next start (its appends are idempotent), which is one line too."""
+        again at the next start (its commits are idempotent), which is one line too."""
         self.maintenance.stop()
         logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
-        for query in self.queries:
+        for query, committer in self.queries:
             try:
                 if query.isActive and query.status["isTriggerActive"]:
                     log.info("stopping %s during a batch; it runs again at start", query.name)
@@ -95,51 +111,78 @@ class EngineJob:
                 lines = str(err).splitlines()
                 cause = next((x[2:] for x in lines if x.startswith(": ")), type(err).__name__)
                 log.warning("query %s had stopped with Spark: %s", query.name, cause)
+            committer.close()
         self.queries.clear()
-
-    def read_floors(self) -> dict[str, int] | None:
-        """Per Delta table id, the lowest version a query may still read (for the log
-        cleanup; None until every query has run a batch)."""
-        if not self.queries:
-            return None
-        progresses = [query.lastProgress for query in list(self.queries)]
-        return read_floors(None if p is None else json.loads(p.json) for p in progresses)
 
     def failed(self) -> str | None:
         """The error of the first query that died, if any."""
-        for query in self.queries:
+        for query, _ in self.queries:
             error = query.exception()
             if error is not None:
                 return f"{query.name}: {error}"
         return None
 
+    def ready(self) -> bool:
+        """Whether every query of this run is running: active and past its start (it
+        then runs a batch as soon as a landing file comes)."""
+        return bool(self.queries) and all(
+            query.isActive and not query.status["message"].startswith("Initializing")
+            for query, _ in self.queries
+        )
+
     def health(self) -> dict[str, Any]:
-        """A snapshot of every query's progress for the dashboard."""
-        queries = []
-        for query in self.queries:
+        """A snapshot of every query's progress and every stream's time for the dashboard."""
+        now_ms = int(time.time() * 1000)
+        queries: list[dict[str, Any]] = []
+        streams: list[dict[str, Any]] = []
+        quarantined = heartbeats = 0
+        for query, committer in self.queries:
             progress = query.lastProgress or {}
-            state = progress.get("stateOperators") or [{}]
+            seen = committer.health()
+            figures = seen["figures"]
             queries.append(
                 {
                     "name": query.name,
                     "active": query.isActive,
                     "batch_id": progress.get("batchId"),
+                    "batches": seen["batches"],
                     "input_rows_per_s": progress.get("inputRowsPerSecond"),
                     "processed_rows_per_s": progress.get("processedRowsPerSecond"),
                     "batch_ms": (progress.get("durationMs") or {}).get("triggerExecution"),
-                    "watermark": (progress.get("eventTime") or {}).get("watermark"),
-                    "state_rows": state[0].get("numRowsTotal"),
-                    "state_bytes": state[0].get("memoryUsedBytes"),
-                    "rows_dropped_by_watermark": state[0].get("numRowsDroppedByWatermark"),
+                    "read_ms": figures.get("read_ms"),
+                    "evaluate_ms": figures.get("evaluate_ms"),
+                    "write_ms": figures.get("write_ms"),
+                    "commit_ms": seen["commit_ms"],
+                    "keys": figures.get("keys", {}),
+                    "reused": figures.get("reused"),
                 }
             )
-        now_ms = int(time.time() * 1000)
+            totals = seen["totals"]
+            quarantined += totals.get("quarantined", 0)
+            for name, now in (figures.get("streams") or {}).items():
+                max_ts = now.get("max_event_ms")
+                heartbeats += totals.get(f"heartbeats.{name}", 0)
+                streams.append(
+                    {
+                        "stream": name,
+                        "max_event_ms": max_ts,
+                        "watermark_ms": None if max_ts is None else now.get("watermark_ms"),
+                        "lag_ms": None if max_ts is None else now_ms - max_ts,
+                        "sources": now.get("sources"),
+                        **{
+                            what: totals.get(f"{what}.{name}", 0)
+                            for what in ("readings", "late", "duplicates", "conflicts")
+                        },
+                    }
+                )
         return {
             "updated_at_ms": now_ms,
+            "started_at_ms": self.started_at_ms,
+            "ready": self.ready(),
             "queries": queries,
-            "streams": self.landing.stream_health(now_ms),
-            "quarantined": self.landing.totals["quarantined"],
-            "heartbeats": self.landing.totals["heartbeats"],
+            "streams": streams,
+            "quarantined": quarantined,
+            "heartbeats": heartbeats,
             "maintenance": self.maintenance.health(),
         }
 

@@ -1,25 +1,35 @@
-"""The landing query's streaming source: new landing files as (stream, file, line) rows,
-with offsets that name only the backlog (`engine/landing_offsets.py` says why and how).
+"""The streaming source of an engine query: new landing files, read and parsed by the
+executors, one row per file (`engine/landing_offsets.py` says which files a batch
+reads, and why offsets name only the backlog).
 
-A simple Python data source: Spark calls every method in one Python process beside the
-driver, which reads a batch's files when it plans the batch and hands their lines to the
-JVM, so no Python worker task runs per batch (that task cost a landing batch 35-75 ms
-here; the landing query collects every line on the driver anyway). Committing an offset
-deletes the files it names, or moves them to the archive folder, once every table the
-batch wrote holds their lines.
+A Python data source with partitions: the driver lists the query's stream folders and
+plans a batch (its offsets, split into partitions of a few files); each executor task
+reads its files and parses them with Arrow (`engine.landed_files`), and hands Spark one
+row per file: which stream, the file's name, and its arrivals as an Arrow IPC payload.
+No reading passes through the driver. Committing an offset deletes the files it names,
+or moves them to the archive folder, once every table the batch wrote holds their rows.
+
+A batch admits the oldest new files up to `MAX_FILES_PER_BATCH` and `MAX_BYTES_PER_BATCH`
+(about rows: a landed reading is ~100 bytes), so a backlog after a restart or a burst is
+read in batches of bounded size.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import orjson
 import pyarrow as pa
 from pyarrow import fs as pafs
-from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+from engine.core.plan import Column, ColumnType, StreamSchema
+from engine.ipc import ipc_bytes
+from engine.landed_files import QUARANTINE_FOLDER, read_quarantine_file, read_stream_file
 from engine.landing_offsets import batch_files, committed_files, initial_offset, next_offset
 from lookout.config import S3Config
 from lookout.storage import filesystem
@@ -27,41 +37,84 @@ from lookout.storage import filesystem
 log = logging.getLogger("lookout.engine")
 
 NAME = "lookout_landing"
-SCHEMA = "stream STRING, file STRING, value BINARY"
-ARROW_SCHEMA = pa.schema([("stream", pa.string()), ("file", pa.string()), ("value", pa.binary())])
+SCHEMA = "component STRING, stream STRING, file STRING, data BINARY"
+ARROW_SCHEMA = pa.schema(
+    [
+        ("component", pa.string()),
+        ("stream", pa.string()),
+        ("file", pa.string()),
+        ("data", pa.binary()),
+    ]
+)
 STREAM_FOLDER = "stream="
-# New files a batch admits at most (`next_offset`). At 17k readings/s ingest lands files
-# of ≈ 4,300 readings (≈ 0.8 MB): 40 of them are ≈ 30 MB of lines, which the driver
-# holds twice (Spark's rows, then the Arrow it collects); 215 were too many for 1 GB.
-MAX_FILES_PER_BATCH = 40
+# New files a batch admits at most, and their size together: ingest lands a file per
+# stream every `flush_ms` (200 ms), so a live batch holds a few; after a restart at 20k
+# readings/s the backlog is read 16 MB (≈ 150k readings) at a time.
+MAX_FILES_PER_BATCH = 200
+MAX_BYTES_PER_BATCH = 16 << 20
+# Files an executor task reads and parses together.
+FILES_PER_PARTITION = 8
 _S3_OPTIONS = ("endpoint", "region", "access_key", "secret_key")
 
 
-def source_options(landing: str, archive: str, s3: S3Config) -> dict[str, str]:
+def schema_json(stream: StreamSchema) -> dict[str, Any]:
+    """A source stream's schema as the source's options carry it."""
+    return {
+        "name": stream.name,
+        "columns": [[c.name, c.type.value] for c in stream.columns],
+        "timestamp": stream.timestamp,
+        "slack_ms": stream.slack_ms,
+    }
+
+
+def schema_from_json(data: Mapping[str, Any]) -> StreamSchema:
+    """The schema :func:`schema_json` wrote."""
+    columns = tuple(Column(name, ColumnType(kind)) for name, kind in data["columns"])
+    return StreamSchema(data["name"], columns, data["timestamp"], data["slack_ms"])
+
+
+def source_options(
+    landing: str,
+    archive: str,
+    s3: S3Config,
+    component: str,
+    streams: Sequence[StreamSchema],
+    quarantine: bool,
+) -> dict[str, str]:
     """The options `LandingSource` takes: where the landing folder (and the archive) is,
-    and how to reach S3 (`secret_key` is among the option names Spark redacts)."""
-    options = {"path": landing, "archive": archive}
+    how to reach S3 (`secret_key` is among the option names Spark redacts), the
+    component's name, its source streams' schemas, and whether it also reads the
+    quarantine folder."""
+    options = {
+        "path": landing,
+        "archive": archive,
+        "component": component,
+        "streams": orjson.dumps([schema_json(s) for s in streams]).decode(),
+        "quarantine": "true" if quarantine else "false",
+    }
     options.update({f"s3.{key}": getattr(s3, key) for key in _S3_OPTIONS})
     return options
 
 
-def landing_files(fs: pafs.FileSystem, root: str) -> list[str]:
-    """Every landing file under `root`, as `stream=<name>/<file>`, skipping hidden and
-    temporary names (`.part-*.tmp` while ingest writes one) as Spark's file source did."""
-    selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
-    found = []
-    for info in fs.get_file_info(selector):
-        relative = info.path[len(root) :].lstrip("/")
-        folder, _, name = relative.partition("/")
-        if (
-            info.type == pafs.FileType.File
-            and folder.startswith(STREAM_FOLDER)
-            and name
-            and "/" not in name
-            and not name.startswith((".", "_"))
-        ):
-            found.append(relative)
+def landing_files(fs: pafs.FileSystem, root: str, folders: Sequence[str]) -> dict[str, int]:
+    """Every landing file in `folders` (stream names) under `root`, as
+    `stream=<name>/<file>` -> size, skipping hidden and temporary names (`.part-*.tmp`
+    while ingest writes one)."""
+    found: dict[str, int] = {}
+    for folder in folders:
+        selector = pafs.FileSelector(f"{root}/{STREAM_FOLDER}{folder}", allow_not_found=True)
+        for info in fs.get_file_info(selector):
+            name = info.base_name
+            if info.type == pafs.FileType.File and not name.startswith((".", "_")):
+                found[f"{STREAM_FOLDER}{folder}/{name}"] = info.size or 0
     return found
+
+
+@dataclass(frozen=True)
+class FilesPartition(InputPartition):
+    """Landing files one executor task reads, in landing order."""
+
+    files: tuple[str, ...]
 
 
 class LandingSource(DataSource):
@@ -74,45 +127,80 @@ class LandingSource(DataSource):
     def schema(self) -> str:
         return SCHEMA
 
-    def simpleStreamReader(self, schema: Any) -> SimpleDataSourceStreamReader:
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return LandingReader(self.options)
 
 
-class LandingReader(SimpleDataSourceStreamReader):
-    """Lists the landing folder for offsets, reads a batch's files, removes committed ones."""
+class LandingReader(DataSourceStreamReader):
+    """Lists the landing folders for offsets, plans partitions, reads and parses files
+    (on executors), and removes committed ones."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.landing = options["path"]
         self.archive = options.get("archive", "")
+        self.component = options["component"]
+        self.streams = [schema_from_json(s) for s in orjson.loads(options["streams"])]
+        self.folders = [s.name for s in self.streams]
+        if options.get("quarantine") == "true":
+            self.folders.append(QUARANTINE_FOLDER)
         self.s3 = S3Config(**{key: options.get(f"s3.{key}", "") for key in _S3_OPTIONS})
 
     @cached_property
     def _landing(self) -> tuple[pafs.FileSystem, str]:
-        """The landing folder's filesystem and root, made once: the reader lives as long
-        as the query, in one process, and every batch lists, reads and removes there."""
+        """The landing folder's filesystem and root, made once per process."""
         return self._filesystem(self.landing)
 
     def _filesystem(self, location: str) -> tuple[pafs.FileSystem, str]:
         fs, root = filesystem(location, self.s3)
         return fs, root.rstrip("/")
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A filesystem is made where it is used: executors make their own.
+        state = dict(self.__dict__)
+        state.pop("_landing", None)
+        return state
+
     def initialOffset(self) -> dict:
         return initial_offset()
 
-    def read(self, start: dict) -> tuple[Iterator[pa.RecordBatch], dict]:
-        """The lines of the files new since `start` (the oldest `MAX_FILES_PER_BATCH` of
-        them), and the offset that admits them."""
-        fs, root = self._landing
-        end = dict(next_offset(start, landing_files(fs, root), MAX_FILES_PER_BATCH))
-        # Read now, while planning: Spark keeps these until the batch commits.
-        return iter(list(self.readBetweenOffsets(start, end))), end
+    def latestOffset(self, start: dict, limit: Any = None) -> dict:
+        """The offset admitting the oldest new files (bounded in count and bytes)."""
+        present = landing_files(*self._landing, self.folders)
+        return dict(next_offset(start, present, MAX_FILES_PER_BATCH, present, MAX_BYTES_PER_BATCH))
 
-    def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[pa.RecordBatch]:
-        """The lines of the batch from `start` to `end` (also a re-run after a restart:
-        its files leave the folder only once it is committed)."""
-        files = batch_files(start, end)  # at most MAX_FILES_PER_BATCH: one Arrow batch
-        if files:
-            yield _lines(*self._landing, files)
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        files = batch_files(start, end)
+        return [
+            FilesPartition(tuple(files[i : i + FILES_PER_PARTITION]))
+            for i in range(0, len(files), FILES_PER_PARTITION)
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """One row per file of the partition: its arrivals (or quarantine lines) parsed."""
+        assert isinstance(partition, FilesPartition)
+        fs, root = self._landing
+        schemas = {s.name: s for s in self.streams}
+        rows: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
+        for relative in partition.files:
+            folder, _, name = relative.partition("/")
+            stream = folder[len(STREAM_FOLDER) :]
+            with fs.open_input_stream(f"{root}/{relative}") as f:
+                data = f.read()
+            if stream == QUARANTINE_FOLDER:
+                payload = orjson.dumps(read_quarantine_file(name, data))
+            else:
+                arrivals, damaged = read_stream_file(schemas[stream], name, data)
+                payload = ipc_bytes(arrivals)
+                if damaged:  # lines that are not landed records go to quarantine
+                    rows["component"].append(self.component)
+                    rows["stream"].append(QUARANTINE_FOLDER)
+                    rows["file"].append(name)
+                    rows["data"].append(orjson.dumps(damaged))
+            rows["component"].append(self.component)
+            rows["stream"].append(stream)
+            rows["file"].append(name)
+            rows["data"].append(payload)
+        yield pa.RecordBatch.from_pydict(rows, schema=ARROW_SCHEMA)
 
     def commit(self, end: dict) -> None:
         fs, root = self._landing
@@ -127,24 +215,6 @@ class LandingReader(SimpleDataSourceStreamReader):
                     _move(fs, f"{root}/{relative}", archive[0], target)
             except FileNotFoundError:
                 pass  # removed by an earlier commit of an offset that named it too
-
-
-def _lines(fs: pafs.FileSystem, root: str, files: list[str]) -> pa.RecordBatch:
-    """Every non-blank line of `files` (under `root`) as (stream, file, value) rows."""
-    streams, names, lines = [], [], []
-    for relative in files:
-        folder, _, name = relative.partition("/")
-        with fs.open_input_stream(f"{root}/{relative}") as f:
-            data = f.read()
-        for line in data.split(b"\n"):
-            if line.strip():
-                streams.append(folder[len(STREAM_FOLDER) :])
-                names.append(name)
-                lines.append(line)
-    return pa.RecordBatch.from_arrays(
-        [pa.array(streams, pa.string()), pa.array(names, pa.string()), pa.array(lines)],
-        schema=ARROW_SCHEMA,
-    )
 
 
 def _move(fs: pafs.FileSystem, source: str, target_fs: pafs.FileSystem, target: str) -> None:

@@ -13,8 +13,6 @@ evaluator of `gone` any more.
 
 from __future__ import annotations
 
-import pickle
-
 import orjson
 import pytest
 
@@ -125,13 +123,13 @@ def test_an_edited_rule_restarts_and_an_unchanged_one_resumes(
     assert normalised(live(spark, lookout_config, "edited"), stamps) == normalised(
         before["edited"] + after["edited"], stamps
     )
-    # The state store, read back with Spark's state reader: the groups' evaluators.
+    # The state store, read back with Spark's state reader: the evaluators' heads.
     state = (
         spark.read.format("statestore")
-        .option("stateVarName", "evaluators")
-        .load(lookout_config.table("_checkpoints/rules-traffic"))
+        .option("stateVarName", "entries")
+        .load(lookout_config.table("_checkpoints/engine-traffic"))
         .collect()
     )
-    saved = [pickle.loads(row["value"]["evaluators"]) for row in state]
-    stages = {stage for group in saved for stage, _ in group}
-    assert stages == {"kept", "edited"}
+    entries = [row["user_map_key"] for row in state]
+    heads = {key["name"] for key in entries if key["kind"] == "head"}
+    assert heads == {"kept", "edited"}

@@ -1,12 +1,11 @@
 """Table maintenance (engine/maintenance.py) on real Delta tables written by delta-rs.
 
 Compaction must leave every table holding exactly the rows it held, with the writers'
-idempotency marks (app transactions) intact, in a commit every streaming reader skips
-(all its actions `dataChange = false`, read from the log itself); it must run while
-another thread appends, losing and doubling nothing; and a table that cannot be
-compacted is reported without stopping the others. The log cleanup must keep every
-version a streaming reader may still read, exactly as it was, while it removes the
-commits below the checkpoint those readers start from.
+idempotency marks (app transactions) intact, in a commit that changes no data (all its
+actions `dataChange = false`, read from the log itself); it must run while another
+thread appends, losing and doubling nothing; and a table that cannot be compacted is
+reported without stopping the others. The log cleanup must keep every version from the
+newest settled checkpoint on, exactly as it was, while it removes the commits below.
 """
 
 from __future__ import annotations
@@ -22,15 +21,14 @@ from deltalake import DeltaTable, write_deltalake
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.maintenance import TableMaintenance, clean_log, compact, read_floors
+from engine.maintenance import TableMaintenance, clean_log, compact
 from engine.tables import append_once, ensure_table
-from tests.engine.test_table_checksums import check_checksums
 
 SCHEMA = pa.schema([("station", pa.int64()), ("speed", pa.float64())])
 
 
 def append_batches(path: str, batches: range, writer: str = "w") -> None:
-    """One append per batch id (as the landing writes), two rows each, into the table
+    """One append per batch id (as the engine writes), two rows each, into the table
     at `path` (created first, as the engine does at start)."""
     ensure_table(path, SCHEMA)
     for b in batches:
@@ -49,7 +47,7 @@ def commit_actions(path: str, version: int) -> list[dict]:
     return [orjson.loads(line) for line in log.read_bytes().splitlines()]
 
 
-def test_compaction_keeps_rows_and_marks_and_is_invisible_to_streams(tmp_path: Path) -> None:
+def test_compaction_keeps_rows_and_marks_and_changes_no_data(tmp_path: Path) -> None:
     path = str(tmp_path / "readings_traffic")
     append_batches(path, range(40))
     before = bag(path)
@@ -62,22 +60,13 @@ def test_compaction_keeps_rows_and_marks_and_is_invisible_to_streams(tmp_path: P
     assert len(table.file_uris()) == done.files_added < 40
     assert bag(path) == before
     assert table.transaction_version("w") == 39
-    # The compaction's commit: nothing in it is a data change a stream should read.
+    # The compaction's commit: nothing in it is a data change.
     actions = commit_actions(path, table.version())
     changes = [a[k] for a in actions for k in ("add", "remove") if k in a]
     assert len(changes) == 40 + done.files_added
     assert all(change["dataChange"] is False for change in changes)
     # A re-run of an appended batch is still recognised after the compaction.
     assert append_once(path, SCHEMA, [{"station": 0, "speed": 0.0}], "w", 39) is False
-
-
-def test_a_round_that_compacts_writes_the_new_versions_checksum(tmp_path: Path) -> None:
-    path = tmp_path / "readings_traffic"
-    append_batches(str(path), range(10))
-    assert len(TableMaintenance([str(path)], every_s=0, min_files=2).run_once()) == 1
-    latest = DeltaTable(str(path)).version()
-    assert (path / "_delta_log" / f"{latest:020d}.crc").exists()
-    assert check_checksums(path) == 10 + 1  # the appends' and the compaction's
 
 
 def test_a_table_with_few_files_or_none_is_left_alone(tmp_path: Path) -> None:
@@ -149,13 +138,9 @@ def log_versions(path: str, suffix: str) -> list[int]:
 
 
 @settings(max_examples=25, deadline=None)
-@given(
-    appends=st.integers(3, 24),
-    checkpoint_every=st.integers(1, 8),
-    floor=st.one_of(st.none(), st.integers(0, 26)),
-)
-def test_log_cleanup_keeps_every_version_a_reader_may_read(
-    tmp_path_factory, appends: int, checkpoint_every: int, floor: int | None
+@given(appends=st.integers(3, 24), checkpoint_every=st.integers(1, 8))
+def test_log_cleanup_keeps_every_version_from_the_newest_checkpoint(
+    tmp_path_factory, appends: int, checkpoint_every: int
 ) -> None:
     path = str(tmp_path_factory.mktemp("log") / "readings_traffic")
     ensure_table(path, SCHEMA)
@@ -164,25 +149,20 @@ def test_log_cleanup_keeps_every_version_a_reader_may_read(
         if b % checkpoint_every == 0:
             DeltaTable(path).create_checkpoint()
     latest = DeltaTable(path).version()
-    floor = None if floor is None else min(floor, latest)
-    # Each version's rows as a reader would read them, before the cleanup.
-    kept_from = latest if floor is None else floor  # no reader: the latest version only
-    before = {v: bag_at(path, v) for v in range(kept_from, latest + 1)}
     checkpoints = log_versions(path, ".checkpoint.parquet")
-    checksums = log_versions(path, ".crc")
+    cut = max(checkpoints, default=0)
+    # Each version's rows as a reader would read them, before the cleanup.
+    before = {v: bag_at(path, v) for v in range(cut, latest + 1)}
 
-    deleted = clean_log(DeltaTable(path), floor, settle_s=0)
+    deleted = clean_log(DeltaTable(path), settle_s=0)
 
-    # Every version from the floor on reads the same rows (a reader resumes anywhere).
+    # Every version from the newest checkpoint on reads the same rows.
     assert {v: bag_at(path, v) for v in before} == before
     assert DeltaTable(path).transaction_version("w") == appends - 1
-    # Below the newest checkpoint at or before the floor, no commit or checkpoint is left.
-    usable = [c for c in checkpoints if floor is None or c <= floor]
-    cut = max(usable, default=0)
+    # Below the newest checkpoint, no commit or checkpoint is left.
     assert log_versions(path, ".json")[0] == cut
-    assert log_versions(path, ".checkpoint.parquet")[0] == cut if usable else True
-    assert all(c >= cut for c in log_versions(path, ".crc"))
-    assert deleted == cut + sum(c < cut for c in checkpoints) + sum(c < cut for c in checksums)
+    assert not checkpoints or log_versions(path, ".checkpoint.parquet")[0] == cut
+    assert deleted == cut + sum(c < cut for c in checkpoints)
 
 
 def bag_at(path: str, version: int) -> Counter:
@@ -209,33 +189,3 @@ def test_log_cleanup_while_another_thread_appends(tmp_path: Path) -> None:
     assert bag(path) == Counter((b, v) for b in range(200) for v in (b / 2, b / 3))
     assert maintenance.health()["log_cleaned"][path] > 0
     assert log_versions(path, ".json")[0] > 0
-
-
-def delta_source(table_id: str, start: int | None, end: int) -> dict:
-    def offset(version: int) -> dict:
-        return {"sourceVersion": 1, "reservoirId": table_id, "reservoirVersion": version,
-                "index": -1, "isStartingVersion": False}  # fmt: skip
-
-    return {
-        "description": f"DeltaSource[file:/lakehouse/{table_id}]",
-        "startOffset": None if start is None else offset(start),
-        "endOffset": offset(end),
-    }
-
-
-def test_read_floors_are_the_lowest_version_any_query_may_read_again() -> None:
-    landing = {"sources": [{"description": "FileStreamSource", "startOffset": {"logOffset": 3},
-                            "endOffset": {"logOffset": 4}}]}  # fmt: skip
-    rules = {"sources": [delta_source("readings", 40, 44), delta_source("beats", None, 7)]}
-    derived = {"sources": [delta_source("readings", 38, 41), delta_source("speed", 12, 12)]}
-    # Spark reports offsets as JSON text in some versions: both forms are read.
-    as_text = {"sources": [{**delta_source("speed", 9, 12), "startOffset": orjson.dumps(
-        delta_source("speed", 9, 12)["startOffset"]).decode()}]}  # fmt: skip
-
-    assert read_floors([landing, rules, derived, as_text]) == {
-        "readings": 38,
-        "beats": 7,
-        "speed": 9,
-    }
-    # A query that has not run a batch yet may read any table from anywhere.
-    assert read_floors([rules, None]) is None

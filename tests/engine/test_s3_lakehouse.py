@@ -73,12 +73,9 @@ def test_append_once_writes_each_batch_once_into_the_bucket(s3: S3Server) -> Non
     assert len(log) == 3  # create, batch 0, batch 1
     marks = [a["txn"] for commit in log for a in commit if "txn" in a]
     assert [(m["appId"], m["version"]) for m in marks] == [("landing", 0), ("landing", 1)]
+    # The re-run's own copy of its file was deleted, not left beside the table's.
     data = [k for k in s3.keys("lake/readings_traffic/part-") if k.endswith(".parquet")]
     assert len(data) == 2
-    # Each append's version checksum, in the bucket too.
-    checksums = s3.objects("lake/readings_traffic/_delta_log/")
-    latest = orjson.loads(checksums[f"lake/readings_traffic/_delta_log/{2:020d}.crc"])
-    assert latest["numFiles"] == 2
 
 
 def test_racing_commits_both_land(s3: S3Server) -> None:

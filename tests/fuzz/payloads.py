@@ -7,8 +7,8 @@ non-finite numbers, odd timestamps, unicode, empty arrays, non-UTF-8 bytes and b
 mixing good and bad readings.
 
 `check_message` states the properties of one validated message; `check_landing` lands
-what ingest would land with the real `LandingWriter`, reads the files back and checks
-that `LandingSequencer.split` accounts for every line.
+what ingest would land with the real `LandingWriter`, reads the files back with the
+engine's reader and checks that the engine's pipeline accounts for every line.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
 from hypothesis import strategies as st
 
-from engine.core.plan import ColumnType, StreamSchema
-from engine.landing import LandingSequencer
+from engine.core.pipeline import Pipeline
+from engine.core.plan import ColumnType, Plan, StreamSchema
+from engine.landed_files import QUARANTINE_FOLDER, read_quarantine_file, read_stream_file
 from ingest.landing import LandingWriter
 from ingest.validate import BIGINT_RANGE, INT_RANGE, NON_NEGATIVE, Validated, Validator
 from rules.language.checker import check_statements
@@ -345,19 +347,27 @@ def check_landing(
                     rejection.topic, rejection.reason, rejection.payload, received_ms
                 )
         writer.flush()
-        lines: list[tuple[str, str, bytes]] = []
+        arrivals: dict[str, list[pa.Table]] = {}
+        quarantine: list[dict[str, Any]] = []
+        schemas = {s.name: s for s in validator.streams}
         for path in sorted(Path(root).glob("stream=*/part-*.jsonl")):
             folder = path.parent.name.removeprefix("stream=")
-            lines += [(folder, path.name, line) for line in path.read_bytes().splitlines()]
-    out = LandingSequencer(validator.streams).split(lines)
+            if folder == QUARANTINE_FOLDER:
+                quarantine += read_quarantine_file(path.name, path.read_bytes())
+                continue
+            table, damaged = read_stream_file(schemas[folder], path.name, path.read_bytes())
+            assert not damaged, damaged
+            arrivals.setdefault(folder, []).append(table)
+    pipeline = Pipeline(Plan({s.name: s for s in validator.streams}))
+    out = pipeline.process({name: pa.concat_tables(t) for name, t in arrivals.items()})
     for name, count in accepted.items():
-        landed = len(out.readings.get(name, []))
-        landed += sum(1 for row in out.late if row["stream"] == name)
+        landed = out.readings[name].num_rows if name in out.readings else 0
+        landed += sum(1 for row in out.late if row.stream == name)
+        landed += sum(1 for row in out.conflicts if row.stream == name)
         landed += out.duplicates.get(name, 0)
         assert landed == count, (name, landed, count)
-    assert len(out.heartbeats) == beats
+    assert sum(out.heartbeats.values()) == beats
     back = [
-        (row["topic"], row["reason"], base64.b64decode(row["payload_b64"]))
-        for row in out.quarantine
+        (row["topic"], row["reason"], base64.b64decode(row["payload_b64"])) for row in quarantine
     ]
     assert sorted(back) == sorted(rejected)

@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+import engine.core.pipeline
 import engine.core.replay
-from engine.core.evaluator import KeyedEvaluator, Output
+from engine.core.evaluator import Emitted, KeyedEvaluator, output_rows
 from ingest.validate import Validator, normalize_reading
 from tests.quality.detection import (
     Evaluation,
@@ -142,9 +143,9 @@ def test_availability_is_when_the_engine_emits(kind: str, monkeypatch: pytest.Mo
     emitted: dict[tuple, int | None] = {}
 
     class Recording(KeyedEvaluator):
-        def advance(self, watermark: int) -> list[Output]:
-            out = super().advance(watermark)
-            for o in out:
+        def advance_columns(self, watermark: int) -> Emitted:
+            out = super().advance_columns(watermark)
+            for o in output_rows(out):
                 at = readings[current[0]][0] if current[0] < len(readings) else None
                 emitted.setdefault((o.sink, o.ts, repr(o.row)), at)
             return out
@@ -155,7 +156,7 @@ def test_availability_is_when_the_engine_emits(kind: str, monkeypatch: pytest.Mo
             yield schema.name, normalize_reading(schema, payload)
         current[0] = len(readings)
 
-    monkeypatch.setattr(engine.core.replay, "KeyedEvaluator", Recording)
+    monkeypatch.setattr(engine.core.pipeline, "KeyedEvaluator", Recording)
     engine.core.replay.run(plan, fed(), batch=1)
     assert ev.alerts
     for a in ev.alerts:

@@ -1,0 +1,151 @@
+"""What ingest's landed files hold, read as Arrow columns (pure; no Spark).
+
+Ingest lands JSON-lines files, one folder per stream (``stream=<name>``, and
+``stream=_quarantine`` for rejected payloads; see ``ingest/landing.py``). Each line of a
+stream's file is a validated reading (its stream's columns, timestamps as epoch ms,
+``source``, ``epoch``, ``seq``) or a heartbeat (``"_kind": "heartbeat"``, the stream's
+timestamp and ``source``), with ``_line`` (its place in the file), ``_topic`` and
+``_received_ms``. The order of the files' names, then ``_line``, is the arrival order.
+
+:func:`read_stream_file` turns one file into the arrivals a
+:class:`~engine.core.pipeline.Pipeline` takes, :func:`read_quarantine_file` into
+quarantine rows. Both parse with Arrow's JSON reader (in C++: no Python object per
+value); a file the fast reader refuses is read line by line, and a line that is not a
+valid landed record becomes a quarantine row naming its file and line, so one damaged
+file never stops the engine.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+
+from engine.core.pipeline import HEARTBEAT, arrival_type
+from engine.core.plan import StreamSchema
+
+QUARANTINE_FOLDER = "_quarantine"
+
+#: Provenance columns of an arrival besides the stream's own and its identity.
+TOPIC = "topic"
+RECEIVED_MS = "received_ms"
+
+QUARANTINE_LINE = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("reason", pa.string()),
+        ("payload", pa.string()),
+        ("payload_b64", pa.string()),
+        ("received_ms", pa.int64()),
+    ]
+)
+"""A quarantine line as ingest lands it."""
+
+
+def landed_schema(stream: StreamSchema) -> pa.Schema:
+    """The fields of a stream's landed lines, as the JSON reader types them."""
+    fields = [pa.field(c.name, arrival_type(c.type)) for c in stream.columns]
+    fields += [
+        pa.field("source", pa.string()),
+        pa.field("epoch", pa.string()),
+        pa.field("seq", pa.int64()),
+        pa.field("_line", pa.int64()),
+        pa.field("_kind", pa.string()),
+        pa.field("_topic", pa.string()),
+        pa.field("_received_ms", pa.int64()),
+    ]
+    return pa.schema(fields)
+
+
+def arrivals_schema(stream: StreamSchema) -> pa.Schema:
+    """The columns :func:`read_stream_file` returns (what the pipeline takes)."""
+    fields = [pa.field(c.name, arrival_type(c.type)) for c in stream.columns]
+    fields += [
+        pa.field("source", pa.string()),
+        pa.field("epoch", pa.string()),
+        pa.field("seq", pa.int64()),
+        pa.field(HEARTBEAT, pa.bool_()),
+        pa.field(TOPIC, pa.string()),
+        pa.field(RECEIVED_MS, pa.int64()),
+    ]
+    return pa.schema(fields)
+
+
+def _parse(data: bytes, schema: pa.Schema) -> pa.Table:
+    options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    # One block for the whole file: the reader then keeps its lines in order.
+    read = pajson.ReadOptions(block_size=max(len(data), 1 << 20), use_threads=False)
+    return pajson.read_json(io.BytesIO(data), read_options=read, parse_options=options)
+
+
+def read_stream_file(
+    stream: StreamSchema, name: str, data: bytes
+) -> tuple[pa.Table, list[dict[str, Any]]]:
+    """The arrivals of one landed file of ``stream`` in arrival order, and quarantine
+    rows for its lines that are not landed records (normally none)."""
+    schema = landed_schema(stream)
+    bad: list[dict[str, Any]] = []
+    try:
+        table = _parse(data, schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        table, bad = _parse_lines(data, schema, name)
+    if table.num_rows and not _ascending(table.column("_line")):
+        table = table.sort_by("_line")
+    kind = table.column("_kind")
+    columns = {c.name: table.column(c.name) for c in stream.columns}
+    columns["source"] = pc.fill_null(table.column("source"), "")
+    columns["epoch"] = pc.fill_null(table.column("epoch"), "")
+    columns["seq"] = table.column("seq")
+    columns[HEARTBEAT] = pc.fill_null(pc.equal(kind, "heartbeat"), False)
+    columns[TOPIC] = table.column("_topic")
+    columns[RECEIVED_MS] = table.column("_received_ms")
+    return pa.table(columns, schema=arrivals_schema(stream)), bad
+
+
+def _ascending(column: pa.ChunkedArray) -> bool:
+    values = column.to_numpy(zero_copy_only=False)
+    return bool((values[1:] >= values[:-1]).all()) if len(values) > 1 else True
+
+
+def _parse_lines(data: bytes, schema: pa.Schema, name: str) -> tuple[pa.Table, list[dict]]:
+    """The slow path: each line on its own; lines that do not parse as landed records of
+    ``schema`` become quarantine rows."""
+    good: list[bytes] = []
+    bad: list[dict[str, Any]] = []
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = orjson.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+            _parse(line, schema)
+        except (ValueError, pa.ArrowInvalid, pa.ArrowTypeError) as err:
+            bad.append(
+                {
+                    "topic": None,
+                    "reason": f"landed file {name} line {number} is not a landed record: {err}",
+                    "payload": line.decode("utf-8", errors="replace"),
+                    "payload_b64": base64.b64encode(line).decode("ascii"),
+                    "received_ms": None,
+                }
+            )
+            continue
+        good.append(line)
+    if not good:
+        return schema.empty_table(), bad
+    return _parse(b"\n".join(good), schema), bad
+
+
+def read_quarantine_file(name: str, data: bytes) -> list[dict[str, Any]]:
+    """The quarantine rows of one landed ``_quarantine`` file."""
+    try:
+        return _parse(data, QUARANTINE_LINE).to_pylist()
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        table, bad = _parse_lines(data, QUARANTINE_LINE, name)
+        return table.to_pylist() + bad

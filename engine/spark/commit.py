@@ -1,0 +1,122 @@
+"""The driver's part of a batch: commit the files the executors wrote, exactly once.
+
+The stateful step writes each table's new rows as Parquet files in the table's folder
+and returns only their names and sizes (`engine.spark.processor`). `Committer` is the
+query's `foreachBatch`: it adds each table's files in one Delta commit tagged with the
+query's writer id and the batch id (Delta's transaction identifiers), so a batch that
+runs again after a crash finds its commits done and deletes the copies it wrote
+instead. Tables commit side by side (delta-rs works outside the GIL). It also keeps
+the batch's health figures for the engine's health record and metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import orjson
+import pyarrow as pa
+from pyspark.sql import DataFrame
+
+from engine import tables
+from engine.core.plan import Plan
+from lookout.config import Config
+
+log = logging.getLogger("lookout.engine")
+
+
+def table_schemas(plan: Plan, sources: tuple[str, ...]) -> dict[str, pa.Schema]:
+    """Every table an engine query over `sources` may append to, with its schema."""
+    schemas = dict(tables.SHARED)
+    for name in sources:
+        schemas[tables.readings_table(name)] = tables.readings_schema(plan.streams[name])
+    for query in plan.queries:
+        if query.sink.name in plan.streams:
+            schemas[query.sink.name] = tables.derived_schema(plan.streams[query.sink.name])
+    return schemas
+
+
+class Committer:
+    """`foreachBatch` of one engine query (see the module docstring)."""
+
+    def __init__(self, config: Config, name: str, schemas: Mapping[str, pa.Schema]) -> None:
+        self.config = config
+        self.name = name
+        self.schemas = dict(schemas)
+        self.lock = threading.Lock()
+        self.figures: dict[str, Any] = {}
+        self.totals: Counter[str] = Counter()
+        self.batches = 0
+        self.last_batch_at = 0.0
+        self.commit_ms = 0.0
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"commit-{name}")
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        started = time.perf_counter()
+        rows = batch.toArrow().to_pylist()
+        files: dict[str, list[tables.DataFile]] = {}
+        figures: dict[str, Any] = {}
+        for row in rows:
+            if row["kind"] == "health":
+                figures = orjson.loads(row["stats"])
+                continue
+            file = tables.DataFile(
+                row["table"],
+                row["path"],
+                row["size"],
+                row["records"],
+                row["modified"],
+                row["stats"],
+            )
+            files.setdefault(file.table, []).append(file)
+        jobs = [
+            self._pool.submit(
+                tables.commit_files,
+                self.config.table(table),
+                self.schemas[table],
+                found,
+                f"lookout-{self.name}-{table}",
+                batch_id,
+                self.config.s3,
+            )
+            for table, found in sorted(files.items())
+        ]
+        for job in jobs:
+            job.result()  # raises the first failure: the batch fails and runs again
+        with self.lock:
+            self.batches += 1
+            self.last_batch_at = time.time()
+            self.commit_ms = (time.perf_counter() - started) * 1000
+            if figures:
+                self.figures = figures
+                for stream, counts in figures.get("streams", {}).items():
+                    for what in ("readings", "late", "duplicates", "conflicts", "heartbeats"):
+                        self.totals[f"{what}.{stream}"] += counts.get(what, 0)
+                self.totals["quarantined"] += figures.get("quarantined", 0)
+                for name in figures.get("dropped", []):
+                    log.warning(
+                        "%s: the saved state of %r was built by another version of the rule "
+                        "(or a rule since removed): dropped",
+                        self.name,
+                        name,
+                    )
+
+    def health(self) -> dict[str, Any]:
+        """The latest batch's figures and the totals since this engine started."""
+        with self.lock:
+            return {
+                "figures": dict(self.figures),
+                "totals": dict(self.totals),
+                "batches": self.batches,
+                "last_batch_at": self.last_batch_at,
+                "commit_ms": round(self.commit_ms, 1),
+            }
+
+    def close(self) -> None:
+        """Stop the commit threads (after the query stopped)."""
+        self._pool.shutdown(wait=True)

@@ -1,0 +1,223 @@
+"""The stateful step of an engine query: Spark's `transformWithState` around a
+:class:`~engine.core.pipeline.Pipeline` (the skin; every decision is the pipeline's).
+
+Spark groups a batch's landing files by component (one group: the exact, global arrival
+order of each stream meets in one task) and calls `handleInputRows` once per batch with
+one row per file. The processor:
+
+1. reads the files' arrivals (Arrow, parsed by the source's executors) in landing order;
+2. runs the pipeline over them, and saves what changed into Spark's state store
+   (`SparkStore`: one map of bytes, so a batch writes only the evaluators it touched);
+3. writes every table's new rows as Parquet files into the table's folder
+   (`engine.outputs`, `engine.tables.write_data_file`) and yields one small row per
+   file, plus one row of health figures. The driver commits the files
+   (`engine.spark.commit`): only file names and figures reach it, never readings.
+
+**A pipeline stays in memory between batches** (`_PIPELINES`, per Python worker):
+reading every evaluator back from the state store each batch would cost far more than
+the batch's readings. Each batch stores a fresh token beside the state; a worker uses
+its pipeline only when it last saved exactly the state Spark hands this batch (same
+token), and otherwise (another worker ran the last batch, a batch is re-run after a
+failure) rebuilds it from the state store, which is always complete. A pipeline is
+taken out of the memo while a batch runs, so a batch that fails half-way leaves nothing
+half-changed behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pyarrow as pa
+from pyspark import cloudpickle
+from pyspark.sql import Row
+from pyspark.sql import types as T
+from pyspark.sql.streaming.stateful_processor import (
+    MapState,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+)
+
+from engine import tables
+from engine.alerts import AlertSpec
+from engine.core.pipeline import BatchResult, Pipeline
+from engine.core.plan import Plan
+from engine.core.state import StateKey
+from engine.ipc import read_ipc
+from engine.landed_files import QUARANTINE_FOLDER
+from engine.outputs import batch_tables
+from engine.spark.worker_gc import collector_paused, freeze_worker_heap
+from lookout.config import Config
+
+OUTPUT_SCHEMA = (
+    "kind STRING, table STRING, path STRING, size LONG, records LONG, modified LONG, stats STRING"
+)
+"""One row per file written (kind "file"), and one of health figures (kind "health",
+`stats` its JSON)."""
+
+_KEY = T.StructType(
+    [
+        T.StructField("kind", T.StringType()),
+        T.StructField("name", T.StringType()),
+        T.StructField("key", T.StringType()),
+        T.StructField("number", T.LongType()),
+    ]
+)
+_VALUE = T.StructType([T.StructField("data", T.BinaryType())])
+_TOKEN = T.StructType([T.StructField("token", T.StringType())])
+
+_PIPELINES: dict[str, tuple[str, Pipeline]] = {}
+"""Per query and group: (the token of the state it saved last, the pipeline)."""
+
+
+class SparkStore:
+    """A :class:`~engine.core.state.StateStore` over one `MapState` of the group."""
+
+    def __init__(self, entries: MapState) -> None:
+        self.entries = entries
+
+    def get(self, key: StateKey) -> bytes | None:
+        found = self.entries.getValue(key)
+        return None if found is None else found[0]
+
+    def put(self, key: StateKey, value: bytes) -> None:
+        self.entries.updateValue(key, (value,))
+
+    def delete(self, key: StateKey) -> None:
+        self.entries.removeKey(key)
+
+    def scan(self, kind: str) -> Iterator[tuple[StateKey, bytes]]:
+        for key, value in self.entries.iterator():
+            if key[0] == kind:
+                yield tuple(key), value[0]  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class Component:
+    """What one engine query runs: a connected part of the plan's stream graph."""
+
+    name: str
+    sources: tuple[str, ...]
+    plan: Plan
+    alerts: Mapping[str, AlertSpec]
+    quarantine: bool
+    """Whether this query also lands the quarantine folder (one query does)."""
+
+
+class ComponentProcessor(StatefulProcessor):
+    """`transformWithState` processor of one component (see the module docstring)."""
+
+    def __init__(self, component: Component, config: Config, memo_id: str) -> None:
+        self.component = component
+        self.config = config
+        # Which query's pipeline, in a worker's memo: its checkpoint, and the plan it was
+        # built from (a worker outlives an engine restarted with other rules in-process).
+        plan = hashlib.sha256(cloudpickle.dumps(component.plan)).hexdigest()[:16]
+        self.memo_id = f"{memo_id}#{plan}"
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        freeze_worker_heap()
+        self.entries = handle.getMapState("entries", _KEY, _VALUE)
+        self.token = handle.getValueState("token", _TOKEN)
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[Row], timerValues: TimerValues
+    ) -> Iterator[Row]:
+        started = time.perf_counter()
+        with collector_paused():
+            arrivals, quarantine = _arrivals(rows)
+            read_s = time.perf_counter() - started
+            pipeline, reused = self._pipeline()
+            result = pipeline.process(arrivals)
+            pipeline.save()
+            evaluated_s = time.perf_counter() - started - read_s
+            written = self._write(result, quarantine)
+            token = uuid.uuid4().hex
+            self.token.update((token,))
+            _PIPELINES[self.memo_id] = (token, pipeline)
+        figures = {
+            "streams": {
+                name: {
+                    "max_event_ms": pipeline.sequencers[name].clock.max_ts,
+                    "watermark_ms": result.watermarks[name],
+                    "readings": result.readings[name].num_rows if name in result.readings else 0,
+                    "late": sum(1 for x in result.late if x.stream == name),
+                    "duplicates": result.duplicates.get(name, 0),
+                    "conflicts": sum(1 for x in result.conflicts if x.stream == name),
+                    "heartbeats": result.heartbeats.get(name, 0),
+                    "sources": pipeline.sequencers[name].sources(),
+                }
+                for name in pipeline.sources
+            },
+            "quarantined": len(quarantine),
+            "keys": pipeline.live_keys(),
+            "dropped": pipeline.dropped if not reused else [],
+            "reused": reused,
+            "read_ms": round(read_s * 1000, 1),
+            "evaluate_ms": round(evaluated_s * 1000, 1),
+            "write_ms": round((time.perf_counter() - started - read_s - evaluated_s) * 1000, 1),
+        }
+        yield from written
+        yield Row(
+            kind="health",
+            table=None,
+            path=None,
+            size=None,
+            records=None,
+            modified=None,
+            stats=orjson.dumps(figures).decode(),
+        )
+
+    def _pipeline(self) -> tuple[Pipeline, bool]:
+        """The pipeline this batch starts from, and whether it was still in memory."""
+        memo = _PIPELINES.pop(self.memo_id, None)
+        saved = self.token.get()
+        store = SparkStore(self.entries)
+        if memo is not None and saved is not None and memo[0] == saved[0]:
+            pipeline = memo[1]
+            pipeline.store = store
+            return pipeline, True
+        return Pipeline(self.component.plan, self.component.sources, store), False
+
+    def _write(self, result: BatchResult, quarantine: list[dict[str, Any]]) -> list[Row]:
+        """Each table's new rows as a Parquet file in its folder; a row per file."""
+        component = self.component
+        out = []
+        for name, data in batch_tables(
+            component.plan, component.alerts, result, quarantine
+        ).items():
+            file = tables.write_data_file(name, self.config.table(name), data, self.config.s3)
+            out.append(
+                Row(
+                    kind="file",
+                    table=name,
+                    path=file.path,
+                    size=file.size,
+                    records=file.records,
+                    modified=file.modified_ms,
+                    stats=file.stats,
+                )
+            )
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def _arrivals(rows: Iterable[Row]) -> tuple[dict[str, pa.Table], list[dict[str, Any]]]:
+    """The batch's files in landing order: each stream's arrivals, and the quarantine
+    lines."""
+    parts: dict[str, list[pa.Table]] = {}
+    quarantine: list[dict[str, Any]] = []
+    for row in sorted(rows, key=lambda r: (r["file"], r["stream"])):
+        if row["stream"] == QUARANTINE_FOLDER:
+            quarantine += orjson.loads(row["data"])
+        else:
+            parts.setdefault(row["stream"], []).append(read_ipc(row["data"]))
+    return {stream: pa.concat_tables(p) for stream, p in parts.items()}, quarantine

@@ -1,0 +1,245 @@
+"""Arrivals judged by the pipeline against the slack and identity pins, by brute force.
+
+Oracle, over the landed lines in arrival order (file name, line): a reading's id is
+(source, epoch, seq). The first reading with an id is late if its timestamp is below the
+highest timestamp of every reading and heartbeat that arrived before it minus the slack,
+else on time. A later reading with the same id is a duplicate if it carries the same
+values as the first one, else a conflict. Files are landed by ingest's writer and read
+back by the engine's reader, and the pipeline must agree line for line however the files
+are cut into batches, with its state saved and rebuilt from the store between batches
+(an engine restart).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.core.pipeline import Pipeline
+from engine.core.plan import Column, ColumnType, Plan, Query, Sink, SinkKind, StreamSchema
+from engine.core.replay import run
+from engine.core.state import MemoryStore
+from engine.landed_files import read_quarantine_file, read_stream_file
+from ingest.landing import LandingWriter
+from tests.engine.helpers import select
+
+SLACK = 2_000
+BASE = 1_000_000
+TRAFFIC = StreamSchema(
+    "traffic",
+    (
+        Column("station", ColumnType.INT),
+        Column("speed", ColumnType.DOUBLE),
+        Column("ts", ColumnType.TIMESTAMP),
+    ),
+    "ts",
+    SLACK,
+    "lookout/traffic/+/readings",
+)
+PLAN = Plan(
+    {"traffic": TRAFFIC},
+    (Query(Sink("copy", SinkKind.STREAM), "traffic", post=(select("source", "seq", "ts"),)),),
+)
+
+# One landed line: (timestamp offset, source, epoch, seq, speed, is heartbeat).
+Entry = tuple[int, str, str, int, float, bool]
+entries_strategy = st.lists(
+    st.tuples(
+        st.integers(0, 40).map(lambda n: n * 500),  # on a grid: readings exactly at the slack
+        st.sampled_from(["a", "b", "c"]),
+        st.sampled_from(["", "", "e1"]),
+        st.integers(0, 12),
+        st.sampled_from([1.0, 1.0, 1.0, 2.0]),  # a repeated id mostly repeats its values
+        st.sampled_from([False, False, False, False, True]),  # one line in five a heartbeat
+    ),
+    max_size=80,
+)
+
+
+def land(root: Path, entries: list[Entry], per_file: int) -> list[Path]:
+    """The entries as ingest lands them, `per_file` lines to a file, in arrival order."""
+    writer = LandingWriter(root, "test")
+    files: list[Path] = []
+    for start in range(0, len(entries), per_file):
+        for ts, source, epoch, seq, speed, beat in entries[start : start + per_file]:
+            if beat:
+                writer.add_heartbeat("traffic", {"source": source, "ts": BASE + ts}, 0)
+                continue
+            reading = {"station": 1, "speed": speed, "ts": BASE + ts, "source": source, "seq": seq}
+            if epoch:
+                reading["epoch"] = epoch
+            writer.add_readings("traffic", [reading], "lookout/traffic/1/readings", 0)
+        files += writer.flush()
+    return sorted(files)
+
+
+def oracle(entries: list[Entry]) -> list[str | None]:
+    """Each entry's verdict in arrival order, by brute force (None for a heartbeat)."""
+    verdicts: list[str | None] = []
+    first: dict[tuple[str, str, int], float] = {}
+    highest = None
+    for ts, source, epoch, seq, speed, beat in entries:
+        ts += BASE
+        if beat:
+            verdicts.append(None)
+        elif (source, epoch, seq) in first:
+            same = first[(source, epoch, seq)] == (ts, speed)
+            verdicts.append("duplicate" if same else "conflict")
+        else:
+            late = highest is not None and ts < highest - SLACK
+            verdicts.append("late" if late else "on_time")
+            first[(source, epoch, seq)] = (ts, speed)
+        highest = ts if highest is None else max(highest, ts)
+    return verdicts
+
+
+def judged(files: list[Path], batches: int, seed: int) -> tuple[list[tuple], list[int]]:
+    """(verdict, source, epoch, seq) of every reading, from a pipeline run over the files
+    cut into batches and rebuilt from its store between them; and the arrival stamps of
+    the on-time readings in the order they were stored."""
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(files)), min(batches, max(len(files) - 1, 0))))
+    store = MemoryStore()
+    verdicts: list[tuple] = []
+    stamps: list[tuple[int, int]] = []
+    for start, end in zip([0, *cuts], [*cuts, len(files)], strict=True):
+        pipeline = Pipeline(PLAN, store=store)  # a restart before every batch
+        tables = [read_stream_file(TRAFFIC, f.name, f.read_bytes())[0] for f in files[start:end]]
+        result = pipeline.process({"traffic": pa.concat_tables(tables)} if tables else {})
+        pipeline.save()
+        kept = result.readings.get("traffic")
+        if kept is not None:
+            stamps += zip(
+                kept.column("ts").to_pylist(),
+                kept.column("arrival_watermark").to_pylist(),
+                strict=True,
+            )
+            verdicts += [
+                ("on_time", r["source"], r["epoch"], r["seq"], r["ts"]) for r in kept.to_pylist()
+            ]
+        verdicts += [("late", x.row["source"], x.row.get("epoch", ""), x.row["seq"], x.ts)
+                     for x in result.late]  # fmt: skip
+        verdicts += [("conflict", x.row["source"], x.row.get("epoch", ""), x.row["seq"], x.ts)
+                     for x in result.conflicts]  # fmt: skip
+        verdicts += [("duplicate",)] * result.duplicates.get("traffic", 0)
+    return verdicts, stamps
+
+
+@settings(max_examples=150, deadline=None)
+@given(entries_strategy, st.integers(1, 7), st.integers(0, 6), st.integers(0, 10**6))
+def test_verdicts_match_the_pins(tmp_path_factory, entries, per_file, batches, seed):
+    files = land(tmp_path_factory.mktemp("landing"), entries, per_file)
+    verdicts, _ = judged(files, batches, seed)
+    expected = oracle(entries)
+    want = sorted(
+        (v, e[1], e[2], e[3], BASE + e[0]) if v != "duplicate" else (v,)
+        for v, e in zip(expected, entries, strict=True)
+        if v is not None
+    )
+    assert sorted(verdicts) == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(entries_strategy, st.integers(1, 7), st.integers(0, 6), st.integers(0, 10**6))
+def test_each_reading_carries_the_watermark_no_later_reading_is_below(
+    tmp_path_factory, entries, per_file, batches, seed
+):
+    """The stamp: the highest event time arrived so far, this reading included, minus
+    the slack; no on-time reading arriving later is older."""
+    files = land(tmp_path_factory.mktemp("landing"), entries, per_file)
+    _, stamps = judged(files, batches, seed)
+    expected, highest = [], None
+    for (ts, *_, beat), verdict in zip(entries, oracle(entries), strict=True):
+        ts += BASE
+        highest = ts if highest is None else max(highest, ts)
+        if not beat and verdict == "on_time":
+            expected.append((ts, highest - SLACK))
+    assert stamps == expected
+    for i, (_, stamp) in enumerate(stamps):
+        assert all(ts >= stamp for ts, _ in stamps[i + 1 :])
+
+
+def verdicts_of(tmp_path: Path, entries: list[Entry]) -> list[str]:
+    files = land(tmp_path, entries, 5)
+    found, _ = judged(files, 0, 0)
+    return [v[0] for v in found]
+
+
+def test_exactly_slack_behind_is_on_time_and_one_more_is_late(tmp_path):
+    entries = [(10_000, "a", "", 1, 1.0, False), (8_000, "a", "", 2, 1.0, False),
+               (7_999, "a", "", 3, 1.0, False)]  # fmt: skip
+    assert verdicts_of(tmp_path, entries) == ["on_time", "on_time", "late"]
+
+
+def test_a_heartbeat_moves_the_watermark(tmp_path):
+    entries = [(1_000, "a", "", 1, 1.0, False), (10_000, "hb", "", 0, 1.0, True),
+               (5_000, "a", "", 2, 1.0, False)]  # fmt: skip
+    assert verdicts_of(tmp_path, entries) == ["on_time", "late"]
+
+
+def test_a_restarted_source_under_a_new_epoch_sends_new_readings(tmp_path):
+    # A gateway restarts its seq: under a new epoch its readings are new data.
+    entries = [
+        (t * 1_000, "a", boot, seq, 1.0, False)
+        for t, (boot, seq) in enumerate([("boot1", 1), ("boot1", 2), ("boot2", 1), ("boot2", 2)])
+    ]
+    assert verdicts_of(tmp_path, entries) == ["on_time"] * 4
+
+
+def test_a_repeated_id_with_other_values_is_a_conflict_never_a_copy(tmp_path):
+    entries = [(1_000, "a", "", 1, 1.0, False), (1_000, "a", "", 1, 1.0, False),
+               (5_000, "a", "", 1, 9.0, False)]  # fmt: skip
+    files = land(tmp_path, entries, 5)
+    pipeline = Pipeline(PLAN)
+    arrivals = pa.concat_tables(
+        [read_stream_file(TRAFFIC, f.name, f.read_bytes())[0] for f in files]
+    )
+    result = pipeline.process({"traffic": arrivals})
+    assert result.duplicates == {"traffic": 1}
+    (conflict,) = result.conflicts
+    assert (conflict.ts, conflict.original_ts) == (BASE + 5_000, BASE + 1_000)
+    assert conflict.row["speed"] == 9.0 and "other values" in conflict.reason
+
+
+def test_late_readings_say_how_late_and_keep_the_reading(tmp_path):
+    files = land(tmp_path, [(10_000, "a", "", 1, 1.0, False), (3_000, "b", "", 7, 1.0, False)], 5)
+    arrivals = read_stream_file(TRAFFIC, files[0].name, files[0].read_bytes())[0]
+    (late,) = Pipeline(PLAN).process({"traffic": arrivals}).late
+    assert late.lateness_ms == (BASE + 10_000 - SLACK) - (BASE + 3_000)
+    assert {k: late.row[k] for k in ("station", "speed", "ts", "source", "seq")} == {
+        "station": 1, "speed": 1.0, "ts": BASE + 3_000, "source": "b", "seq": 7,
+    }  # fmt: skip
+
+
+def test_replay_numbers_readings_without_identity_by_arrival() -> None:
+    readings = [("traffic", {"station": 1, "speed": 1.0, "ts": 1_000}) for _ in range(3)]
+    result = run(PLAN, readings)
+    assert [o.row["seq"] for o in result.outputs] == [0, 1, 2]
+    assert result.duplicates == {} and result.conflicts == []
+
+
+def test_quarantine_lines_pass_through_with_their_reason():
+    line = orjson.dumps({"topic": "t", "reason": "payload is not JSON", "payload": "{",
+                         "payload_b64": "ew==", "received_ms": 5, "_line": 0})  # fmt: skip
+    assert [q["reason"] for q in read_quarantine_file("part-1.jsonl", line)] == [
+        "payload is not JSON"
+    ]
+
+
+def test_a_damaged_landed_line_is_quarantined_naming_its_file_and_line(tmp_path):
+    good = orjson.dumps({"station": 1, "speed": 1.0, "ts": BASE, "source": "a", "seq": 1,
+                         "_line": 0})  # fmt: skip
+    data = (
+        good
+        + b"\n{not json\n"
+        + good.replace(b'"seq":1', b'"seq":2').replace(b'"_line":0', b'"_line":2')
+    )
+    arrivals, damaged = read_stream_file(TRAFFIC, "part-9.jsonl", data)
+    assert arrivals.column("seq").to_pylist() == [1, 2]
+    (bad,) = damaged
+    assert "part-9.jsonl line 2" in bad["reason"] and bad["payload"] == "{not json"
