@@ -9,12 +9,10 @@ from pathlib import Path
 
 from engine.core.plan import Plan
 from rules.language import ast
-from rules.language.checker import Catalog, check_statements
-from rules.language.compiler import compile_catalog
+from rules.language.checker import Catalog
 from rules.language.errors import RuleError
 from rules.language.explain import explain
-from rules.language.loader import parse_files, rule_files
-from rules.language.parser import parse_text
+from rules.language.loader import analyse, check_paths
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 KINDS: dict[type, str] = {
@@ -85,18 +83,11 @@ def read_book(folder: Path) -> Book:
     does) and explain each statement."""
     if not folder.is_dir():
         return Book([], [])
-    # Full paths, so table files named relative to a rule file resolve.
-    statements, texts, errors = parse_files([folder])
     # Explain what can be explained even if some statements have errors (as the CLI does).
-    catalog, check_errors = check_statements(statements, texts)
-    errors.extend(check_errors)
-    keys: dict[str, tuple[str, ...]] = {}
-    if not errors:
-        plan, compile_errors = compile_catalog(catalog, texts)
-        errors.extend(compile_errors)
-        keys = output_keys(plan)
-    shown = [RuleError(Path(e.file).name, e.line, e.col, e.message, e.source_line) for e in errors]
-    return Book(_rules(statements, texts, catalog, keys), shown)
+    analysis = analyse([folder])
+    keys = output_keys(analysis.plan) if analysis.plan is not None else {}
+    rules = _rules(analysis.statements, analysis.texts, analysis.catalog, keys)
+    return Book(rules, _shown(analysis.errors))
 
 
 def output_keys(plan: Plan) -> dict[str, tuple[str, ...]]:
@@ -161,23 +152,13 @@ def upper_bound(stmt: ast.Statement) -> tuple[str, float] | None:
 
 def check_file(folder: Path, name: str, text: str) -> list[RuleError]:
     """Errors of the rule folder with `<name>.sql` replaced by `text` (errors in that file
-    name it `<name>.sql`). Nothing is written: the edited text is checked as if it were
-    in the folder, so relative table paths in it resolve as they will there."""
-    target = folder / f"{name}.sql"
-    texts: dict[str, str] = {}
-    statements: list[ast.Statement] = []
-    errors: list[RuleError] = []
-    others = [p for p in rule_files([folder]) if p.name != target.name] if folder.is_dir() else []
-    for path, source in [*((p, p.read_text(encoding="utf-8")) for p in others), (target, text)]:
-        texts[str(path)] = source
-        parsed, syntax = parse_text(source, str(path))
-        statements.extend(parsed)
-        errors.extend(syntax)
-    # The same steps as `lookout rules check` (rules.language.loader).
-    catalog, check_errors = check_statements(statements, texts)
-    errors.extend(check_errors)
-    if not errors:
-        errors.extend(compile_catalog(catalog, texts)[1])
+    name it `<name>.sql`): the loader's own check of the folder as it would be. Nothing
+    is written; relative table paths in the text resolve as they will there."""
+    return _shown(check_paths([folder], edits={folder / f"{name}.sql": text}))
+
+
+def _shown(errors: list[RuleError]) -> list[RuleError]:
+    """`errors` naming their files without the folder, as the Rules page shows them."""
     return [RuleError(Path(e.file).name, e.line, e.col, e.message, e.source_line) for e in errors]
 
 

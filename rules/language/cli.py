@@ -9,9 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rules.language.checker import check_statements
 from rules.language.explain import explain
-from rules.language.loader import RULES_DIR, check_paths, parse_files, rule_files
+from rules.language.loader import RULES_DIR, analyse, check_paths, rule_files
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -27,12 +26,11 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    statements, texts, errors = parse_files(args.rules or [RULES_DIR])
-    for error in errors:
+    analysis = analyse(args.rules or [RULES_DIR])
+    for error in analysis.errors:
         print(error.format(), file=sys.stderr)
     # Explain what can be explained even if other rules have errors.
-    catalog, _ = check_statements(statements, texts)
-    text = explain(catalog, args.name)
+    text = explain(analysis.catalog, args.name)
     if text is None:
         print(f"no stream, alert, table or aggregate named '{args.name}'", file=sys.stderr)
         return 1
