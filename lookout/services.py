@@ -22,8 +22,9 @@ DASHBOARD_APP = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
 
 
 def load_rule_set(config: Config, paths: Sequence[str] | None) -> RuleSet:
-    """The checked, compiled rules at `paths` (default: the configured rule folders)."""
-    return load_rules(list(paths) if paths else list(config.rule_paths))
+    """The checked, compiled rules at `paths` (default: the configured rule library and
+    user rule store), reaching only what the configuration allows."""
+    return load_rules(list(paths) if paths else list(config.rule_paths), config.rule_policy)
 
 
 def alert_specs(rule_set: RuleSet) -> dict[str, AlertSpec]:

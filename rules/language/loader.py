@@ -55,20 +55,22 @@ def rule_files(paths: Iterable[str | Path], extra: Iterable[Path] = ()) -> list[
 
 
 def parse_files(
-    paths: Iterable[str | Path], edits: Mapping[Path, str] | None = None
+    paths: Iterable[str | Path], edits: Mapping[Path, str | None] | None = None
 ) -> tuple[list[ast.Statement], dict[str, str], list[RuleError]]:
     """Read and parse the rule files at `paths`: statements, file texts, and the files'
     read and syntax errors (located; never raised). `edits` maps a file (new, or one of
-    those at `paths`) to the text to take for it instead of what is on disk."""
-    edits = dict(edits or {})
-    edited = {path.resolve(): text for path, text in edits.items()}
+    those at `paths`) to the text to take for it instead of what is on disk, or to None
+    to leave it out: the rule set as it would be after writing or removing them."""
+    edited = {path.resolve(): text for path, text in (edits or {}).items()}
     statements: list[ast.Statement] = []
     texts: dict[str, str] = {}
     errors: list[RuleError] = []
-    for path in rule_files(paths, edits):
-        name = str(path)
+    for path in rule_files(paths, edits or ()):
+        name, resolved = str(path), path.resolve()
+        if resolved in edited and edited[resolved] is None:
+            continue
         try:
-            text = edited.get(path.resolve())
+            text = edited.get(resolved)
             texts[name] = path.read_text(encoding="utf-8") if text is None else text
         except OSError as exc:
             errors.append(RuleError(name, 1, 1, f"cannot read the file: {exc.strerror}"))
@@ -95,7 +97,7 @@ class Analysis(NamedTuple):
 def analyse(
     paths: Iterable[str | Path],
     policy: RulePolicy = DEFAULT_POLICY,
-    edits: Mapping[Path, str] | None = None,
+    edits: Mapping[Path, str | None] | None = None,
 ) -> Analysis:
     """Parse and check the rule files at `paths` (with `edits`, see `parse_files`), and
     compile them if that found no error. The catalog holds what could be checked even
@@ -135,7 +137,7 @@ def _not_utf8(name: str, exc: UnicodeDecodeError) -> RuleError:
 def check_paths(
     paths: Iterable[str | Path],
     policy: RulePolicy = DEFAULT_POLICY,
-    edits: Mapping[Path, str] | None = None,
+    edits: Mapping[Path, str | None] | None = None,
 ) -> list[RuleError]:
     """All errors in the rule files at `paths` (files or folders), those of `edits`
     (see `parse_files`) among them: read and syntax errors, then those of the checks,
