@@ -5,6 +5,7 @@ beside the entry point as the old multipage layout, and a fresh server then runs
 deep link such as `/traffic` straight from that folder, skipping this file.
 
 Served by `lookout dashboard`, which binds it to 127.0.0.1 unless configured otherwise.
+No page runs before a user has signed in (`dashboard.login`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import streamlit as st
 
+from dashboard.login import require_login
+
 VIEWS = Path(__file__).resolve().parent / "views"
 
 # Operators see plain messages, never a stack trace (pages catch errors themselves;
@@ -20,6 +23,7 @@ VIEWS = Path(__file__).resolve().parent / "views"
 st.set_option("client.showErrorDetails", "none")
 st.set_option("client.toolbarMode", "viewer")  # no "Deploy" button for operators
 st.set_page_config(page_title="Lookout", page_icon=":vertical_traffic_light:", layout="wide")
+require_login()
 navigation = st.navigation(
     [
         st.Page(VIEWS / "alerts.py", title="Alerts", icon=":material/notifications:", default=True),

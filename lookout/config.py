@@ -99,6 +99,11 @@ class DashboardConfig:
     congested_minutes: float = 15.0
     silent_minutes: float = 5.0
     down_after_seconds: float = 15.0
+    # Sign-in: the users of `users_file` (scrypt hashes, `lookout dashboard-user NAME`)
+    # and `operator` with the password in LOOKOUT_DASHBOARD_PASSWORD. false: no sign-in,
+    # which `lookout dashboard` accepts on a loopback address only.
+    login: bool = True
+    users_file: str = ".lookout/dashboard-users"
 
 
 @dataclass(frozen=True)
@@ -217,6 +222,7 @@ _LIMITS: dict[tuple[str, str], _Limit] = {
     ("dashboard", "congested_minutes"): _POSITIVE,
     ("dashboard", "silent_minutes"): _POSITIVE,
     ("dashboard", "down_after_seconds"): _POSITIVE,
+    ("dashboard", "users_file"): _NOT_EMPTY,
 }
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
@@ -100,13 +101,29 @@ def dashboard_command(config: Config) -> list[str]:
 
 def run_dashboard(config: Config) -> int:
     """Serve the dashboard until interrupted (streamlit replaces this process, so signals
-    reach it directly)."""
+    reach it directly). Sign-in may be off only on a loopback address."""
+    address = config.dashboard.address
+    if not config.dashboard.login and not _is_loopback(address):
+        print(
+            f"lookout dashboard: sign-in is off ([dashboard] login = false) and the "
+            f"dashboard would listen on {address}, which other machines can reach; turn "
+            "sign-in on or listen on 127.0.0.1",
+            file=sys.stderr,
+        )
+        return 2
     env = {
         **os.environ,
         "LOOKOUT_LAKEHOUSE_PATH": config.lakehouse,
         "LOOKOUT_DASHBOARD_REFRESH_SECONDS": str(config.dashboard.refresh_seconds),
-        # The rule editor saves where the engine reads rules.
-        "LOOKOUT_RULES_DIR": str(Path(config.rule_paths[0]).resolve()),
     }
     command = dashboard_command(config)
     os.execve(command[0], command, env)
+
+
+def _is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
