@@ -67,7 +67,7 @@ def capture(out: Path) -> None:
 
         stopped = query("SELECT alert_id FROM alerts WHERE rule = 'stopped_vehicle'", "alerts")
         assert stopped is not None
-        acknowledge(list(stopped["alert_id"]), "tow truck called")
+        acknowledge(list(stopped["alert_id"]), "tow truck called", "operator")
         out.mkdir(parents=True, exist_ok=True)
         with served(root, rules, refresh_seconds=30) as url, chromium() as browser:
             tab = browser.new_page(viewport={"width": 1400, "height": 1700})
