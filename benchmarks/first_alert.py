@@ -42,7 +42,7 @@ def alert_on_screen(url: str, deadline: float) -> float:
             try:
                 page.goto(url, timeout=10_000)
                 page.get_by_label("User").fill("operator", timeout=10_000)
-                page.get_by_label("Password").fill(PASSWORD)
+                page.get_by_label("Password", exact=True).fill(PASSWORD)
                 page.get_by_role("button", name="Sign in").click()
                 page.get_by_text("congestion").first.wait_for(timeout=15_000)
                 return time.monotonic()

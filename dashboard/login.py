@@ -22,6 +22,7 @@ import streamlit as st
 
 from dashboard.data import DataError
 from dashboard.settings import settings
+from lookout.config import DashboardConfig
 from lookout.passwords import OPERATOR, PASSWORD_VARIABLE, read_users, verify_password
 
 ANONYMOUS = "anonymous"
@@ -50,14 +51,23 @@ def _sign_out() -> None:
     st.session_state.pop(_USER, None)
 
 
-def require_login() -> None:
-    """Return when a user is signed in (or sign-in is off); otherwise draw the sign-in
-    form and end this run of the page."""
+def _settings() -> DashboardConfig:
     try:
-        config = settings()
+        return settings()
     except DataError as exc:  # no configuration, no way to know who may sign in
         st.error(f"{exc}.")
         st.stop()
+
+
+def signed_in() -> bool:
+    """Whether a user is signed in (or sign-in is off)."""
+    return not _settings().login or _USER in st.session_state
+
+
+def require_login() -> None:
+    """Return when a user is signed in (or sign-in is off); otherwise draw the sign-in
+    form and end this run of the page."""
+    config = _settings()
     if not config.login:
         return
     if _USER in st.session_state:

@@ -55,7 +55,7 @@ def visit(page: Any, path: str, *expected: str) -> None:
     drawn on a canvas, so their text is only attached to the DOM for screen readers)."""
     page.goto(f"{page.base_url}/{path}")
     page.get_by_label("User").fill("operator")
-    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_label("Password", exact=True).fill(PASSWORD)
     page.get_by_role("button", name="Sign in").click()
     page.get_by_text("Signed in as").wait_for()
     for text in expected:
