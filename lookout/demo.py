@@ -97,7 +97,7 @@ def _say(text: str) -> None:
     print(f"[lookout demo] {text}", flush=True)
 
 
-def _sign_in(config: Config, env: dict[str, str]) -> tuple[dict[str, str], str]:
+def dashboard_sign_in(config: Config, env: dict[str, str]) -> tuple[dict[str, str], str]:
     """The dashboard's environment and how to sign in to it. Sign-in stays on: with no
     account set up, this demo's `operator` gets a new random password (printed, never
     written down)."""
@@ -115,7 +115,7 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
     """Run the whole pipeline until Ctrl-C; returns the exit code."""
     logs = STATE / "logs"
     env = {**os.environ, "LOOKOUT_LAKEHOUSE_PATH": config.lakehouse}
-    dashboard_env, sign_in = _sign_in(config, env)
+    dashboard_env, sign_in = dashboard_sign_in(config, env)
     broker = None
     if not port_is_open(config.mqtt.host, config.mqtt.port):
         _say(f"starting mosquitto on {config.mqtt.host}:{config.mqtt.port}")

@@ -100,3 +100,24 @@ def test_sign_in_may_be_off_only_on_a_loopback_address(
     exposed = Config(dashboard=DashboardConfig(address="0.0.0.0", login=False))
     assert run_dashboard(exposed) == 2  # refused before anything starts
     assert "sign-in is off" in capsys.readouterr().err
+
+
+def test_the_demo_keeps_sign_in_on_with_a_new_password_for_its_operator(
+    tmp_path: Path,
+) -> None:
+    from lookout.demo import dashboard_sign_in
+
+    config = Config(dashboard=DashboardConfig(users_file=str(tmp_path / "users")))
+    env, how = dashboard_sign_in(config, {"PATH": "/usr/bin"})
+    password = env.pop("LOOKOUT_DASHBOARD_PASSWORD")
+    assert env == {"PATH": "/usr/bin"} and len(password) >= 16
+    assert how == f"sign in as operator with the password {password} (new for this demo)"
+    again = dashboard_sign_in(config, {})[0]
+    assert again["LOOKOUT_DASHBOARD_PASSWORD"] != password  # new each run
+
+    own = {"LOOKOUT_DASHBOARD_PASSWORD": "mine"}
+    assert dashboard_sign_in(config, own) == (own, "sign in with your dashboard account")
+    set_user(tmp_path / "users", "alice", "hers")
+    assert dashboard_sign_in(config, {}) == ({}, "sign in with your dashboard account")
+    off = Config(dashboard=DashboardConfig(login=False))
+    assert dashboard_sign_in(off, {}) == ({}, "sign-in is off ([dashboard] login = false)")
