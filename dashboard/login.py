@@ -3,7 +3,8 @@ and the acknowledgements record.
 
 The accounts are the users file's (`[dashboard] users_file`, scrypt hashes written by
 `lookout dashboard-user NAME`) and `operator`, whose password is the environment's
-`LOOKOUT_DASHBOARD_PASSWORD` when set (never a file's). With neither, nobody can sign
+`LOOKOUT_DASHBOARD_PASSWORD` when set (never a file's; an `operator` of the users
+file takes precedence). With neither, nobody can sign
 in and the page says how to add an account. `[dashboard] login = false` turns sign-in
 off (for a local demo); changes are then recorded as made by `anonymous`.
 

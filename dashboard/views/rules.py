@@ -141,6 +141,7 @@ def _change(action: str) -> None:
         st.session_state["manage_outcome"] = (str(exc), None)
         return
     st.session_state["manage_outcome"] = (done, errors)
+    st.session_state["manage_sure"] = False  # each deletion asks again
 
 
 def _show_outcome() -> None:
