@@ -179,7 +179,9 @@ def main() -> None:
         )
         print(f"machine: {os.cpu_count()} cores, {platform.python_version()}")
         os.environ["LOOKOUT_LAKEHOUSE_PATH"] = str(root)
-        os.environ["LOOKOUT_RULES_DIR"] = str(rules)
+        os.environ["LOOKOUT_RULES_PATHS"] = str(rules)
+        os.environ["LOOKOUT_RULES_USER_PATH"] = str(work / "rules.d")
+        os.environ["LOOKOUT_DASHBOARD_LOGIN"] = "false"  # the page reruns, not the sign-in
         print(f"\nin Chromium, {args.rounds} visits each: median [min-max] seconds")
         print(f"  {'':<16}{'title':<18}{'content':<18}load average")
         visits = first_paint(root, rules, args.rounds)

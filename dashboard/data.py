@@ -4,8 +4,8 @@ Queries run in DataFusion (delta-rs's `QueryBuilder`) so a page aggregates a mil
 readings without loading them into pandas first. Results are cached per table version:
 a refresh that finds no new commit costs one small metadata read per table.
 
-The dashboard writes one table itself, `alert_acks` (alert_id, acked_at, note), so an
-acknowledgement survives restarts.
+The dashboard writes one table itself, `alert_acks` (alert_id, acked_at, note, acked_by),
+so an acknowledgement survives restarts.
 
 The lakehouse is a local folder or an `s3://` prefix, reached as the configuration's
 `[s3]` says (`lookout.storage`), like the engine that writes it.
@@ -17,7 +17,6 @@ import os
 import threading
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -32,7 +31,12 @@ from lookout.storage import delta_options, exists, is_object_store, list_names
 
 ACKS = "alert_acks"
 ACKS_SCHEMA = pa.schema(
-    [("alert_id", pa.string()), ("acked_at", pa.timestamp("us", tz="UTC")), ("note", pa.string())]
+    [
+        ("alert_id", pa.string()),
+        ("acked_at", pa.timestamp("us", tz="UTC")),
+        ("note", pa.string()),
+        ("acked_by", pa.string()),
+    ]
 )
 
 
@@ -62,12 +66,6 @@ def _location(name: str) -> str:
 
 def _options() -> dict[str, str] | None:
     return delta_options(lakehouse(), _s3())
-
-
-def rules_dir() -> Path:
-    """The folder of rule files the Rules page reads and saves into."""
-    default = Path(__file__).resolve().parent.parent / "rules"
-    return Path(os.environ.get("LOOKOUT_RULES_DIR", default))
 
 
 # path -> (monotonic time last brought up to date, the open table or None if absent).
@@ -158,8 +156,8 @@ def sql_time(when: datetime) -> str:
     return sql_text(when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
 
 
-def acknowledge(alert_ids: list[str], note: str) -> None:
-    """Record that the alerts were acknowledged now, with the operator's note."""
+def acknowledge(alert_ids: list[str], note: str, user: str) -> None:
+    """Record that `user` acknowledged the alerts now, with a note."""
     if not alert_ids:
         return
     now = datetime.now(UTC)
@@ -168,11 +166,19 @@ def acknowledge(alert_ids: list[str], note: str) -> None:
             "alert_id": alert_ids,
             "acked_at": [now] * len(alert_ids),
             "note": [note] * len(alert_ids),
+            "acked_by": [user] * len(alert_ids),
         },
         schema=ACKS_SCHEMA,
     )
     try:
-        write_deltalake(_location(ACKS), rows, mode="append", storage_options=_options())
+        # "merge" adds `acked_by` to a table written before acknowledgements named anyone.
+        write_deltalake(
+            _location(ACKS),
+            rows,
+            mode="append",
+            schema_mode="merge",
+            storage_options=_options(),
+        )
     except Exception as exc:
         raise DataError(f"could not record the acknowledgement: {exc}") from exc
     _forget(ACKS)  # the next read must see it
@@ -224,18 +230,19 @@ def delta_tables() -> pd.DataFrame:
 
 
 def alert_source() -> tuple[str, tuple[str, ...]]:
-    """A SQL subquery of the alerts with `acked_at` and `note` (NULL while open), and
-    the tables it reads."""
+    """A SQL subquery of the alerts with `acked_at`, `note` and `acked_by` (NULL while
+    open), and the tables it reads."""
     if table_version(ACKS) is None:
         return (
-            "(SELECT *, CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS VARCHAR) AS note "
-            "FROM alerts)",
+            "(SELECT *, CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS VARCHAR) AS note, "
+            "CAST(NULL AS VARCHAR) AS acked_by FROM alerts)",
             ("alerts",),
         )
     return (
-        "(SELECT a.*, k.acked_at, k.note FROM alerts a LEFT JOIN "
+        "(SELECT a.*, k.acked_at, k.note, k.acked_by FROM alerts a LEFT JOIN "
         "(SELECT alert_id, max(acked_at) AS acked_at, "
-        "first_value(note ORDER BY acked_at DESC) AS note FROM alert_acks GROUP BY alert_id) k "
-        "USING (alert_id))",
+        "first_value(note ORDER BY acked_at DESC) AS note, "
+        "first_value(acked_by ORDER BY acked_at DESC) AS acked_by "
+        "FROM alert_acks GROUP BY alert_id) k USING (alert_id))",
         ("alerts", ACKS),
     )

@@ -1,5 +1,6 @@
-"""The rule folder as the pages see it: read once per change of its files, and the
-alerts that the Traffic and RFID pages are configured to build on, checked against it."""
+"""The rule set as the pages see it (the library and the user rule store): read once per
+change of its files, and the alerts that the Traffic and RFID pages are configured to
+build on, checked against it."""
 
 from __future__ import annotations
 
@@ -7,27 +8,33 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboard.data import rules_dir
+from dashboard.rule_store import RuleStore
 from dashboard.rulebook import Book, read_book
+from dashboard.settings import rule_store
+from rules.language.access import RulePolicy
+from rules.language.loader import rule_files
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def _book(folder: str, stamps: tuple[tuple[str, int, int], ...]) -> Book:
-    # `stamps` (name, mtime, size of each file) is the cache key: an edit means a re-read.
-    return read_book(Path(folder))
+def _book(
+    paths: tuple[str, ...], policy: RulePolicy, stamps: tuple[tuple[str, int, int], ...]
+) -> Book:
+    # `stamps` (path, mtime, size of each file) is the cache key: an edit means a re-read.
+    return read_book([Path(p) for p in paths], policy)
 
 
-def book_of(folder: Path) -> Book:
-    """The rule folder parsed, checked and explained (cached until a file changes)."""
-    files = sorted(folder.glob("*.sql")) if folder.is_dir() else []
-    stamps = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in files)
-    return _book(str(folder), stamps)
+def book_of(store: RuleStore) -> Book:
+    """The store's rule set parsed, checked and explained (cached until a file changes)."""
+    paths = store.rule_paths()
+    files = rule_files(p for p in paths if p.exists())
+    stamps = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files)
+    return _book(tuple(map(str, paths)), store.policy, stamps)
 
 
 def configured_alert_problem(setting: str, name: str, column: str) -> str | None:
     """What to tell the operator when the alert named by the `[dashboard]` setting
-    `setting` is not an alert keyed by `column` in the rule folder (None when it is)."""
-    book = book_of(rules_dir())
+    `setting` is not an alert keyed by `column` in the rule set (None when it is)."""
+    book = book_of(rule_store())
     problem = book.alert_problem(name, column)
     if problem is None:
         return None

@@ -1,22 +1,20 @@
-"""The rule files as the Rules page shows them: each statement's text and explanation,
-and checking or saving an edited file with the same checker as `lookout rules check`."""
+"""The rule set as the Rules page shows it: each statement's text and explanation, read
+by the same loader as `lookout rules check`."""
 
 from __future__ import annotations
 
-import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.core.plan import Plan
 from rules.language import ast
-from rules.language.checker import Catalog, check_statements
-from rules.language.compiler import compile_catalog
+from rules.language.access import DEFAULT_POLICY, RulePolicy
+from rules.language.checker import Catalog
 from rules.language.errors import RuleError
 from rules.language.explain import explain
-from rules.language.loader import parse_files, rule_files
-from rules.language.parser import parse_text
+from rules.language.loader import analyse
 
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 KINDS: dict[type, str] = {
     ast.CreateStream: "source stream",
     ast.CreateDerived: "derived stream",
@@ -80,23 +78,17 @@ def statement_text(lines: list[str], start: int, end: int) -> str:
     return "\n".join(lines[start:end])
 
 
-def read_book(folder: Path) -> Book:
-    """Parse, check and compile every `*.sql` file of `folder` (as `lookout rules check`
+def read_book(paths: Sequence[Path], policy: RulePolicy = DEFAULT_POLICY) -> Book:
+    """Parse, check and compile the rule files at `paths` (as `lookout rules check`
     does) and explain each statement."""
-    if not folder.is_dir():
+    paths = [path for path in paths if path.exists()]
+    if not paths:
         return Book([], [])
-    # Full paths, so table files named relative to a rule file resolve.
-    statements, texts, errors = parse_files([folder])
     # Explain what can be explained even if some statements have errors (as the CLI does).
-    catalog, check_errors = check_statements(statements, texts)
-    errors.extend(check_errors)
-    keys: dict[str, tuple[str, ...]] = {}
-    if not errors:
-        plan, compile_errors = compile_catalog(catalog, texts)
-        errors.extend(compile_errors)
-        keys = output_keys(plan)
-    shown = [RuleError(Path(e.file).name, e.line, e.col, e.message, e.source_line) for e in errors]
-    return Book(_rules(statements, texts, catalog, keys), shown)
+    analysis = analyse(paths, policy)
+    keys = output_keys(analysis.plan) if analysis.plan is not None else {}
+    rules = _rules(analysis.statements, analysis.texts, analysis.catalog, keys)
+    return Book(rules, shown(analysis.errors))
 
 
 def output_keys(plan: Plan) -> dict[str, tuple[str, ...]]:
@@ -159,38 +151,9 @@ def upper_bound(stmt: ast.Statement) -> tuple[str, float] | None:
     return None
 
 
-def check_file(folder: Path, name: str, text: str) -> list[RuleError]:
-    """Errors of the rule folder with `<name>.sql` replaced by `text` (errors in that file
-    name it `<name>.sql`). Nothing is written: the edited text is checked as if it were
-    in the folder, so relative table paths in it resolve as they will there."""
-    target = folder / f"{name}.sql"
-    texts: dict[str, str] = {}
-    statements: list[ast.Statement] = []
-    errors: list[RuleError] = []
-    others = [p for p in rule_files([folder]) if p.name != target.name] if folder.is_dir() else []
-    for path, source in [*((p, p.read_text(encoding="utf-8")) for p in others), (target, text)]:
-        texts[str(path)] = source
-        parsed, syntax = parse_text(source, str(path))
-        statements.extend(parsed)
-        errors.extend(syntax)
-    # The same steps as `lookout rules check` (rules.language.loader).
-    catalog, check_errors = check_statements(statements, texts)
-    errors.extend(check_errors)
-    if not errors:
-        errors.extend(compile_catalog(catalog, texts)[1])
+def shown(errors: list[RuleError]) -> list[RuleError]:
+    """`errors` naming their files without the folder, as the Rules page shows them."""
     return [RuleError(Path(e.file).name, e.line, e.col, e.message, e.source_line) for e in errors]
-
-
-def save_file(folder: Path, name: str, text: str) -> list[RuleError]:
-    """Write `<name>.sql` into `folder` if the folder stays valid; else return the errors."""
-    errors = check_file(folder, name, text)
-    if not errors:
-        folder.mkdir(parents=True, exist_ok=True)
-        target = folder / f"{name}.sql"
-        tmp = target.with_suffix(".sql.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(target)  # the engine never sees a half-written file
-    return errors
 
 
 def annotate(text: str, errors: list[RuleError]) -> str:

@@ -38,7 +38,8 @@ def _prepare(name: str, tab: Any) -> None:
         tab.get_by_label("Tag id").press("Enter")
         tab.get_by_text("door 1 → 2").first.wait_for()
     elif name == "rules":
-        tab.get_by_role("combobox", name="Show rule").click()
+        # Typing filters the options: the list draws only those in view.
+        tab.get_by_role("combobox", name="Show rule").fill("congestion")
         tab.get_by_role("option", name="congestion", exact=True).click()
         tab.get_by_text("alert congestion").first.wait_for()
 
@@ -67,7 +68,7 @@ def capture(out: Path) -> None:
 
         stopped = query("SELECT alert_id FROM alerts WHERE rule = 'stopped_vehicle'", "alerts")
         assert stopped is not None
-        acknowledge(list(stopped["alert_id"]), "tow truck called")
+        acknowledge(list(stopped["alert_id"]), "tow truck called", "operator")
         out.mkdir(parents=True, exist_ok=True)
         with served(root, rules, refresh_seconds=30) as url, chromium() as browser:
             tab = browser.new_page(viewport={"width": 1400, "height": 1700})

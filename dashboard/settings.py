@@ -1,17 +1,32 @@
-"""Dashboard settings: the `[dashboard]` section of lookout.toml (or the file in
-`LOOKOUT_CONFIG`) with `LOOKOUT_DASHBOARD_<KEY>` environment overrides, the same way
-every Lookout part reads its configuration. Read at each page run (a small file), so a
-changed setting applies from the next refresh."""
+"""Dashboard settings: the `[dashboard]` and `[rules]` sections of lookout.toml (or of
+the file in `LOOKOUT_CONFIG`) with `LOOKOUT_<SECTION>_<KEY>` environment overrides, the
+same way every Lookout part reads its configuration. Read at each page run (a small
+file), so a changed setting applies from the next refresh."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dashboard.data import DataError
-from lookout.config import ConfigError, DashboardConfig, load_config
+from dashboard.rule_store import RuleStore
+from lookout.config import Config, ConfigError, DashboardConfig, load_config
+
+
+def _config() -> Config:
+    try:
+        return load_config()
+    except ConfigError as exc:
+        raise DataError(f"the configuration cannot be read: {exc}") from exc
 
 
 def settings() -> DashboardConfig:
     """The dashboard's settings (see the module docstring)."""
-    try:
-        return load_config().dashboard
-    except ConfigError as exc:
-        raise DataError(f"the configuration cannot be read: {exc}") from exc
+    return _config().dashboard
+
+
+def rule_store() -> RuleStore:
+    """The user rule store the Rules page writes, with the library the engine loads
+    beside it and what rules may reach, as configured (`[rules]`)."""
+    config = _config()
+    library = tuple(Path(path) for path in config.rules.paths)
+    return RuleStore(Path(config.rules.user_path), library, config.rule_policy)

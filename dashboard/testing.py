@@ -2,8 +2,8 @@
 benchmark and the screenshots.
 
 `served(lakehouse, rules)` runs `streamlit run dashboard/app.py` on a free loopback
-port in a subprocess; `chromium()` opens Debian's headless Chromium through Playwright
-(never a downloaded browser).
+port in a subprocess (sign-in off unless a password is given); `chromium()` opens
+Debian's headless Chromium through Playwright (never a downloaded browser).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lookout.config import Config, DashboardConfig
+from lookout.passwords import PASSWORD_VARIABLE
 from lookout.services import dashboard_command
 
 APP = Path(__file__).resolve().parent / "app.py"  # what dashboard_command serves
@@ -60,15 +61,20 @@ def served(
     refresh_seconds: float = 2.0,
     log: Path | None = None,
     script: Path | None = None,
+    password: str | None = None,
 ) -> Iterator[str]:
     """Serve the dashboard (or another Streamlit `script`, the same way) over
-    `lakehouse` and `rules`; yields its base URL."""
+    `lakehouse` and the rule library `rules` (the user rule store beside it, `rules.d`),
+    with sign-in as `operator` with `password` (None: no sign-in); yields its base URL."""
     port = free_port()
     env = {
         **os.environ,
         "LOOKOUT_LAKEHOUSE_PATH": str(lakehouse),
-        "LOOKOUT_RULES_DIR": str(rules),
+        "LOOKOUT_RULES_PATHS": str(rules),
+        "LOOKOUT_RULES_USER_PATH": str(rules.parent / "rules.d"),
         "LOOKOUT_DASHBOARD_REFRESH_SECONDS": str(refresh_seconds),
+        "LOOKOUT_DASHBOARD_LOGIN": "false" if password is None else "true",
+        PASSWORD_VARIABLE: password or "",
     }
     # The command line `lookout dashboard` runs, on a free loopback port.
     command = dashboard_command(Config(dashboard=DashboardConfig(address="127.0.0.1", port=port)))

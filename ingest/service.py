@@ -16,8 +16,9 @@ from ingest.object_store import ObjectStore
 from ingest.subscriber import Ingester
 from ingest.validate import Validator
 from lookout.config import Config, ConfigError, load_config
+from lookout.services import load_rule_set
 from lookout.storage import is_object_store
-from rules.language.loader import RuleCheckError, RuleSet, load_rules
+from rules.language.loader import RuleCheckError, RuleSet
 
 
 def build_ingester(
@@ -74,7 +75,7 @@ def run(
     """Run one ingester until SIGTERM or SIGINT, then flush, acknowledge and return 0
     (2 when the rules do not check)."""
     try:
-        rule_set = load_rules(list(rule_paths or config.rule_paths))
+        rule_set = load_rule_set(config, rule_paths)
     except RuleCheckError as err:
         for error in err.errors:
             print(error.format(), file=sys.stderr)

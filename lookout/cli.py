@@ -29,6 +29,34 @@ def _dashboard(args: argparse.Namespace) -> int:
     return run_dashboard(load_config(args.config))
 
 
+def _dashboard_user(args: argparse.Namespace) -> int:
+    import getpass
+    from pathlib import Path
+
+    from lookout.passwords import set_user
+
+    users_file = Path(load_config(args.config).dashboard.users_file)
+    if args.remove:
+        password = None
+    elif sys.stdin.isatty():
+        password = getpass.getpass(f"password for {args.name}: ")
+        if getpass.getpass("again: ") != password:
+            print("lookout dashboard-user: the passwords differ", file=sys.stderr)
+            return 1
+    else:
+        password = sys.stdin.readline().rstrip("\n")
+    if password == "":
+        print("lookout dashboard-user: an empty password is refused", file=sys.stderr)
+        return 1
+    try:
+        set_user(users_file, args.name, password)
+    except ValueError as err:
+        print(f"lookout dashboard-user: {err}", file=sys.stderr)
+        return 1
+    print(f"{'removed' if args.remove else 'set'} {args.name} in {users_file}")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from lookout.demo import run_demo
 
@@ -92,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     dashboard = commands.add_parser("dashboard", help="serve the Streamlit dashboard")
     dashboard.set_defaults(func=_dashboard)
+
+    user = commands.add_parser(
+        "dashboard-user",
+        help="set a dashboard user's password (asked for, or one line on stdin), or remove it",
+    )
+    user.add_argument("name", metavar="NAME")
+    user.add_argument("--remove", action="store_true", help="remove the user")
+    user.set_defaults(func=_dashboard_user)
 
     replay = commands.add_parser("replay", help="evaluate rules over recorded JSON-lines readings")
     replay.add_argument("--rules", action="append", required=True, help="rule file or folder")

@@ -21,6 +21,8 @@ from dataclasses import Field, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, get_type_hints
 
+from rules.language.access import LIBRARY_MODULES, MAX_TABLE_BYTES, RulePolicy
+
 
 @dataclass(frozen=True)
 class MqttConfig:
@@ -97,6 +99,27 @@ class DashboardConfig:
     congested_minutes: float = 15.0
     silent_minutes: float = 5.0
     down_after_seconds: float = 15.0
+    # Sign-in: the users of `users_file` (scrypt hashes, `lookout dashboard-user NAME`)
+    # and `operator` with the password in LOOKOUT_DASHBOARD_PASSWORD. false: no sign-in,
+    # which `lookout dashboard` accepts on a loopback address only.
+    login: bool = True
+    users_file: str = ".lookout/dashboard-users"
+
+
+@dataclass(frozen=True)
+class RulesConfig:
+    """Where the rules are, and what they may reach beyond their folders' own files
+    (`rules.language.access`)."""
+
+    # The rule library: loaded, never written by the dashboard.
+    paths: tuple[str, ...] = ("rules",)
+    # The users' rule store: the folder the dashboard's Rules page writes, loaded with
+    # the library once it exists.
+    user_path: str = "rules.d"
+    # Modules (and packages) aggregates may be imported from besides the rule folders.
+    python_modules: tuple[str, ...] = LIBRARY_MODULES
+    # The largest reference table (CSV file, or a Delta table's data files) read.
+    max_table_bytes: int = MAX_TABLE_BYTES
 
 
 @dataclass(frozen=True)
@@ -104,7 +127,7 @@ class Config:
     """The whole configuration of one Lookout installation."""
 
     lakehouse: str = "./lakehouse"
-    rule_paths: tuple[str, ...] = ("rules",)
+    rules: RulesConfig = RulesConfig()
     mqtt: MqttConfig = MqttConfig()
     ingest: IngestConfig = IngestConfig()
     engine: EngineConfig = EngineConfig()
@@ -123,6 +146,19 @@ class Config:
         """Location of the Delta table `name` in the lakehouse."""
         return f"{self.lakehouse.rstrip('/')}/{name}"
 
+    @property
+    def rule_paths(self) -> tuple[str, ...]:
+        """The rule set the engine and ingest load: the library's folders and the user
+        rule store (when it exists yet)."""
+        store = (self.rules.user_path,) if Path(self.rules.user_path).is_dir() else ()
+        return (*self.rules.paths, *store)
+
+    @property
+    def rule_policy(self) -> RulePolicy:
+        """What the rules may reach besides their own folders: the allowed Python
+        modules, Delta tables in the lakehouse, tables up to the configured size."""
+        return RulePolicy(self.rules.python_modules, (self.lakehouse,), self.rules.max_table_bytes)
+
 
 class ConfigError(ValueError):
     """The configuration cannot be used. Each line of the message is one problem and says
@@ -133,7 +169,6 @@ class ConfigError(ValueError):
 # Config's plain fields each live in a one-key section of the file.
 _PLAIN_FIELDS: dict[str, tuple[str, str]] = {
     "lakehouse": ("lakehouse", "path"),
-    "rule_paths": ("rules", "paths"),
 }
 
 # What a field of each supported type must hold, as the messages say it.
@@ -166,6 +201,8 @@ _NOT_EMPTY = _Limit(lambda value: len(value) > 0, "that is not empty")
 _LIMITS: dict[tuple[str, str], _Limit] = {
     ("lakehouse", "path"): _NOT_EMPTY,
     ("rules", "paths"): _NOT_EMPTY,
+    ("rules", "user_path"): _NOT_EMPTY,
+    ("rules", "max_table_bytes"): _POSITIVE,
     ("mqtt", "host"): _NOT_EMPTY,
     ("mqtt", "port"): _PORT,
     ("mqtt", "qos"): _Limit(lambda qos: qos in (0, 1, 2), "(0, 1 or 2)"),
@@ -185,6 +222,7 @@ _LIMITS: dict[tuple[str, str], _Limit] = {
     ("dashboard", "congested_minutes"): _POSITIVE,
     ("dashboard", "silent_minutes"): _POSITIVE,
     ("dashboard", "down_after_seconds"): _POSITIVE,
+    ("dashboard", "users_file"): _NOT_EMPTY,
 }
 
 

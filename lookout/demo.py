@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from typing import Any
 from lookout.broker import Broker, port_is_open
 from lookout.config import Config
 from lookout.health import engine_running, read_health
+from lookout.passwords import OPERATOR, PASSWORD_VARIABLE, read_users
 
 STATE = Path(".lookout")
 
@@ -95,10 +97,25 @@ def _say(text: str) -> None:
     print(f"[lookout demo] {text}", flush=True)
 
 
+def dashboard_sign_in(config: Config, env: dict[str, str]) -> tuple[dict[str, str], str]:
+    """The dashboard's environment and how to sign in to it. Sign-in stays on: with no
+    account set up, this demo's `operator` gets a new random password (printed, never
+    written down)."""
+    if not config.dashboard.login:
+        return env, "sign-in is off ([dashboard] login = false)"
+    if read_users(Path(config.dashboard.users_file)) or env.get(PASSWORD_VARIABLE):
+        return env, "sign in with your dashboard account"
+    password = secrets.token_urlsafe(12)
+    return {**env, PASSWORD_VARIABLE: password}, (
+        f"sign in as {OPERATOR} with the password {password} (new for this demo)"
+    )
+
+
 def run_demo(config: Config, args: argparse.Namespace) -> int:
     """Run the whole pipeline until Ctrl-C; returns the exit code."""
     logs = STATE / "logs"
     env = {**os.environ, "LOOKOUT_LAKEHOUSE_PATH": config.lakehouse}
+    dashboard_env, sign_in = dashboard_sign_in(config, env)
     broker = None
     if not port_is_open(config.mqtt.host, config.mqtt.port):
         _say(f"starting mosquitto on {config.mqtt.host}:{config.mqtt.port}")
@@ -165,9 +182,9 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
             started,
             900,
         )
-        for part in (simulator, dashboard):
-            part.start(env)
-            started.append(part)
+        simulator.start(env)
+        dashboard.start(dashboard_env)  # `lookout dashboard` passes on what it needs only
+        started += [simulator, dashboard]
         url = f"http://{config.dashboard.address}:{config.dashboard.port}"
         wait_for_parts(
             lambda: port_is_open(config.dashboard.address, config.dashboard.port),
@@ -175,7 +192,7 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
             started,
             60,
         )
-        _say(f"dashboard: {url}   (Ctrl-C stops everything)")
+        _say(f"dashboard: {url}   ({sign_in}; Ctrl-C stops everything)")
         while not stopping:
             for part in started:
                 if part.process is not None and part.process.poll() is not None:

@@ -3,16 +3,18 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from engine.alerts import AlertSpec
 from lookout.config import Config
+from lookout.storage import is_object_store
 from rules.language import ast
 from rules.language.loader import RuleCheckError, RuleSet, load_rules
 
@@ -22,8 +24,9 @@ DASHBOARD_APP = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
 
 
 def load_rule_set(config: Config, paths: Sequence[str] | None) -> RuleSet:
-    """The checked, compiled rules at `paths` (default: the configured rule folders)."""
-    return load_rules(list(paths) if paths else list(config.rule_paths))
+    """The checked, compiled rules at `paths` (default: the configured rule library and
+    user rule store), reaching only what the configuration allows."""
+    return load_rules(list(paths) if paths else list(config.rule_paths), config.rule_policy)
 
 
 def alert_specs(rule_set: RuleSet) -> dict[str, AlertSpec]:
@@ -97,15 +100,54 @@ def dashboard_command(config: Config) -> list[str]:
     ]
 
 
+# What the dashboard process takes from the environment: what finds programs and
+# libraries, the locale and time zone, TLS trust, and its own settings. Nothing else
+# reaches it: never the MQTT password, and the S3 keys only when its lakehouse is in S3.
+_DASHBOARD_VARIABLES = {
+    *("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM"),
+    *("PYTHONPATH", "VIRTUAL_ENV", "SSL_CERT_FILE", "SSL_CERT_DIR", "LOOKOUT_CONFIG"),
+}
+_DASHBOARD_PREFIXES = ("LC_", "STREAMLIT_", "LOOKOUT_DASHBOARD_", "LOOKOUT_RULES_")
+_S3_PREFIXES = ("LOOKOUT_S3_", "AWS_")
+
+
+def dashboard_environment(config: Config, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment the dashboard runs with: what it needs of `environ` (see
+    `_DASHBOARD_VARIABLES`), and where the lakehouse is."""
+    s3 = is_object_store(config.lakehouse)
+    env = {
+        name: value
+        for name, value in environ.items()
+        if name in _DASHBOARD_VARIABLES
+        or name.startswith(_DASHBOARD_PREFIXES)
+        or (s3 and name.startswith(_S3_PREFIXES))
+    }
+    env["LOOKOUT_LAKEHOUSE_PATH"] = config.lakehouse
+    env["LOOKOUT_DASHBOARD_REFRESH_SECONDS"] = str(config.dashboard.refresh_seconds)
+    return env
+
+
 def run_dashboard(config: Config) -> int:
     """Serve the dashboard until interrupted (streamlit replaces this process, so signals
-    reach it directly)."""
-    env = {
-        **os.environ,
-        "LOOKOUT_LAKEHOUSE_PATH": config.lakehouse,
-        "LOOKOUT_DASHBOARD_REFRESH_SECONDS": str(config.dashboard.refresh_seconds),
-        # The rule editor saves where the engine reads rules.
-        "LOOKOUT_RULES_DIR": str(Path(config.rule_paths[0]).resolve()),
-    }
+    reach it directly), with only the environment it needs. Sign-in may be off only on
+    a loopback address."""
+    address = config.dashboard.address
+    if not config.dashboard.login and not _is_loopback(address):
+        print(
+            f"lookout dashboard: sign-in is off ([dashboard] login = false) and the "
+            f"dashboard would listen on {address}, which other machines can reach; turn "
+            "sign-in on or listen on 127.0.0.1",
+            file=sys.stderr,
+        )
+        return 2
     command = dashboard_command(config)
-    os.execve(command[0], command, env)
+    os.execve(command[0], command, dashboard_environment(config, os.environ))
+
+
+def _is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False

@@ -28,7 +28,7 @@ from lookout.config import Config, ConfigError, load_config
 ROOT = Path(__file__).resolve().parent.parent
 
 # Config's plain fields and the one-key sections that hold them (README, lookout.toml).
-PLAIN_FIELDS = {"lakehouse": ("lakehouse", "path"), "rule_paths": ("rules", "paths")}
+PLAIN_FIELDS = {"lakehouse": ("lakehouse", "path")}
 
 
 class Key(NamedTuple):

@@ -7,6 +7,7 @@ import streamlit as st
 from dashboard.alert_filters import RANGES, since, where_clause
 from dashboard.charts import channel, chart, tip
 from dashboard.data import DataError, acknowledge, alert_source, query, table_version
+from dashboard.login import current_user
 from dashboard.settings import settings
 from dashboard.ui import empty, panel
 
@@ -23,7 +24,7 @@ def _on_ack() -> None:
         st.session_state["ack_message"] = ("warning", "Choose at least one alert to acknowledge.")
         return
     try:
-        acknowledge(ids, st.session_state.get("ack_note", ""))
+        acknowledge(ids, st.session_state.get("ack_note", ""), current_user())
     except DataError as exc:
         st.session_state["ack_message"] = ("error", str(exc))
         return
@@ -49,8 +50,8 @@ def live_alerts(where: str) -> None:
         st.info("No alert matches these filters. Widen the time range or clear a filter.")
         return
     alerts = query(
-        "SELECT event_time, severity, rule, key, message, detected_at, acked_at, note, "
-        f"alert_id FROM {source} WHERE {where} "
+        "SELECT event_time, severity, rule, key, message, detected_at, acked_at, acked_by, "
+        f"note, alert_id FROM {source} WHERE {where} "
         f"ORDER BY event_time DESC, alert_id LIMIT {LIST_LIMIT}",
         *tables,
     )
@@ -67,6 +68,7 @@ def live_alerts(where: str) -> None:
             "event_time": st.column_config.DatetimeColumn("event time (UTC)"),
             "detected_at": st.column_config.DatetimeColumn("detected (UTC)"),
             "acked_at": st.column_config.DatetimeColumn("acknowledged (UTC)"),
+            "acked_by": st.column_config.TextColumn("acknowledged by"),
         },
     )
     if shown > LIST_LIMIT:

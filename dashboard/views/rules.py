@@ -1,14 +1,19 @@
-"""Rules: every rule with its text, explanation and alert count, and an editor that checks
-a rule file like `lookout rules check` and saves it into the rules folder when valid."""
+"""Rules: every rule with its text, explanation and alert count; an editor that checks a
+rule file with the rest of the rule set like `lookout rules check` and saves it into the
+user rule store when valid; renaming, disabling and deleting the user's files; who
+changed what."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from dashboard.data import query, rules_dir, table_version
+from dashboard.data import DataError, query, table_version
+from dashboard.login import current_user
 from dashboard.rule_folder import book_of
-from dashboard.rulebook import NAME, Book, annotate, check_file, save_file
+from dashboard.rule_store import RuleNameError, RuleStore
+from dashboard.rulebook import Book, annotate
+from dashboard.settings import rule_store
 from dashboard.ui import panel
 from rules.language.errors import RuleError
 
@@ -27,7 +32,7 @@ def alert_counts() -> dict[str, int]:
 def rule_list(book: Book) -> None:
     """A table of every statement, then the chosen one's text and explanation."""
     if not book.rules:
-        st.info(f"No rules in `{rules_dir()}` yet. Write one below and save it.")
+        st.info("No rules yet. Write one below and save it.")
         return
     counts = alert_counts()
     summary = pd.DataFrame(
@@ -74,13 +79,11 @@ def _show_errors(name: str, text: str, errors: list[RuleError]) -> None:
 
 
 @panel
-def editor(book: Book) -> None:
-    """Pick a file (or a new one), edit it, check it, save it."""
-    folder = rules_dir()
-    files = sorted({r.file for r in book.rules} | {p.name for p in folder.glob("*.sql")})
-    choice = st.selectbox("File", [NEW, *files], key="rule_file")
-    current = "" if choice == NEW else (folder / choice).read_text(encoding="utf-8")
+def editor(store: RuleStore) -> None:
+    """Pick one of the user's rule files (or a new one), edit it, check it, save it."""
+    choice = st.selectbox("File", [NEW, *(f"{n}.sql" for n in store.names())], key="rule_file")
     default_name = "" if choice == NEW else choice.removesuffix(".sql")
+    current = "" if choice == NEW else store.text(default_name)
     name = st.text_input(
         "File name (saved as `<name>.sql`)",
         value=default_name,
@@ -99,35 +102,115 @@ def editor(book: Book) -> None:
     saved = save.button("Save", type="primary", key="rule_save")
     if not (checked or saved):
         return
-    if not NAME.match(name):
-        st.error("The file name must be letters, digits and underscores (no folders, no `.sql`).")
+    try:
+        errors = store.save(name, text, current_user()) if saved else store.check(name, text)
+    except RuleNameError as exc:
+        st.error(str(exc))
         return
-    errors = save_file(folder, name, text) if saved else check_file(folder, name, text)
     if errors:
         _show_errors(name, text, errors)
     elif saved:
         st.success(
-            f"Saved `{folder / (name + '.sql')}`. The engine uses it from its next "
+            f"Saved `{store.folder / (name + '.sql')}`. The engine uses it from its next "
             "start (`lookout engine`)."
         )
     else:
         st.success("No errors.")
 
 
+def _file_name(choice: str) -> str:
+    """`crawl` of the chooser's `crawl.sql` or `crawl.sql (disabled)`."""
+    return choice.removesuffix(" (disabled)").removesuffix(".sql")
+
+
+def _change(action: str) -> None:
+    # A button's callback: it runs before the page is drawn again, so the page then
+    # shows the files as the change left them.
+    name = _file_name(st.session_state["manage_file"])
+    new = st.session_state.get("manage_new_name", "")
+    user = current_user()
+    try:
+        store = rule_store()
+        done, errors = {
+            "rename": lambda: (f"Renamed to `{new}.sql`.", store.rename(name, new, user)),
+            "disable": lambda: (f"`{name}.sql` is no longer loaded.", store.disable(name, user)),
+            "enable": lambda: (f"`{name}.sql` is loaded again.", store.enable(name, user)),
+            "delete": lambda: (f"Deleted `{name}`.", store.delete(name, user)),
+        }[action]()
+    except (RuleNameError, DataError) as exc:
+        st.session_state["manage_outcome"] = (str(exc), None)
+        return
+    st.session_state["manage_outcome"] = (done, errors)
+    st.session_state["manage_sure"] = False  # each deletion asks again
+
+
+def _show_outcome() -> None:
+    """What the last change did, or why it was refused."""
+    message, errors = st.session_state.pop("manage_outcome", ("", []))
+    if errors is None:
+        st.error(message)
+    elif errors:
+        st.error(f"Refused: the rules would have {len(errors)} error(s); nothing was changed:")
+        st.code("\n".join(e.format() for e in errors), language=None)
+    elif message:
+        st.success(message)
+
+
+@panel
+def manage(store: RuleStore) -> None:
+    """Rename, disable, enable or delete one of the user's rule files."""
+    _show_outcome()
+    enabled, disabled = store.names(), store.disabled()
+    files = [*(f"{n}.sql" for n in enabled), *(f"{n}.sql (disabled)" for n in disabled)]
+    if not files:
+        st.caption("No rule files of yours yet.")
+        return
+    name = _file_name(st.selectbox("Rule file", files, key="manage_file"))
+    left, middle, right = st.columns(3)
+    left.text_input("New name", key="manage_new_name", placeholder="e.g. my_alerts")
+    left.button(
+        "Rename", key="manage_rename", disabled=name in disabled, on_click=_change, args=("rename",)
+    )
+    if name in disabled:
+        middle.button("Enable", key="manage_enable", on_click=_change, args=("enable",))
+    else:
+        middle.button("Disable", key="manage_disable", on_click=_change, args=("disable",))
+    sure = right.checkbox("Yes, delete it", key="manage_sure")
+    right.button(
+        "Delete", key="manage_delete", disabled=not sure, on_click=_change, args=("delete",)
+    )
+
+
+@panel
+def changes(store: RuleStore) -> None:
+    """Who changed which rule file, and when."""
+    log = store.changes()
+    if not log:
+        st.caption("No change made here yet.")
+        return
+    st.dataframe(pd.DataFrame(log), hide_index=True, width="stretch")
+
+
 def main() -> None:
-    """The page: the rules in the folder, then the editor."""
-    folder = rules_dir()
-    st.caption(f"Rule folder: `{folder}`")
-    book = book_of(folder)
+    """The page: every rule of the rule set, then the editor of the user's rule files,
+    their management and the changes made to them."""
+    store = rule_store()
+    library = ", ".join(f"`{folder}`" for folder in store.library)
+    st.caption(f"Rule library (read-only here): {library}. Your rule files: `{store.folder}`.")
+    book = book_of(store)
     if book.errors:
         st.warning(
-            f"The rule folder has {len(book.errors)} error(s); the engine will refuse "
+            f"The rules have {len(book.errors)} error(s); the engine will refuse "
             "to start until they are fixed:"
         )
         st.code("\n".join(e.format() for e in book.errors), language=None)
     rule_list(book)
     st.subheader("Write or edit a rule file")
-    editor(book)
+    editor(store)
+    st.subheader("Your rule files")
+    manage(store)
+    st.subheader("Changes")
+    changes(store)
 
 
 panel(main)()

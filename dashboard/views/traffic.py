@@ -15,9 +15,9 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.charts import channel, chart, tip, with_threshold
-from dashboard.data import alert_source, query, rules_dir, sql_text, sql_time, table_version
+from dashboard.data import alert_source, query, sql_text, sql_time, table_version
 from dashboard.rule_folder import book_of, configured_alert_problem
-from dashboard.settings import settings
+from dashboard.settings import rule_store, settings
 from dashboard.ui import empty, panel
 from lookout.config import DashboardConfig
 
@@ -124,7 +124,7 @@ def per_minute(now: datetime, station: int | None = None) -> pd.DataFrame:
 def congestion_threshold(rule: str) -> tuple[str, float] | None:
     """(column, m/s) below which the congestion rule fires, when its WHERE says so
     plainly (`avg_speed < 15`) about a speed; None otherwise."""
-    found = next((r for r in book_of(rules_dir()).rules if r.name == rule), None)
+    found = next((r for r in book_of(rule_store()).rules if r.name == rule), None)
     bound = found.fires_below if found else None
     return bound if bound and "speed" in bound[0] else None
 

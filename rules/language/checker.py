@@ -1,9 +1,11 @@
 """Static checks of parsed rules: names, types and windows.
 
-The checker walks the statements of all rule files in order, builds the catalog
-(streams, tables, aggregates, alerts) and records, per query, what the compiler
-needs: the input stream, the window, the aggregate calls and the output columns.
-Every problem becomes a `RuleError` at the line and column of the offending text.
+The checker walks the statements of all rule files, each after the declarations it
+reads wherever they are (so neither the order of the files nor of the statements in
+them matters), builds the catalog (streams, tables, aggregates, alerts) and records,
+per query, what the compiler needs: the input stream, the window, the aggregate calls
+and the output columns. Every problem becomes a `RuleError` at the line and column of
+the offending text.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 
 from engine.core.aggregates import BUILTINS, IncrementalAggregate, WindowAggregate
 from rules.language import ast
+from rules.language.access import Access, AccessError
 from rules.language.ast import Pos
 from rules.language.errors import RuleError, make_error
 
@@ -150,34 +153,39 @@ def describe(spec: ast.WindowSpec) -> str:
 class Checker:
     """Checks statements from several files against one shared catalog."""
 
-    def __init__(self, texts: dict[str, str]) -> None:
+    def __init__(self, texts: dict[str, str], access: Access) -> None:
         self.texts = texts
+        self.access = access
         self.errors: list[RuleError] = []
         self.catalog = Catalog()
-        self._names: dict[str, ast.Ident] = {}
+        # Top-level name (lower case) -> the statement declaring it first in file order.
+        self._first: dict[str, ast.Statement] = {}
+        self._relations: set[str] = set()  # names declared as streams or tables
+        # Derived streams whose own input is unknown: their missing timestamp is no news.
+        self._unresolved: set[str] = set()
 
     # -- reporting
     def error(self, file: str, pos: Pos, message: str) -> None:
         """Record one located error."""
         self.errors.append(make_error(file, self.texts.get(file, ""), pos, message))
 
-    def _claim(self, file: str, ident: ast.Ident, what: str) -> bool:
-        """Register a top-level name; report a duplicate (names are case-insensitive)."""
+    def _claim(self, stmt: ast.Statement, what: str) -> bool:
+        """Register a top-level name; report a duplicate (names are case-insensitive).
+        Of two statements declaring one name, the first in file order keeps it."""
+        file, ident = stmt.file, stmt.name
         key = ident.name.lower()
         if key in BUILTINS and what == "aggregate":
             self.error(
                 file, ident.pos, f"duplicate name '{ident.name}': it is a built-in aggregate"
             )
             return False
-        if key in self._names:
-            first = self._names[key]
+        first = self._first[key]
+        if first is not stmt:
+            where = f"{first.file}:{first.name.pos.line}:{first.name.pos.col}"
             self.error(
-                file,
-                ident.pos,
-                f"duplicate name '{ident.name}': already defined at line {first.pos.line}",
+                file, ident.pos, f"duplicate name '{ident.name}': already defined at {where}"
             )
             return False
-        self._names[key] = ident
         return True
 
     def _type(self, file: str, ident: ast.Ident) -> str | None:
@@ -203,8 +211,13 @@ class Checker:
 
     # -- statements
     def check(self, statements: list[ast.Statement]) -> Catalog:
-        """Check all statements (in order) and return the catalog they declare."""
+        """Check all statements (given in file order), each after what it reads, and
+        return the catalog they declare."""
         for stmt in statements:
+            self._first.setdefault(stmt.name.name.lower(), stmt)
+            if isinstance(stmt, ast.CreateStream | ast.CreateDerived | ast.CreateTable):
+                self._relations.add(stmt.name.name.lower())
+        for stmt in dependency_order(statements, self._first):
             if isinstance(stmt, ast.CreateStream):
                 self._create_stream(stmt)
             elif isinstance(stmt, ast.CreateTable):
@@ -238,14 +251,14 @@ class Checker:
                 "SLACK must be positive (a 0 slack drops every "
                 "reading that is even slightly out of order)",
             )
-        if self._claim(stmt.file, stmt.name, "stream"):
+        if self._claim(stmt, "stream"):
             self.catalog.relations[stmt.name.name] = Relation(
                 stmt.name.name, "stream", columns, ts, stmt, stmt.slack_ms, stmt.source
             )
 
     def _create_table(self, stmt: ast.CreateTable) -> None:
         columns = self._columns(stmt.file, stmt.columns)
-        if self._claim(stmt.file, stmt.name, "table"):
+        if self._claim(stmt, "table"):
             self.catalog.relations[stmt.name.name] = Relation(
                 stmt.name.name, "table", columns, None, stmt
             )
@@ -265,7 +278,7 @@ class Checker:
                 f"'{stmt.target}' is declared ALGEBRAIC but has no merge: an algebraic "
                 "aggregate is an IncrementalAggregate whose partials merge (ESL §5.1)",
             )
-        if self._claim(stmt.file, stmt.name, "aggregate"):
+        if self._claim(stmt, "aggregate"):
             self.catalog.aggregates[stmt.name.name.lower()] = Aggregate(
                 stmt.name.name, params, returns, cls, stmt.algebraic, stmt
             )
@@ -276,6 +289,11 @@ class Checker:
         module_name, sep, class_name = target.partition(":")
         if not sep or not module_name or not class_name:
             self.error(file, pos, f"'{target}' is not of the form 'module:Class'")
+            return None
+        try:
+            self.access.check_module(module_name)
+        except AccessError as exc:
+            self.error(file, pos, f"cannot import Python aggregate '{target}': {exc}")
             return None
         try:
             module = importlib.import_module(module_name)
@@ -322,9 +340,11 @@ class Checker:
         first = selects[0]
         if isinstance(stmt, ast.CreateAlert) and stmt.message is not None:
             self._message(stmt, {name for name, _, _ in first.outputs})
-        if not self._claim(stmt.file, stmt.name, "stream"):
+        if not self._claim(stmt, "stream"):
             return
         self.catalog.queries.append(QueryInfo(stmt, selects))
+        if any(sel.stream is None for sel in selects):
+            self._unresolved.add(stmt.name.name)
         if isinstance(stmt, ast.CreateAlert):
             self.catalog.alerts[stmt.name.name] = stmt
         else:
@@ -387,6 +407,14 @@ class Checker:
         scope: list[tuple[ast.SourceRef, Relation]] = []
         for src in sel.sources:
             rel = self.catalog.relations.get(src.name.name)
+            if rel is None and src.name.name.lower() in self._relations:
+                self.error(
+                    file,
+                    src.name.pos,
+                    f"'{src.name.name}' reads, directly or through other streams, what this "
+                    "statement defines: a cycle",
+                )
+                continue
             if rel is None:
                 self.error(
                     file,
@@ -406,7 +434,7 @@ class Checker:
                     )
                 info.stream = rel
                 info.window = src.window
-                if rel.timestamp is None:
+                if rel.timestamp is None and rel.name not in self._unresolved:
                     # Replay could feed it at its emission instants, but its table keeps
                     # none: live and replay would disagree, so nobody reads it.
                     self.error(
@@ -984,10 +1012,54 @@ class _Ctx:
         return uda.returns
 
 
+def _reads(node: object) -> Iterator[str]:
+    """The names (lower case) a statement reads: the streams and tables in its FROMs and
+    the functions it calls (aggregates among them)."""
+    if isinstance(node, ast.SourceRef):
+        yield node.name.name.lower()
+    elif isinstance(node, ast.Call):
+        yield node.name
+    if isinstance(node, tuple):
+        for item in node:
+            yield from _reads(item)
+    elif is_dataclass(node) and not isinstance(node, type):
+        for f in fields(node):
+            yield from _reads(getattr(node, f.name))
+
+
+def dependency_order(
+    statements: list[ast.Statement], declared: dict[str, ast.Statement]
+) -> list[ast.Statement]:
+    """`statements` (in file order) reordered so that each comes after the statements
+    in `declared` (name -> its declaration) that it reads, and otherwise keeps its place.
+    A statement in a cycle comes before the one it reads, where the check reports it."""
+    ordered: list[ast.Statement] = []
+    seen: set[int] = set()
+    for root in statements:
+        # Depth-first, iteratively (a long chain of derived streams must not recurse).
+        stack: list[tuple[ast.Statement, Iterator[str]]] = []
+        if id(root) not in seen:
+            seen.add(id(root))
+            stack.append((root, _reads(root)))
+        while stack:
+            stmt, reads = stack[-1]
+            for name in reads:
+                dep = declared.get(name)
+                if dep is not None and id(dep) not in seen:
+                    seen.add(id(dep))
+                    stack.append((dep, _reads(dep)))
+                    break
+            else:
+                stack.pop()
+                ordered.append(stmt)
+    return ordered
+
+
 def check_statements(
-    statements: list[ast.Statement], texts: dict[str, str]
+    statements: list[ast.Statement], texts: dict[str, str], access: Access
 ) -> tuple[Catalog, list[RuleError]]:
-    """Check parsed statements (from the files whose text is in `texts`)."""
-    checker = Checker(texts)
+    """Check parsed statements (from the files whose text is in `texts`, in file order);
+    `access` says which Python modules their aggregates may be imported from."""
+    checker = Checker(texts, access)
     catalog = checker.check(statements)
     return catalog, checker.errors

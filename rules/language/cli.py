@@ -1,7 +1,9 @@
 """`lookout rules check [PATH...]` and `lookout rules explain NAME`.
 
 `lookout/cli.py` calls `register(subparsers)` and dispatches with `args.func(args)`,
-which returns the process exit code.
+which returns the process exit code. Without paths, both take the rule set the engine
+loads (the configured library and user rule store); either way the rules reach only
+what the configuration allows (`[rules]` in lookout.toml).
 """
 
 from __future__ import annotations
@@ -9,30 +11,36 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rules.language.checker import check_statements
+from lookout.config import Config, load_config
 from rules.language.explain import explain
-from rules.language.loader import RULES_DIR, check_paths, parse_files, rule_files
+from rules.language.loader import analyse, check_paths, rule_files
+
+
+def _config(args: argparse.Namespace) -> Config:
+    return load_config(getattr(args, "config", None))
 
 
 def _check(args: argparse.Namespace) -> int:
-    errors = check_paths(args.paths or [RULES_DIR])
+    config = _config(args)
+    paths = args.paths or config.rule_paths
+    errors = check_paths(paths, config.rule_policy)
     for error in errors:
         print(error.format(), file=sys.stderr)
     if errors:
         print(f"{len(errors)} error{'s' if len(errors) != 1 else ''}", file=sys.stderr)
         return 1
-    files = rule_files(args.paths or [RULES_DIR])
+    files = rule_files(paths)
     print(f"ok: {len(files)} rule file{'s' if len(files) != 1 else ''}")
     return 0
 
 
 def _explain(args: argparse.Namespace) -> int:
-    statements, texts, errors = parse_files(args.rules or [RULES_DIR])
-    for error in errors:
+    config = _config(args)
+    analysis = analyse(args.rules or config.rule_paths, config.rule_policy)
+    for error in analysis.errors:
         print(error.format(), file=sys.stderr)
     # Explain what can be explained even if other rules have errors.
-    catalog, _ = check_statements(statements, texts)
-    text = explain(catalog, args.name)
+    text = explain(analysis.catalog, args.name)
     if text is None:
         print(f"no stream, alert, table or aggregate named '{args.name}'", file=sys.stderr)
         return 1
@@ -49,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "paths",
         nargs="*",
         metavar="PATH",
-        help="rule files or folders (default: the rules/ folder)",
+        help="rule files or folders (default: the configured rule library and user rules)",
     )
     check.set_defaults(func=_check)
     expl = sub.add_parser("explain", help="explain a rule's streams, keys, windows, outputs")
@@ -58,6 +66,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--rules",
         action="append",
         metavar="PATH",
-        help="rule files or folders (default: the rules/ folder)",
+        help="rule files or folders (default: the configured rule library and user rules)",
     )
     expl.set_defaults(func=_explain)

@@ -16,6 +16,7 @@ from typing import Any
 
 from engine.core import plan
 from rules.language import ast
+from rules.language.access import Access
 from rules.language.ast import Pos
 from rules.language.checker import (
     Catalog,
@@ -27,7 +28,7 @@ from rules.language.checker import (
     plain_columns,
 )
 from rules.language.errors import RuleError, make_error
-from rules.language.tables import TableLoadError, load_table, resolve
+from rules.language.tables import TableLoadError, load_table
 
 Row = Mapping[str, Any]
 Fn = Callable[[Row], Any]
@@ -649,8 +650,11 @@ def _definition(sel: SelectInfo, names: list[str]) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
-def compile_catalog(catalog: Catalog, texts: dict[str, str]) -> tuple[plan.Plan, list[RuleError]]:
-    """The plan of a checked catalog, and located errors for what it cannot express."""
+def compile_catalog(
+    catalog: Catalog, texts: dict[str, str], access: Access
+) -> tuple[plan.Plan, list[RuleError]]:
+    """The plan of a checked catalog, and located errors for what it cannot express
+    (and for reference tables it cannot read, or may not: `access`)."""
     streams: dict[str, plan.StreamSchema] = {}
     for rel in catalog.relations.values():
         if rel.kind != "stream":
@@ -674,9 +678,8 @@ def compile_catalog(catalog: Catalog, texts: dict[str, str]) -> tuple[plan.Plan,
         if rel.kind == "table":
             stmt = rel.statement
             assert isinstance(stmt, ast.CreateTable)
-            path = resolve(stmt.path, stmt.file)
             try:
-                tables[rel.name] = load_table(stmt.format, path, rel.columns)
+                tables[rel.name] = load_table(stmt, rel.columns, access)
             except TableLoadError as exc:
                 text, where = texts.get(stmt.file, ""), stmt.path_pos or stmt.pos
                 message = f"cannot load table '{rel.name}': {exc}"

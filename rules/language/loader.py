@@ -1,13 +1,20 @@
-"""Load rule files: parse, check and (on demand) compile them to the engine plan."""
+"""Load rule files: parse, check and (on demand) compile them to the engine plan.
+
+A rule set is the `*.sql` files of the folders and the files given, in one order
+whatever order they were given in (by their resolved paths), each file once; the
+checker resolves names across all of them, so no file has to come before another.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from engine.core.plan import Plan
 from rules.language import ast
+from rules.language.access import DEFAULT_POLICY, Access, RulePolicy
 from rules.language.checker import Catalog, check_statements
 from rules.language.compiler import compile_catalog
 from rules.language.errors import RuleError
@@ -35,26 +42,36 @@ class RuleSet:
     texts: dict[str, str]
 
 
-def rule_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Expand folders into their `*.sql` files (sorted); keep files as given."""
-    files: list[Path] = []
+def rule_files(paths: Iterable[str | Path], extra: Iterable[Path] = ()) -> list[Path]:
+    """The rule files at `paths` (folders give their `*.sql` files) and `extra`, each
+    once, ordered by resolved path: the same list whatever order they come in."""
+    files: dict[Path, Path] = {}
     for path in map(Path, paths):
-        files.extend(sorted(path.glob("*.sql")) if path.is_dir() else [path])
-    return files
+        for file in sorted(path.glob("*.sql")) if path.is_dir() else [path]:
+            files.setdefault(file.resolve(), file)
+    for file in extra:
+        files.setdefault(file.resolve(), file)
+    return [files[key] for key in sorted(files)]
 
 
 def parse_files(
-    paths: Iterable[str | Path],
+    paths: Iterable[str | Path], edits: Mapping[Path, str | None] | None = None
 ) -> tuple[list[ast.Statement], dict[str, str], list[RuleError]]:
     """Read and parse the rule files at `paths`: statements, file texts, and the files'
-    read and syntax errors (located; never raised)."""
+    read and syntax errors (located; never raised). `edits` maps a file (new, or one of
+    those at `paths`) to the text to take for it instead of what is on disk, or to None
+    to leave it out: the rule set as it would be after writing or removing them."""
+    edited = {path.resolve(): text for path, text in (edits or {}).items()}
     statements: list[ast.Statement] = []
     texts: dict[str, str] = {}
     errors: list[RuleError] = []
-    for path in rule_files(paths):
-        name = str(path)
+    for path in rule_files(paths, edits or ()):
+        name, resolved = str(path), path.resolve()
+        if resolved in edited and edited[resolved] is None:
+            continue
         try:
-            texts[name] = path.read_text(encoding="utf-8")
+            text = edited.get(resolved)
+            texts[name] = path.read_text(encoding="utf-8") if text is None else text
         except OSError as exc:
             errors.append(RuleError(name, 1, 1, f"cannot read the file: {exc.strerror}"))
             continue
@@ -67,17 +84,34 @@ def parse_files(
     return statements, texts, errors
 
 
-def _analyse(
+class Analysis(NamedTuple):
+    """A rule set parsed, checked and, when that found no error, compiled."""
+
+    statements: list[ast.Statement]
+    catalog: Catalog
+    plan: Plan | None
+    texts: dict[str, str]
+    errors: list[RuleError]
+
+
+def analyse(
     paths: Iterable[str | Path],
-) -> tuple[list[ast.Statement], Catalog, Plan | None, dict[str, str], list[RuleError]]:
-    statements, texts, errors = parse_files(paths)
-    catalog, check_errors = check_statements(statements, texts)
+    policy: RulePolicy = DEFAULT_POLICY,
+    edits: Mapping[Path, str | None] | None = None,
+) -> Analysis:
+    """Parse and check the rule files at `paths` (with `edits`, see `parse_files`), and
+    compile them if that found no error. The catalog holds what could be checked even
+    when some statements have errors (to explain what can be explained)."""
+    paths = list(paths)
+    access = Access.of([*paths, *(edits or {})], policy)
+    statements, texts, errors = parse_files(paths, edits)
+    catalog, check_errors = check_statements(statements, texts, access)
     errors.extend(check_errors)
     plan = None
     if not errors:
-        plan, compile_errors = compile_catalog(catalog, texts)
+        plan, compile_errors = compile_catalog(catalog, texts, access)
         errors.extend(compile_errors)
-    return statements, catalog, plan, texts, errors
+    return Analysis(statements, catalog, plan, texts, errors)
 
 
 def _not_utf8(name: str, exc: UnicodeDecodeError) -> RuleError:
@@ -100,14 +134,21 @@ def _not_utf8(name: str, exc: UnicodeDecodeError) -> RuleError:
     )
 
 
-def check_paths(paths: Iterable[str | Path]) -> list[RuleError]:
-    """All errors in the rule files at `paths` (files or folders), in file order."""
-    return _analyse(paths)[4]
+def check_paths(
+    paths: Iterable[str | Path],
+    policy: RulePolicy = DEFAULT_POLICY,
+    edits: Mapping[Path, str | None] | None = None,
+) -> list[RuleError]:
+    """All errors in the rule files at `paths` (files or folders), those of `edits`
+    (see `parse_files`) among them: read and syntax errors, then those of the checks,
+    then those of compiling."""
+    return analyse(paths, policy, edits).errors
 
 
-def load_rules(paths: Iterable[str | Path]) -> RuleSet:
-    """Parse, check and compile the rule files at `paths`; RuleCheckError if invalid."""
-    statements, catalog, plan, texts, errors = _analyse(paths)
+def load_rules(paths: Iterable[str | Path], policy: RulePolicy = DEFAULT_POLICY) -> RuleSet:
+    """Parse, check and compile the rule files at `paths`; RuleCheckError if invalid.
+    `policy` is what the installation lets them reach (`rules.language.access`)."""
+    statements, catalog, plan, texts, errors = analyse(paths, policy)
     if errors or plan is None:
         raise RuleCheckError(errors)
     return RuleSet(tuple(statements), catalog, plan, texts)

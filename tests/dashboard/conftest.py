@@ -1,4 +1,5 @@
-"""Fixtures for the dashboard tests: a small sample lakehouse and a private rules folder.
+"""Fixtures for the dashboard tests: a small sample lakehouse, a private copy of the rule
+library and a user rule store beside it, and no sign-in unless a test turns it on.
 
 The tables are written with delta-rs (no Spark) in the schemas of engine/tables.py;
 `dashboard.sample` plants congestion at stations 3 and 7, a silent station 5 and a theft
@@ -17,12 +18,29 @@ from dashboard.sample import write_sample
 from dashboard.testing import APP, copy_rules
 
 
+@pytest.fixture(autouse=True)
+def no_sign_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages open without signing in (the sign-in tests turn it on), and no account of
+    the machine's (users file, password variable) counts."""
+    monkeypatch.setenv("LOOKOUT_DASHBOARD_LOGIN", "false")
+    monkeypatch.setenv("LOOKOUT_DASHBOARD_USERS_FILE", str(tmp_path / "dashboard-users"))
+    monkeypatch.delenv("LOOKOUT_DASHBOARD_PASSWORD", raising=False)
+
+
 @pytest.fixture
 def rules_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A copy of the shipped rule files that the Rules page may write into."""
+    """A copy of the shipped rule library (the tests may change it behind the
+    dashboard's back), with the user rule store `rules.d` beside it."""
     folder = copy_rules(tmp_path / "rules")
-    monkeypatch.setenv("LOOKOUT_RULES_DIR", str(folder))
+    monkeypatch.setenv("LOOKOUT_RULES_PATHS", str(folder))
+    monkeypatch.setenv("LOOKOUT_RULES_USER_PATH", str(tmp_path / "rules.d"))
     return folder
+
+
+@pytest.fixture
+def rule_store(rules_folder: Path) -> Path:
+    """The user rule store the Rules page writes (absent until the first save)."""
+    return rules_folder.parent / "rules.d"
 
 
 @pytest.fixture

@@ -1,10 +1,11 @@
 """The dashboard end to end in Debian's headless Chromium (Playwright).
 
 A real `streamlit run dashboard/app.py` serves the sample lakehouse on a free loopback
-port. The browser opens every page and checks what an operator would look for, then
-acknowledges an alert (it must land in the `alert_acks` Delta table) and saves an
-invalid rule (refused, the error shown at its line and column) and then a valid one
-(written to the rules folder).
+port, with sign-in on: the browser signs in on every page it opens (a new page load is
+a new session), checks what an operator would look for, then acknowledges an alert (it
+must land in the `alert_acks` Delta table, under the user's name) and saves an invalid
+rule (refused, the error shown at its line and column) and then a valid one (written to
+the user rule store).
 """
 
 from __future__ import annotations
@@ -29,14 +30,16 @@ TIMEOUT_MS = 30_000
 
 
 REFRESH_S = 1.0  # the live panels' refresh period in these tests
+PASSWORD = "browser test password"
 
 
 @pytest.fixture
 def page(lakehouse: Path, rules_folder: Path, tmp_path: Path) -> Iterator[Any]:
     """A browser tab on a dashboard served over the sample lakehouse."""
     write_health(lakehouse, int(time.time() * 1000) + 60_000)  # "up" for the whole test
+    log = tmp_path / "streamlit.log"
     with (
-        served(lakehouse, rules_folder, REFRESH_S, log=tmp_path / "streamlit.log") as url,
+        served(lakehouse, rules_folder, REFRESH_S, log=log, password=PASSWORD) as url,
         chromium() as browser,
     ):
         tab = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -48,9 +51,13 @@ def page(lakehouse: Path, rules_folder: Path, tmp_path: Path) -> Iterator[Any]:
 
 
 def visit(page: Any, path: str, *expected: str) -> None:
-    """Open a page and wait until each expected text is drawn (table cells are drawn on a
-    canvas, so their text is only attached to the DOM for screen readers)."""
+    """Open a page, sign in, and wait until each expected text is drawn (table cells are
+    drawn on a canvas, so their text is only attached to the DOM for screen readers)."""
     page.goto(f"{page.base_url}/{path}")
+    page.get_by_label("User").fill("operator")
+    page.get_by_label("Password", exact=True).fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+    page.get_by_text("Signed in as").wait_for()
     for text in expected:
         page.get_by_text(text, exact=False).first.wait_for(state="attached")
     assert page.get_by_text("Traceback").count() == 0
@@ -85,7 +92,7 @@ def save_rule(page: Any, name: str, text: str, outcome: Any) -> None:
     outcome.wait_for()
 
 
-def test_every_page_acknowledge_and_rules(page: Any, lakehouse: Path, rules_folder: Path) -> None:
+def test_every_page_acknowledge_and_rules(page: Any, lakehouse: Path, rule_store: Path) -> None:
     visit(page, "", "matching alerts", "station 7:", "Alerts over time")
     visit(page, "traffic", "congested", "silent", "Per station, last 60 minutes", "Station detail")
     visit(page, "rfid", "doors with recent reads", "item item-0042 left through door 4")
@@ -107,7 +114,7 @@ def test_every_page_acknowledge_and_rules(page: Any, lakehouse: Path, rules_fold
     page.get_by_role("button", name="Acknowledge").click()
     page.get_by_text("Acknowledged 1 alert(s).").wait_for()
     acks = DeltaTable(str(lakehouse / "alert_acks")).to_pyarrow_table().to_pylist()
-    assert [a["note"] for a in acks] == ["crew dispatched"]
+    assert [(a["note"], a["acked_by"]) for a in acks] == [("crew dispatched", "operator")]
 
     # An invalid rule is refused with its line:col; a valid one is saved.
     visit(page, "rules", "alert larceny", "Write or edit a rule file")
@@ -118,7 +125,7 @@ def test_every_page_acknowledge_and_rules(page: Any, lakehouse: Path, rules_fold
         page.get_by_text("nothing was saved"),
     )
     page.get_by_text("2:30: unknown stream 'trafic'").first.wait_for()
-    assert not (rules_folder / "slow_traffic.sql").exists()
+    assert not (rule_store / "slow_traffic.sql").exists()
 
     save_rule(
         page,
@@ -127,7 +134,7 @@ def test_every_page_acknowledge_and_rules(page: Any, lakehouse: Path, rules_fold
         "  AS SELECT station, ts, speed FROM traffic WHERE speed < 5;\n",
         page.get_by_text(re.compile(r"^Saved ")),
     )
-    assert "speed < 5" in (rules_folder / "slow_traffic.sql").read_text()
+    assert "speed < 5" in (rule_store / "slow_traffic.sql").read_text()
 
 
 # ---- what was typed survives the live panels' refreshes ----------------------------------

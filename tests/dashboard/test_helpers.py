@@ -1,5 +1,5 @@
-"""The Rules page's helpers: statement text, inline error layout, checks of an edited
-file against the rest of the folder, and the Alerts page's SQL filter."""
+"""The Rules page's helpers: statement text, inline error layout, the rule set read and
+explained, and the Alerts page's SQL filter."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from deltalake import write_deltalake
 
 from dashboard.alert_filters import where_clause
 from dashboard.data import VERSION_TTL_S, table_version
-from dashboard.rulebook import annotate, check_file, read_book, save_file, statement_text
+from dashboard.rulebook import annotate, read_book, statement_text
 from rules.language.errors import RuleError
 
 FILE = """-- a stream
@@ -45,7 +45,7 @@ def test_annotate_puts_a_caret_under_the_column_then_the_message() -> None:
 
 def test_read_book_explains_each_statement(tmp_path: Path) -> None:
     (tmp_path / "mine.sql").write_text(FILE)
-    book = read_book(tmp_path)
+    book = read_book([tmp_path])
     assert not book.errors
     assert [(r.name, r.kind, r.line) for r in book.rules] == [
         ("s", "source stream", 2),
@@ -53,18 +53,6 @@ def test_read_book_explains_each_statement(tmp_path: Path) -> None:
     ]
     assert book.rules[1].severity == "info"
     assert "slack 1 second" in book.rules[0].explanation
-
-
-def test_an_edited_file_is_checked_with_the_rest_of_the_folder(tmp_path: Path) -> None:
-    (tmp_path / "streams.sql").write_text(FILE.split("\n\n")[0] + "\n")
-    alert = "CREATE ALERT small SEVERITY info AS SELECT x, ts FROM s WHERE x < 1;\n"
-    assert check_file(tmp_path, "alerts", alert) == []  # `s` comes from streams.sql
-    errors = check_file(tmp_path, "alerts", alert.replace("FROM s", "FROM t"))
-    assert [(e.file, e.line) for e in errors] == [("alerts.sql", 1)]
-    assert save_file(tmp_path, "alerts", alert.replace("FROM s", "FROM t"))
-    assert not (tmp_path / "alerts.sql").exists()
-    assert save_file(tmp_path, "alerts", alert) == []
-    assert (tmp_path / "alerts.sql").read_text() == alert
 
 
 def test_where_clause_quotes_what_the_operator_typed() -> None:
@@ -90,7 +78,7 @@ CREATE ALERT any_high SEVERITY info AS SELECT x, ts FROM s WHERE x > 9;
 
 def test_alert_keys_come_from_the_partitioning_upstream(tmp_path: Path) -> None:
     (tmp_path / "k.sql").write_text(KEYED)
-    book = read_book(tmp_path)
+    book = read_book([tmp_path])
     assert not book.errors
     keys = {r.name: r.key for r in book.rules if r.kind == "alert"}
     # `high` filters a stream partitioned by site, so its alerts are keyed by site too.
@@ -106,7 +94,7 @@ def test_alert_keys_come_from_the_partitioning_upstream(tmp_path: Path) -> None:
 
 def test_alert_keys_are_unknown_while_the_folder_has_errors(tmp_path: Path) -> None:
     (tmp_path / "k.sql").write_text(KEYED + "CREATE ALERT broken AS SELECT nope FROM s;\n")
-    book = read_book(tmp_path)
+    book = read_book([tmp_path])
     assert book.errors
     assert "has errors" in (book.alert_problem("high", "site") or "")
 
@@ -119,7 +107,7 @@ def test_an_alert_that_fires_below_a_bound_says_which(tmp_path: Path) -> None:
         + "CREATE ALERT slower SEVERITY info AS SELECT site, x, ts FROM s WHERE x <= 2;\n"
         + "CREATE ALERT either SEVERITY info AS SELECT x, ts FROM s WHERE x < 2 OR x > 9;\n"
     )
-    bounds = {r.name: r.fires_below for r in read_book(tmp_path).rules if r.kind == "alert"}
+    bounds = {r.name: r.fires_below for r in read_book([tmp_path]).rules if r.kind == "alert"}
     assert bounds["slow"] == ("x", 2.5)
     assert bounds["slower"] == ("x", 2.0)
     assert bounds["either"] is None  # not "only while x < 2"

@@ -180,7 +180,7 @@ def test_rules_list_text_explanation_and_alert_count(lakehouse: Path, open_page:
 
 
 def test_saving_an_invalid_then_a_valid_rule(
-    lakehouse: Path, rules_folder: Path, open_page: Open
+    lakehouse: Path, rule_store: Path, open_page: Open
 ) -> None:
     app = open_page("rules")
     app.text_input(key="rule_name::(new file)").input("slow")
@@ -188,7 +188,7 @@ def test_saving_an_invalid_then_a_valid_rule(
         "CREATE ALERT slow SEVERITY warning\n  AS SELECT station, ts, speed FROM trafic;\n"
     )
     app.button(key="rule_save").click().run()
-    assert not (rules_folder / "slow.sql").exists()
+    assert not (rule_store / "slow.sql").exists()
     annotated = texts(app)
     assert "nothing was saved" in annotated
     assert "| 2:" in annotated and "unknown stream 'trafic'" in annotated
@@ -199,7 +199,7 @@ def test_saving_an_invalid_then_a_valid_rule(
     )
     app.button(key="rule_save").click().run()
     assert "Saved" in texts(app)
-    assert "speed < 5" in (rules_folder / "slow.sql").read_text()
+    assert "speed < 5" in (rule_store / "slow.sql").read_text()
 
 
 def test_a_bad_file_name_is_refused(lakehouse: Path, rules_folder: Path, open_page: Open) -> None:
@@ -209,6 +209,34 @@ def test_a_bad_file_name_is_refused(lakehouse: Path, rules_folder: Path, open_pa
     app.button(key="rule_save").click().run()
     assert "letters, digits and underscores" in texts(app)
     assert not (rules_folder.parent / "escape.sql").exists()
+
+
+def test_the_library_is_read_only_and_user_files_are_managed(
+    lakehouse: Path, rules_folder: Path, rule_store: Path, open_page: Open
+) -> None:
+    app = open_page("rules")
+    assert app.selectbox(key="rule_file").options == ["(new file)"]  # no library file
+    app.text_input(key="rule_name::(new file)").input("traffic")
+    app.text_area(key="rule_text::(new file)").input("-- shadowing the library\n")
+    app.button(key="rule_save").click().run()
+    assert "a file of the rule library, which is read-only here" in texts(app)
+
+    rule_store.mkdir()
+    (rule_store / "crawl.sql").write_text(
+        "CREATE ALERT crawl SEVERITY info AS SELECT station, ts FROM traffic WHERE speed < 1;\n"
+    )
+    app = open_page("rules")
+    assert app.selectbox(key="manage_file").options == ["crawl.sql"]
+    app.button(key="manage_disable").click().run()
+    assert "`crawl.sql` is no longer loaded." in texts(app)
+    assert (rule_store / "crawl.sql.disabled").exists()
+    assert app.selectbox(key="manage_file").options == ["crawl.sql (disabled)"]
+    app.checkbox(key="manage_sure").check().run()
+    app.button(key="manage_delete").click().run()
+    assert not list(rule_store.glob("crawl*"))
+    changes = app.dataframe[-1].value
+    assert list(changes["action"]) == ["deleted", "disabled"]
+    assert set(changes["user"]) == {"anonymous"}  # sign-in is off in these tests
 
 
 # ---- health --------------------------------------------------------------------------

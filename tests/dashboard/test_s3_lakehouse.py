@@ -74,10 +74,14 @@ def test_an_acknowledgement_lands_in_the_bucket(
 ) -> None:
     monkeypatch.setenv("LOOKOUT_LAKEHOUSE_PATH", on_s3["LOOKOUT_LAKEHOUSE_PATH"])
     first = data.query("SELECT min(alert_id) AS id FROM alerts", "alerts")["id"].iloc[0]
-    data.acknowledge([first], "crew on the way")
+    data.acknowledge([first], "crew on the way", "alice")
 
     log = s3_process.keys("lake/alert_acks/_delta_log/")
     assert log == ["lake/alert_acks/_delta_log/00000000000000000000.json"]
     source, tables = data.alert_source()
-    acked = data.query(f"SELECT alert_id, note FROM {source} WHERE note IS NOT NULL", *tables)
-    assert acked.to_dict("records") == [{"alert_id": first, "note": "crew on the way"}]
+    acked = data.query(
+        f"SELECT alert_id, note, acked_by FROM {source} WHERE note IS NOT NULL", *tables
+    )
+    assert acked.to_dict("records") == [
+        {"alert_id": first, "note": "crew on the way", "acked_by": "alice"}
+    ]

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rules.language.access import LIBRARY_MODULES, RulePolicy
 from rules.language.errors import RuleError
 from rules.language.loader import check_paths
+
+FIXTURES = RulePolicy(python_modules=(*LIBRARY_MODULES, "tests.rules.uda_fixtures"))
+"""The default policy, and the test aggregates of `tests.rules.uda_fixtures` allowed."""
 
 TRAFFIC = """\
 CREATE STREAM traffic (station INT, lane INT, speed DOUBLE, length DOUBLE, ts TIMESTAMP)
@@ -14,7 +18,8 @@ CREATE STREAM traffic (station INT, lane INT, speed DOUBLE, length DOUBLE, ts TI
 
 
 def check_text(tmp_path: Path, text: str, name: str = "rule.sql") -> tuple[str, list[RuleError]]:
-    """Write `text` to a rule file and check it; return the file's path and the errors."""
+    """Write `text` to a rule file and check it (the test aggregates allowed); return
+    the file's path and the errors."""
     path = tmp_path / name
     path.write_text(text)
-    return str(path), check_paths([path])
+    return str(path), check_paths([path], FIXTURES)

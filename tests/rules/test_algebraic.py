@@ -8,7 +8,7 @@ from pathlib import Path
 from engine.core.evaluator import KeyedEvaluator
 from engine.core.windows import ExtentOperator, OverOperator, PaneExtentOperator, PaneOperator
 from rules.language.loader import load_rules
-from tests.rules.helpers import TRAFFIC, check_text
+from tests.rules.helpers import FIXTURES, TRAFFIC, check_text
 
 QUERY = (
     "CREATE STREAM out AS SELECT ts, total(speed) OVER (ROWS 3 PRECEDING SLIDE 2) AS t "
@@ -27,7 +27,7 @@ def outputs(tmp_path: Path, algebraic: bool) -> tuple[type, list[float]]:
     (tmp_path / "r.sql").write_text(
         TRAFFIC + declare("tests.rules.uda_fixtures:MergingSum", algebraic) + QUERY
     )
-    stage = load_rules([tmp_path / "r.sql"]).plan.stages()[0]
+    stage = load_rules([tmp_path / "r.sql"], FIXTURES).plan.stages()[0]
     assert stage.query.window.aggregates[0].algebraic is algebraic  # type: ignore[union-attr]
     ev = KeyedEvaluator(stage)
     for i in range(8):
@@ -63,7 +63,7 @@ def test_declared_algebraic_extents_run_on_panes(tmp_path: Path) -> None:
     for algebraic in (True, False):
         target = "tests.rules.uda_fixtures:MergingSum"
         (tmp_path / "r.sql").write_text(TRAFFIC + declare(target, algebraic) + query)
-        ev = KeyedEvaluator(load_rules([tmp_path / "r.sql"]).plan.stages()[0])
+        ev = KeyedEvaluator(load_rules([tmp_path / "r.sql"], FIXTURES).plan.stages()[0])
         for i in range(8):
             row = {"station": 1, "lane": 1, "speed": float(i), "length": 4.0, "ts": i}
             ev.insert({**row, "source": "", "seq": i})
