@@ -26,8 +26,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from engine.core.pipeline import HEARTBEAT, arrival_type
+from engine.core.pipeline import HEARTBEAT
 from engine.core.plan import StreamSchema
+from engine.core.schema import arrival_type
 
 QUARANTINE_FOLDER = "_quarantine"
 

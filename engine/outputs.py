@@ -14,16 +14,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine import tables
 from engine.alerts import AlertSpec, alert_rows, format_key
-from engine.core.evaluator import Output, OutputColumns, output_rows
 from engine.core.pipeline import ARRIVAL_WATERMARK, BatchResult, Conflict, LateReading
 from engine.core.plan import ColumnType, Plan, SinkKind, StreamSchema
+from engine.core.runners import SEQ, SOURCE, SinkRows, emitted_outputs
 from engine.landed_files import RECEIVED_MS, TOPIC
 
 
@@ -109,32 +108,25 @@ def quarantine_rows(lines: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def stream_rows(schema: StreamSchema, outputs: Sequence[Output | OutputColumns]) -> pa.Table:
-    """A derived stream's outputs as its table stores them: the SELECT list and the
-    (source, seq) tie order that stages reading the stream use. Built column by column
-    (a batch can hold a million windows); timestamps are epoch ms in the rows."""
+def stream_rows(schema: StreamSchema, emitted: Sequence[pa.Table]) -> pa.Table:
+    """A derived stream's emitted rows as its table stores them: the SELECT list and
+    the (source, seq) tie order that stages reading the stream use (timestamps from
+    epoch ms), column by column."""
     target = tables.derived_schema(schema)
-    fields = list(tables.stream_schema(schema))
-    parts: list[pa.Table] = []
-    rows: list[Output] = []
-    for output in [*outputs, None]:
-        if isinstance(output, Output):
-            rows.append(output)
-            continue
-        if rows:  # a run of single outputs, ended
-            columns = tables.ms_columns([o.row for o in rows], fields)
-            sources = pa.array([o.source for o in rows], pa.string())
-            seqs = pa.array([o.seq for o in rows], pa.int64())
-            parts.append(pa.Table.from_arrays([*columns, sources, seqs], schema=target))
-            rows = []
-        if output is not None:
-            count = len(output.ts)
-            columns = [
-                tables.ms_array(output.columns.get(f.name, [None] * count), f.type) for f in fields
-            ]
-            sources = pa.repeat(pa.scalar(output.source, pa.string()), count)
-            seqs = pa.array(np.arange(output.seq, output.seq + count, dtype=np.int64))
-            parts.append(pa.Table.from_arrays([*columns, sources, seqs], schema=target))
+    parts = []
+    for table in emitted:
+        n = table.num_rows
+        columns = []
+        for field in tables.stream_schema(schema):
+            if field.name in table.column_names:
+                column = table.column(field.name)
+                if pa.types.is_timestamp(field.type):
+                    column = ms_to_timestamp(pc.cast(column, pa.int64()))
+                columns.append(pc.cast(column, field.type))
+            else:
+                columns.append(pa.nulls(n, field.type))
+        columns += [table.column(SOURCE), table.column(SEQ)]
+        parts.append(pa.Table.from_arrays(columns, schema=target))
     return pa.concat_tables(parts) if parts else target.empty_table()
 
 
@@ -158,23 +150,23 @@ def batch_tables(
             out[name] = pa.Table.from_pylist(rows, schema=schema)
     kinds = {q.sink.name: q.sink.kind for q in plan.queries}
     stages = plan.stages()
-    by_sink: dict[str, list[tuple[Any, Output | OutputColumns]]] = {}
+    by_sink: dict[str, list[SinkRows]] = {}
     for emitted in result.outputs:
-        by_sink.setdefault(emitted.output.sink, []).append((emitted, emitted.output))
+        by_sink.setdefault(emitted.sink, []).append(emitted)
     alert_records: list[dict[str, Any]] = []
-    for sink, emitted_outputs in by_sink.items():
+    for sink, parts in by_sink.items():
         if kinds[sink] == SinkKind.STREAM:
-            out[sink] = stream_rows(plan.streams[sink], [o for _, o in emitted_outputs])
+            out[sink] = stream_rows(plan.streams[sink], [p.table for p in parts])
             continue
         spec = alerts.get(sink, AlertSpec(sink, "warning"))
         records = []
-        for emitted, output in emitted_outputs:
-            key = format_key(stages[emitted.stage].key, tuple(emitted.key))
-            for o in output_rows([output]):
+        for emitted in parts:
+            key_names = stages[emitted.stage].key
+            for key, o in emitted_outputs(emitted):
                 records.append(
                     {
                         "ts": o.ts,
-                        "key": key,
+                        "key": format_key(key_names, key),
                         "row": orjson.dumps(o.row).decode(),
                         "source": o.source,
                         "seq": o.seq,

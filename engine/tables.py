@@ -36,8 +36,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction
 
-from engine.core.pipeline import ARROW_TYPES
 from engine.core.plan import ColumnType, Plan, StreamSchema
+from engine.core.schema import ARROW_TYPES
 from lookout.config import S3Config
 from lookout.storage import DEFAULT_S3, delta_options, filesystem
 

@@ -14,31 +14,30 @@ stream's is the lowest of its producing stages' watermarks (a UNION ALL waits fo
 slowest branch). Advancing never depends on how arrivals were cut into batches
 (snapshot-equivalence), so any batching gives the same rows.
 
-**Work per batch** is proportional to what the batch touches: an evaluator is advanced
-when it received rows or its :meth:`~engine.core.evaluator.KeyedEvaluator.next_wakeup`
-is due, found in a per-stage heap of wakeups; idle keys cost nothing.
+**Stages** are run by :mod:`engine.core.runners` (row by row, or per column where the
+window form allows it), fed Arrow tables and emitting Arrow tables; work per batch is
+proportional to what the batch touches.
 
 **State.** With a :class:`~engine.core.state.StateStore`, :meth:`Pipeline.save` writes
-what changed since the last save: each touched evaluator's head and window chunks, each
-sequencer's clock and ids, the contents of the readings just judged. A pipeline built
-on a store with state resumes it; an evaluator whose rule was edited or removed since
-(:attr:`~engine.core.plan.Query.definition`) is dropped with its chunks, and said so in
+what changed since the last save: each sequencer's clock and ids, the contents of the
+readings just judged, and each runner's changed keys. A pipeline built on a store with
+state resumes it; state of a rule edited or removed since
+(:attr:`~engine.core.plan.Query.definition`) is dropped, and said so in
 :attr:`Pipeline.dropped`.
 """
 
 from __future__ import annotations
 
-import heapq
 import pickle
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from engine.core.evaluator import KeyedEvaluator, Output, OutputColumns
-from engine.core.plan import END_OF_TIME, ColumnType, Plan, Stage, StreamSchema
+from engine.core.plan import END_OF_TIME, Plan, Stage, StreamSchema
+from engine.core.runners import STAGE_STATE_KINDS, SinkRows, StageRunner, input_rows, runner_for
 from engine.core.sequencer import StreamSequencer, Verdict, content_hash
 from engine.core.state import StateKey, StateStore
 
@@ -53,29 +52,6 @@ ARRIVAL_WATERMARK = "arrival_watermark"
 had arrived (epoch ms)."""
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
-
-
-def arrival_type(column_type: ColumnType) -> pa.DataType:
-    """The Arrow type of a column in the arrivals :meth:`Pipeline.process` takes:
-    timestamps as epoch ms (int64)."""
-    return pa.int64() if column_type == ColumnType.TIMESTAMP else ARROW_TYPES[column_type]
-
-
-ARROW_TYPES: dict[ColumnType, pa.DataType] = {
-    ColumnType.INT: pa.int32(),
-    ColumnType.BIGINT: pa.int64(),
-    ColumnType.DOUBLE: pa.float64(),
-    ColumnType.STRING: pa.string(),
-    ColumnType.BOOLEAN: pa.bool_(),
-    ColumnType.TIMESTAMP: pa.timestamp("us", tz="UTC"),
-}
-"""The Arrow type of each column type as tables store it (timestamps in microseconds,
-which Spark and Delta read as TIMESTAMP)."""
-
-
-def key_json(key: Key) -> str:
-    """An evaluator's key as stored: a JSON array of its values."""
-    return orjson.dumps(list(key)).decode()
 
 
 @dataclass(frozen=True)
@@ -105,16 +81,6 @@ class Conflict:
     original_ts: int | None
 
 
-@dataclass(frozen=True)
-class Emitted:
-    """One output of a stage's evaluator: which stage (its index in plan order), which
-    key, and the output itself."""
-
-    stage: int
-    key: Key
-    output: Output | OutputColumns
-
-
 @dataclass
 class BatchResult:
     """What one batch produced, everything deterministic."""
@@ -124,7 +90,7 @@ class BatchResult:
     conflicts: list[Conflict] = field(default_factory=list)
     duplicates: dict[str, int] = field(default_factory=dict)
     heartbeats: dict[str, int] = field(default_factory=dict)
-    outputs: list[Emitted] = field(default_factory=list)
+    outputs: list[SinkRows] = field(default_factory=list)
     watermarks: dict[str, int] = field(default_factory=dict)
     """Each source stream's watermark after the batch."""
 
@@ -204,25 +170,16 @@ class Pipeline:
         for name, schema in self.sources.items():
             if schema.timestamp is None:
                 raise ValueError(f"source stream {name!r} has no timestamp column")
-        mine = fed_stages(plan, self.sources)
-        self.stages = mine
-        self._by_index = dict(mine)
+        self.stages = fed_stages(plan, self.sources)
+        self._stage_of = dict(self.stages)
         self._readers: dict[str, list[int]] = {}
-        for i, stage in mine:
+        for i, stage in self.stages:
             self._readers.setdefault(stage.input, []).append(i)
         self.store = store
         self.sequencers = {name: StreamSequencer(s.slack_ms) for name, s in self.sources.items()}
-        self.evaluators: dict[int, dict[Key, KeyedEvaluator]] = {i: {} for i, _ in mine}
-        # Evaluators in the store not loaded yet: (stage, key) -> (head, its wakeup).
-        self._stored: dict[int, dict[Key, bytes]] = {i: {} for i, _ in mine}
-        # Per stage, a heap of (wakeup, key JSON, key); the current wakeup of each key
-        # decides which entries still count (entries go stale as wakeups move).
-        self._heaps: dict[int, list[tuple[int, str, Key]]] = {i: [] for i, _ in mine}
-        self._wakeups: dict[int, dict[Key, int]] = {i: {} for i, _ in mine}
-        # Per stage, the keys given rows since the last advance, and the keys changed
-        # since the last save (kept only with a store).
-        self._fed: dict[int, set[Key]] = {i: set() for i, _ in mine}
-        self._touched: dict[int, set[Key]] = {i: set() for i, _ in mine}
+        self.runners: dict[int, StageRunner] = {
+            i: runner_for(i, stage, self) for i, stage in self.stages
+        }
         self._arrivals = 0  # identity of readings that carry none (replay): arrival index
         self.dropped: list[str] = []
         """Stages whose saved state was dropped at restore (edited or removed rules)."""
@@ -261,10 +218,9 @@ class Pipeline:
         sequencer = self.sequencers[stream]
         accepted: list[int] = []
         stamps: list[int] = []
-        feed: list[Row] = []
+        seqs: list[int] = []
         beats = 0
-        rows = table.to_pylist()
-        for index, row in enumerate(rows):
+        for index, row in enumerate(table.to_pylist()):
             arrival, self._arrivals = self._arrivals, self._arrivals + 1
             ts = row[ts_column]
             if row.pop(HEARTBEAT, None):
@@ -284,10 +240,7 @@ class Pipeline:
             if verdict is Verdict.ON_TIME:
                 accepted.append(index)
                 stamps.append(sequencer.clock.watermark)
-                # What a stage sees of a reading: its columns and its tie order.
-                tuple_ = {c: row.get(c) for c in columns}
-                tuple_["source"], tuple_["seq"] = source, seq
-                feed.append(tuple_)
+                seqs.append(seq)
             elif verdict is Verdict.LATE:
                 result.late.append(LateReading(stream, row, ts, watermark))
             elif verdict is Verdict.DUPLICATE:
@@ -304,30 +257,21 @@ class Pipeline:
                 result.conflicts.append(Conflict(stream, row, ts, reason, original_ts))
         if beats:
             result.heartbeats[stream] = result.heartbeats.get(stream, 0) + beats
-        kept = table.take(pa.array(accepted, pa.int64())) if accepted else table.slice(0, 0)
-        if "seq" in kept.column_names and kept.num_rows:
-            kept = kept.set_column(
-                kept.column_names.index("seq"),
-                "seq",
-                pa.array([r["seq"] for r in feed], pa.int64()),
-            )
+        kept = table.take(pa.array(accepted, pa.int64()))
+        # Readings without an identity (replay) are numbered by arrival.
+        kept = kept.set_column(
+            kept.column_names.index("seq"), "seq", pa.array(seqs, pa.int64())
+        ).set_column(
+            kept.column_names.index("source"), "source", pc.fill_null(kept.column("source"), "")
+        )
         result.readings[stream] = kept.append_column(
             ARRIVAL_WATERMARK, pa.array(stamps, pa.int64())
         )
-        for i in self._readers.get(stream, ()):
-            self._insert(i, feed)
-
-    def _insert(self, i: int, rows: list[Row]) -> None:
-        """Hand ``rows`` (in arrival order) to stage ``i``'s evaluators by key."""
-        if not rows:
-            return
-        key_columns = self._stage(i).key
-        by_key: dict[Key, list[Row]] = {}
-        for row in rows:
-            by_key.setdefault(tuple(row.get(c) for c in key_columns), []).append(row)
-        for key, mine in by_key.items():
-            self._evaluator(i, key).insert_many(mine)
-            self._fed[i].add(key)
+        if accepted and stream in self._readers:
+            # What a stage sees of a reading: its columns and its tie order.
+            rows = kept.select([*columns, "source", "seq"])
+            for i in self._readers[stream]:
+                self.runners[i].insert(rows)
 
     # -- advancing -----------------------------------------------------------------------
     def _advance(self, watermarks: dict[str, int], result: BatchResult) -> None:
@@ -335,77 +279,18 @@ class Pipeline:
         derived row to the stages reading it (they come later in that order)."""
         for i, stage in self.stages:
             watermark = watermarks[stage.input]
-            due = self._fed[i]
-            self._fed[i] = set()
-            due.update(self._due(i, watermark))
-            touched = self._touched[i] if self.store is not None else set()
-            produced: dict[str, list[Row]] = {}
-            for key in sorted(due, key=key_json):
-                evaluator = self._evaluator(i, key)
-                for output in evaluator.advance_columns(max(watermark, evaluator.watermark)):
-                    result.outputs.append(Emitted(i, key, output))
-                    if output.sink in self._readers:
-                        rows = [output] if isinstance(output, Output) else output.outputs()
-                        produced.setdefault(output.sink, []).extend(
-                            {**o.row, "_ts": o.ts, "source": o.source, "seq": o.seq} for o in rows
-                        )
-                touched.add(key)
-                self._schedule(i, key, evaluator.next_wakeup())
+            for emitted in self.runners[i].advance(watermark):
+                result.outputs.append(emitted)
+                for j in self._readers.get(emitted.sink, ()):
+                    self.runners[j].insert(input_rows(self.stage(j), emitted.table))
             # What the stage emits from now on has ts >= watermark: its sinks' watermark,
             # the lowest of their producers' for a UNION ALL.
             for sink in _sinks(stage):
                 watermarks[sink] = min(watermarks.get(sink, watermark), watermark)
-            for sink, rows in produced.items():
-                for j in self._readers[sink]:
-                    ts = self._stage(j).timestamp
-                    self._insert(j, [{**row, ts: row["_ts"]} for row in rows])
 
-    def _due(self, i: int, watermark: int) -> list[Key]:
-        """Pop the keys of stage ``i`` whose wakeup is at or below ``watermark``."""
-        heap, current = self._heaps[i], self._wakeups[i]
-        due = []
-        while heap and heap[0][0] <= watermark:
-            wakeup, _, key = heapq.heappop(heap)
-            if current.get(key) == wakeup:
-                del current[key]
-                due.append(key)
-        return due
-
-    def _schedule(self, i: int, key: Key, wakeup: int | None) -> None:
-        current = self._wakeups[i]
-        if wakeup is None:
-            current.pop(key, None)
-        elif current.get(key) != wakeup:
-            current[key] = wakeup
-            heapq.heappush(self._heaps[i], (wakeup, key_json(key), key))
-
-    def _stage(self, i: int) -> Stage:
-        return self._by_index[i]
-
-    def _evaluator(self, i: int, key: Key) -> KeyedEvaluator:
-        """Stage ``i``'s evaluator of ``key``: in memory, loaded from the store, or new."""
-        found = self.evaluators[i].get(key)
-        if found is not None:
-            return found
-        stage = self._stage(i)
-        head = self._stored[i].pop(key, None)
-        if head is None:
-            evaluator = KeyedEvaluator(stage)
-        else:
-            name, text = stage.name, key_json(key)
-
-            def read_chunk(number: int) -> bytes:
-                # The store at the time of reading: a runtime may hand the pipeline a
-                # new one for each batch (`store` is reassigned), chunks stay valid.
-                assert self.store is not None
-                data = self.store.get(("chunk", name, text, number))
-                if data is None:
-                    raise KeyError(f"state chunk {number} of {name} {text} missing")
-                return data
-
-            evaluator = KeyedEvaluator.load(stage, head, read_chunk)
-        self.evaluators[i][key] = evaluator
-        return evaluator
+    def stage(self, i: int) -> Stage:
+        """The stage with plan index ``i``."""
+        return self._stage_of[i]
 
     # -- state ---------------------------------------------------------------------------
     def save(self) -> None:
@@ -420,19 +305,8 @@ class Pipeline:
             for number in dropped:
                 store.delete(("recent", name, "", number))
             store.put(("sequencer", name, "", 0), pickle.dumps(sequencer.state(), _PICKLE))
-        for i, stage in self.stages:
-            touched = self._touched[i]
-            for key in sorted(touched, key=key_json):
-                evaluator = self.evaluators[i][key]
-                saved = evaluator.save()
-                text = key_json(key)
-                record = (stage.query.definition, evaluator.next_wakeup(), saved.head)
-                store.put(("head", stage.name, text, 0), pickle.dumps(record, _PICKLE))
-                for number in saved.deletes:
-                    store.delete(("chunk", stage.name, text, number))
-                for number, data in saved.writes.items():
-                    store.put(("chunk", stage.name, text, number), data)
-            touched.clear()
+        for runner in self.runners.values():
+            runner.save(store)
 
     def _restore(self, store: StateStore) -> None:
         segments: dict[str, list[tuple[int, list[tuple[Any, ...]]]]] = {}
@@ -443,33 +317,28 @@ class Pipeline:
                 self.sequencers[stream] = StreamSequencer.from_state(
                     self.sources[stream].slack_ms, pickle.loads(data), segments.get(stream, ())
                 )
+        saved: dict[str, dict[str, list[tuple[StateKey, bytes]]]] = {}
+        for kind in STAGE_STATE_KINDS:
+            for entry, data in store.scan(kind):
+                saved.setdefault(entry[1], {}).setdefault(kind, []).append((entry, data))
         by_name = {stage.name: i for i, stage in self.stages}
-        stale: set[tuple[str, str]] = set()
-        for (_, name, text, _), data in store.scan("head"):
-            definition, wakeup, head = pickle.loads(data)
+        doomed: list[StateKey] = []
+        dropped: set[str] = set()
+        for name, entries in saved.items():
             i = by_name.get(name)
-            if i is None or self._stage(i).query.definition != definition:
-                stale.add((name, text))
-                continue
-            key = tuple(orjson.loads(text))
-            self._stored[i][key] = head
-            self._schedule(i, key, wakeup)
-        if stale:
-            self._drop(store, stale)
-
-    def _drop(self, store: StateStore, stale: set[tuple[str, str]]) -> None:
-        """Delete the saved evaluators of edited or removed rules, with their chunks."""
-        for name, text in stale:
-            store.delete(("head", name, text, 0))
-        chunks: list[StateKey] = [k for k, _ in store.scan("chunk") if (k[1], k[2]) in stale]
-        for chunk in chunks:
-            store.delete(chunk)
-        self.dropped = sorted({name for name, _ in stale})
+            stale = (
+                [e for found in entries.values() for e, _ in found]
+                if i is None
+                else self.runners[i].restore(entries)
+            )
+            if stale:
+                dropped.add(name)
+                doomed += stale
+        for entry in doomed:
+            store.delete(entry)
+        self.dropped = sorted(dropped)
 
     # -- health --------------------------------------------------------------------------
     def live_keys(self) -> dict[str, int]:
-        """How many keys each stage holds state for (in memory or in the store)."""
-        return {
-            stage.name: len(self.evaluators[i].keys() | self._stored[i].keys())
-            for i, stage in self.stages
-        }
+        """How many keys each stage holds state for."""
+        return {stage.name: self.runners[i].live_keys() for i, stage in self.stages}

@@ -54,6 +54,12 @@ overflow a BIGINT column."""
 Expr = Callable[[Mapping[str, Any]], Any]
 """A compiled expression: row -> value (None is SQL NULL)."""
 
+VectorExpr = Callable[[Any], Any]
+"""The same expression over a batch: an Arrow table of rows -> an Arrow array of the
+values (``rules.language.vectors``). The compiler gives one where Arrow computes exactly
+what the row expression does; the engine's columnar path needs one for every
+expression of a query it runs."""
+
 
 class ColumnType(StrEnum):
     """SQL column types of the rule language. TIMESTAMP values are int epoch ms."""
@@ -102,6 +108,8 @@ class Filter:
     """Keep the rows where ``predicate`` is true (None, like SQL NULL, drops the row)."""
 
     predicate: Expr
+    vector: VectorExpr | None = field(default=None, compare=False)
+    """The predicate over a batch (None: the query runs row by row)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,8 @@ class Project:
 
     columns: tuple[tuple[str, Expr], ...]
     copies: tuple[str, ...] | None = None
+    vectors: tuple[VectorExpr, ...] | None = field(default=None, compare=False)
+    """Each column's expression over a batch (None: the query runs row by row)."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +146,8 @@ class LookupJoin:
     rows: tuple[tuple[Any, ...], ...]
     keys: tuple[tuple[Expr, str], ...]
     left: bool = False
+    vector_keys: tuple[VectorExpr, ...] | None = field(default=None, compare=False)
+    """The stream-side key expressions over a batch (None: row by row)."""
     _index: dict[tuple[Any, ...], list[dict[str, Any]]] = field(
         init=False, repr=False, compare=False
     )
@@ -223,6 +235,8 @@ class AggCall:
     so row slides may run it on panes (ESL §5.1). Built-ins are algebraic by their
     class (count, sum, avg, min, max, var, stddev); a Python aggregate only when
     declared so (the checker makes sure its class has ``merge``)."""
+    vector_args: tuple[VectorExpr, ...] | None = field(default=None, compare=False)
+    """The arguments over a batch (None: the query runs row by row)."""
 
 
 @dataclass(frozen=True)

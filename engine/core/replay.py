@@ -17,16 +17,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.core.evaluator import Output, OutputColumns
+from engine.core.evaluator import Output
 from engine.core.pipeline import (
     HEARTBEAT,
     BatchResult,
     Conflict,
     LateReading,
     Pipeline,
-    arrival_type,
 )
 from engine.core.plan import Plan, StreamSchema
+from engine.core.runners import emitted_outputs
+from engine.core.schema import arrival_type
 from engine.core.sequencer import sort_key
 
 Row = dict[str, Any]
@@ -81,10 +82,10 @@ def run(plan: Plan, readings: Iterable[tuple[str, Row]], batch: int = 10_000) ->
         for stream, count in step.duplicates.items():
             result.duplicates[stream] = result.duplicates.get(stream, 0) + count
         for emitted in step.outputs:
-            output = emitted.output
-            outputs = output.outputs() if isinstance(output, OutputColumns) else [output]
-            key = sort_key(emitted.key)
-            produced.extend((o.ts, emitted.stage, key, o.seq, o) for o in outputs)
+            produced.extend(
+                (o.ts, emitted.stage, sort_key(key), o.seq, o)
+                for key, o in emitted_outputs(emitted)
+            )
 
     iterator = iter(readings)
     arrived = 0

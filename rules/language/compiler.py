@@ -14,6 +14,9 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from engine.core import plan
 from rules.language import ast
 from rules.language.access import Access
@@ -29,9 +32,11 @@ from rules.language.checker import (
 )
 from rules.language.errors import RuleError, make_error
 from rules.language.tables import TableLoadError, load_table
+from rules.language.vectors import compile_vector
 
 Row = Mapping[str, Any]
 Fn = Callable[[Row], Any]
+Vector = Callable[[pa.Table], Any]
 
 _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
     "=": operator.eq,
@@ -351,7 +356,11 @@ def _band_filter(spec: ast.WindowSpec, ts: str | None) -> list[plan.Filter]:
     assert ts is not None  # the checker requires a timestamp for time-based windows
     lower = spec.lower_ms if spec.lower_ms is not None else -plan.END_OF_TIME
     upper = spec.upper_ms if spec.upper_ms is not None else plan.END_OF_TIME
-    return [plan.Filter(lambda row: lower <= row[ts] <= upper)]
+    def inside(batch: pa.Table) -> pa.Array:
+        times = batch.column(ts)
+        return pc.and_kleene(pc.greater_equal(times, lower), pc.less_equal(times, upper))
+
+    return [plan.Filter(lambda row: lower <= row[ts] <= upper, inside)]
 
 
 def _relation_window(
@@ -498,6 +507,7 @@ def _lookup_join(
         return key.partition(".")[0] if "." in key else ""
 
     pairs: list[tuple[Fn, str]] = []
+    vectors: list[Vector | None] = []
     for cond in _conjuncts(on):
         sides = (cond.left, cond.right) if isinstance(cond, ast.Binary) else ()
         if not sides or cond.op != "=":  # type: ignore[union-attr]
@@ -516,7 +526,25 @@ def _lookup_join(
                     col.pos, f"a join key read from '{owner(col)}', joined after '{label}'"
                 )
         pairs.append((compile_expr(other, keys=keys), mine[0].name))
-    return plan.LookupJoin(table.name, label, tuple(table.columns), rows, tuple(pairs), left)
+        vectors.append(compile_vector(other, keys=keys))
+    return plan.LookupJoin(
+        table.name, label, tuple(table.columns), rows, tuple(pairs), left, _all(vectors)
+    )
+
+
+def _filter(
+    condition: ast.Expr, aggregates: Mapping[ast.Call, str] | None, keys: RowKeys
+) -> plan.Filter:
+    """WHERE or HAVING: the row predicate and its columnar form."""
+    return plan.Filter(
+        compile_expr(condition, aggregates, keys), compile_vector(condition, aggregates, keys)
+    )
+
+
+def _all(vectors: Sequence[Vector | None]) -> tuple[Vector, ...] | None:
+    """Every expression's columnar form, or None if one has none."""
+    found = [v for v in vectors if v is not None]
+    return tuple(found) if len(found) == len(vectors) else None
 
 
 def _stream_key(col: ast.Expr, keys: RowKeys) -> str:
@@ -562,6 +590,7 @@ def _compile_select(
             alias=use.alias,
             factory=use.uda.cls if use.uda is not None else None,
             algebraic=use.uda is not None and use.uda.algebraic,
+            vector_args=_all([compile_vector(a, keys=keys) for a in use.call.args]),
         )
         for use in sel.aggregates
     )
@@ -595,14 +624,14 @@ def _compile_select(
     if isinstance(window, plan.OverWindow) and sel.window is not None:
         pre.extend(_band_filter(sel.window, sel.stream.timestamp))
     if select.where is not None:
-        pre.append(plan.Filter(compile_expr(select.where, keys=keys)))
+        pre.append(_filter(select.where, None, keys))
     post: list[plan.StatelessOp] = []
     if isinstance(window, plan.RelationWindow) and window.units is plan.FrameUnits.ROWS:
         # CQL joins and filters the window's tuples: the last n of the stream, not the
         # last n that match.
         post, pre = pre, []
     if select.having is not None:
-        post.append(plan.Filter(compile_expr(select.having, alias_of, keys)))
+        post.append(_filter(select.having, alias_of, keys))
     # A later UNION ALL branch's columns take the first branch's names, by position.
     exprs = [expr for _, _, expr in sel.outputs]
     post.append(
@@ -612,6 +641,7 @@ def _compile_select(
                 for name, expr in zip(names, exprs, strict=True)
             ),
             _copies(exprs, alias_of, keys),
+            _all([compile_vector(expr, alias_of, keys) for expr in exprs]),
         )
     )
     kind = plan.SinkKind.ALERT if isinstance(stmt, ast.CreateAlert) else plan.SinkKind.STREAM

@@ -1,9 +1,9 @@
 """A batch's outputs as the tables store them (`engine.outputs.batch_tables`).
 
-Whatever a batch emits (a derived stream's outputs with every column type and NULLs,
-and an alert's, interleaved, one by one or in runs as columns), each table must get
-exactly its own rows: a derived stream's typed as its Delta table (timestamps from epoch
-ms, with the (source, seq) tie order), an alert's with its id, key and message.
+Whatever a batch emits (a derived stream's rows with every column type and NULLs, and
+an alert's, interleaved), each table must get exactly its own rows: a derived stream's
+typed as its Delta table (timestamps from epoch ms, with the (source, seq) tie order),
+an alert's with its id, key and message.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from engine import tables
 from engine.alerts import AlertSpec, alert_id
-from engine.core.evaluator import Output, OutputColumns
-from engine.core.pipeline import BatchResult, Emitted
+from engine.core.evaluator import Output
+from engine.core.pipeline import BatchResult
 from engine.core.plan import (
     AggCall,
     Column,
@@ -30,6 +30,7 @@ from engine.core.plan import (
     SinkKind,
     StreamSchema,
 )
+from engine.core.runners import SinkRows, key_json, outputs_table
 from engine.outputs import batch_tables
 from tests.engine.helpers import TRAFFIC, select
 
@@ -71,11 +72,11 @@ stream_row = st.fixed_dictionaries(
     }
 )
 alert_row = st.fixed_dictionaries({"station": st.integers(1, 9), "msg": st.text(max_size=5)})
-# A run of one sink's rows, emitted one by one or (True) as one OutputColumns.
+# Runs of one sink's rows, as a stage emits them.
 outputs_strategy = st.lists(
     st.one_of(
-        st.tuples(st.just("windows"), st.lists(stream_row, min_size=1, max_size=4), st.booleans()),
-        st.tuples(st.just("alarm"), st.lists(alert_row, min_size=1, max_size=4), st.just(False)),
+        st.tuples(st.just("windows"), st.lists(stream_row, min_size=1, max_size=4)),
+        st.tuples(st.just("alarm"), st.lists(alert_row, min_size=1, max_size=4)),
     ),
     max_size=12,
 )
@@ -84,24 +85,18 @@ outputs_strategy = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(emitted=outputs_strategy, ts=st.integers(0, 10**12))
 def test_each_table_gets_exactly_its_outputs(
-    emitted: list[tuple[str, list[dict], bool]], ts: int
+    emitted: list[tuple[str, list[dict]]], ts: int
 ) -> None:
     stages = {q.sink.name: i for i, q in enumerate(PLAN.queries)}
     result = BatchResult()
-    outputs: list[Output] = []  # the same, one by one
-    for sink, rows, as_columns in emitted:
+    outputs: list[Output] = []  # every emitted row, in order
+    for sink, rows in emitted:
         first = len(outputs)
         source = f'["{sink}",1]'
         run = [Output(sink, ts + first + i, row, source, first + i) for i, row in enumerate(rows)]
         outputs += run
-        if as_columns:
-            columns = {name: [row[name] for row in rows] for name in rows[0]}
-            times = [o.ts for o in run]
-            given = [OutputColumns(sink, times, columns, source, first)]
-        else:
-            given = run
         key = (1,) if sink == "windows" else ()
-        result.outputs += [Emitted(stages[sink], key, o) for o in given]
+        result.outputs.append(SinkRows(stages[sink], sink, outputs_table(run, key_json(key))))
 
     written = batch_tables(PLAN, {"alarm": ALARM}, result)
 

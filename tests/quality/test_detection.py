@@ -11,13 +11,13 @@ availability model against the engine's own emissions.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
-import engine.core.pipeline
-import engine.core.replay
-from engine.core.evaluator import Emitted, KeyedEvaluator, output_rows
+from engine.core.pipeline import BatchResult, Pipeline
+from engine.core.replay import arrival_table
+from engine.core.runners import emitted_outputs
 from ingest.validate import Validator, normalize_reading
 from tests.quality.detection import (
     Evaluation,
@@ -124,9 +124,10 @@ def test_stray_and_missing_alerts_are_counted() -> None:
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
-def test_availability_is_when_the_engine_emits(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The availability model against the engine itself: replay advancing after every
-    reading, each output noted with the arrival of the reading whose advance emitted it."""
+def test_availability_is_when_the_engine_emits(kind: str) -> None:
+    """The availability model against the engine itself: the pipeline advancing after
+    every reading, each output noted with the arrival of the reading whose batch emitted
+    it."""
     # RFID partitions missed_shipping by tag: advancing thousands of evaluators after
     # every reading is slow, so its run is shorter (traffic's layout needs the hour).
     duration = HOUR if kind == "traffic" else 600
@@ -139,25 +140,18 @@ def test_availability_is_when_the_engine_emits(kind: str, monkeypatch: pytest.Mo
         for m in sim.messages
         if m[1] == "reading" and validator.route(m[2])[0] is not None
     ]
-    current = [0]
     emitted: dict[tuple, int | None] = {}
+    pipeline = Pipeline(plan)
 
-    class Recording(KeyedEvaluator):
-        def advance_columns(self, watermark: int) -> Emitted:
-            out = super().advance_columns(watermark)
-            for o in output_rows(out):
-                at = readings[current[0]][0] if current[0] < len(readings) else None
+    def note(step: BatchResult, at: int | None) -> None:
+        for sink_rows in step.outputs:
+            for _, o in emitted_outputs(sink_rows):
                 emitted.setdefault((o.sink, o.ts, repr(o.row)), at)
-            return out
 
-    def fed() -> Iterator[tuple[str, dict]]:
-        for i, (_, schema, payload) in enumerate(readings):
-            current[0] = i
-            yield schema.name, normalize_reading(schema, payload)
-        current[0] = len(readings)
-
-    monkeypatch.setattr(engine.core.pipeline, "KeyedEvaluator", Recording)
-    engine.core.replay.run(plan, fed(), batch=1)
+    for arrival, schema, payload in readings:  # one batch per reading
+        reading = normalize_reading(schema, payload)
+        note(pipeline.process({schema.name: arrival_table(schema, [reading])}), arrival)
+    note(pipeline.finish(), None)
     assert ev.alerts
     for a in ev.alerts:
         assert emitted[(a.rule, a.ts, repr(a.row))] == a.available_at, a
