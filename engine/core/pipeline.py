@@ -37,7 +37,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.core.plan import END_OF_TIME, Plan, Stage, StreamSchema
-from engine.core.runners import STAGE_STATE_KINDS, SinkRows, StageRunner, input_rows, runner_for
+from engine.core.planner import runner_for
+from engine.core.runners import STAGE_STATE_KINDS, SinkRows, StageRunner, input_rows
 from engine.core.sequencer import StreamSequencer, Verdict, content_hash
 from engine.core.state import StateKey, StateStore
 

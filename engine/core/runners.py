@@ -260,10 +260,5 @@ class RowRunner:
         return len(self.evaluators.keys() | self._stored.keys())
 
 
-STAGE_STATE_KINDS = ("head", "chunk")
+STAGE_STATE_KINDS = ("head", "chunk", "cstate", "slice")
 """The kinds of store entries stage runners save (each entry names its stage)."""
-
-
-def runner_for(index: int, stage: Stage, owner: HasStore) -> StageRunner:
-    """The runner of `stage` (plan index `index`) in `owner` (a pipeline)."""
-    return RowRunner(index, stage, owner)

@@ -356,6 +356,7 @@ def _band_filter(spec: ast.WindowSpec, ts: str | None) -> list[plan.Filter]:
     assert ts is not None  # the checker requires a timestamp for time-based windows
     lower = spec.lower_ms if spec.lower_ms is not None else -plan.END_OF_TIME
     upper = spec.upper_ms if spec.upper_ms is not None else plan.END_OF_TIME
+
     def inside(batch: pa.Table) -> pa.Array:
         times = batch.column(ts)
         return pc.and_kleene(pc.greater_equal(times, lower), pc.less_equal(times, upper))

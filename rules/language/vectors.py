@@ -85,7 +85,10 @@ def _builder(  # one case per node kind
         if isinstance(node, ast.Literal):
             if not (node.value is None or isinstance(node.value, int | float | str | bool)):
                 raise _RowOnly
-            value = pa.scalar(node.value)
+            try:
+                value = pa.scalar(node.value)
+            except (OverflowError, pa.ArrowInvalid):
+                raise _RowOnly from None  # an integer beyond 64 bits: Python's own
             return lambda batch: value
         if isinstance(node, ast.Column):
             return column(keys.get((node.qualifier, node.name), node.name))
@@ -177,9 +180,7 @@ def _builder(  # one case per node kind
             if all(o.type == pa.null() for o in outs):
                 return pa.scalar(None)
             outs = _unified(outs)
-            struct = pa.StructArray.from_arrays(
-                conds, [f"c{i}" for i in range(len(conds))]
-            )
+            struct = pa.StructArray.from_arrays(conds, [f"c{i}" for i in range(len(conds))])
             return pc.case_when(struct, *outs)
 
         return run

@@ -1,0 +1,448 @@
+"""Data-driven windows (``agg OVER (...)``) per column: a frame, an emit policy and
+built-in aggregates, composed.
+
+* **Frame** — which rows an output's aggregates cover, and what a key keeps between
+  batches: :class:`RowsFrame` (the row and the ``n`` before it, physically: ties in
+  (ts, source, seq) order), :class:`RangeFrame` (``[ts - t, ts]``, peers included, its
+  rows kept in stored slices), :class:`UnboundedFrame` (everything so far: running
+  parts; ``RANGE`` takes peers, ``ROWS`` does not).
+* **Emit policy** — which rows give an output: :class:`EveryRow`, :class:`RowSlide`
+  (the last row of each ``k``-row slot), :class:`TimeSlide` (the last row of each time
+  slot ``[j*s, (j+1)*s)``, emitted once the watermark passes the slot: the slot's last
+  row so far waits in the key's state, its values already computed).
+
+The SQL:2003 window function over the input in (ts, source, seq) order is the pin, the
+same one the per-row runner holds; `tests/engine/test_columnar.py` holds them equal.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from engine.core.columnar import aggregates as agg
+from engine.core.columnar.stage import ColumnarRunner
+from engine.core.plan import FrameUnits, OverWindow, Stage
+from engine.core.runners import TS, HasStore, Key, key_json
+from engine.core.state import StateStore
+
+
+def columnar_over(window: OverWindow) -> bool:
+    """Whether the columnar runner computes ``window``: built-in aggregates, no active
+    expiration, lag, reset or fixed bounds."""
+    return (
+        not window.active_expiration
+        and not window.lag
+        and window.reset_every_ms is None
+        and window.since_ms is None
+        and window.until_ms is None
+        and all(agg.columnar_call(c) for c in window.aggregates)
+    )
+
+
+# ---- frames ------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """Rows of a key in (ts, source, seq) order as a frame reads them: event times, one
+    argument column per aggregate, and each aggregate's running totals after each row."""
+
+    ts: np.ndarray
+    columns: list[agg.Column]
+    prefixes: list[agg.Prefix]
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def take(self, start: int, end: int) -> Run:
+        """Rows ``[start, end)``, their running totals with them."""
+        prefixes = []
+        for p in self.prefixes:
+            before = p.before(np.array([start]))
+            first = (int(before[0][0]), int(before[1][0]), before[2][0].item())
+            prefixes.append(
+                agg.Prefix(p.rows[start:end], p.valid[start:end], p.total[start:end], first)
+            )
+        return Run(self.ts[start:end], [c.take(start, end) for c in self.columns], prefixes)
+
+    def ends(self, index: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per aggregate, the running totals after rows ``index``."""
+        return [(p.rows[index], p.valid[index], p.total[index]) for p in self.prefixes]
+
+    def starts(self, index: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per aggregate, the running totals before rows ``index``."""
+        return [p.before(index) for p in self.prefixes]
+
+    @staticmethod
+    def then(first: Run, second: Run) -> Run:
+        """``second``'s rows after ``first``'s (its totals continue ``first``'s)."""
+        return Run(
+            np.concatenate([first.ts, second.ts]),
+            [
+                agg.Column(
+                    np.concatenate([a.values, b.values])
+                    if a.values.dtype == b.values.dtype
+                    else np.concatenate([a.values.astype(object), b.values.astype(object)]),
+                    np.concatenate([a.valid, b.valid]),
+                    a.numeric and b.numeric,
+                )
+                for a, b in zip(first.columns, second.columns, strict=True)
+            ],
+            [
+                agg.Prefix(
+                    np.concatenate([a.rows, b.rows]),
+                    np.concatenate([a.valid, b.valid]),
+                    np.concatenate([a.total, b.total.astype(a.total.dtype)])
+                    if len(a.total)
+                    else b.total,
+                    a.start,
+                )
+                for a, b in zip(first.prefixes, second.prefixes, strict=True)
+            ],
+        )
+
+
+def _extremes(run: Run, lo: np.ndarray, hi: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [agg.extremes(c, lo, hi) for c in run.columns]
+
+
+class RowsFrame:
+    """``ROWS n PRECEDING``: the row and the ``n`` rows before it; a key keeps its last
+    ``n`` rows."""
+
+    def __init__(self, preceding: int) -> None:
+        self.n = preceding
+
+    def parts(self, kept: Run | None, new: Run, emit: np.ndarray) -> list[agg.Parts]:
+        whole = new if kept is None else Run.then(kept, new)
+        at = emit + (0 if kept is None else len(kept))
+        lo = np.maximum(at - self.n, 0)
+        ends, starts = whole.ends(at), whole.starts(lo)
+        extremes = _extremes(whole, lo, at + 1)
+        return [
+            agg.parts(e, s, least, most)
+            for e, s, (least, most) in zip(ends, starts, extremes, strict=True)
+        ]
+
+    def keep(self, kept: Run | None, new: Run, watermark: int) -> Run | None:
+        whole = new if kept is None else Run.then(kept, new)
+        return whole.take(max(len(whole) - self.n, 0), len(whole)) if self.n else None
+
+
+class UnboundedFrame:
+    """``UNBOUNDED PRECEDING``: every row so far; a key keeps its least and greatest
+    values (its sums are its running totals). ``RANGE`` frames take a row's later peers
+    too, ``ROWS`` frames end at the row itself."""
+
+    def __init__(self, peers: bool) -> None:
+        self.peers = peers
+
+    def parts(
+        self, kept: list[tuple[np.ndarray, np.ndarray]] | None, new: Run, emit: np.ndarray
+    ) -> list[agg.Parts]:
+        hi = np.searchsorted(new.ts, new.ts[emit], "right") if self.peers else emit + 1
+        zero = np.zeros(len(emit), dtype=np.int64)
+        out = []
+        for i, (e, (least, most)) in enumerate(
+            zip(new.ends(hi - 1), _extremes(new, zero, hi), strict=True)
+        ):
+            if kept is not None:
+                before_least, before_most = (np.repeat(x, len(emit)) for x in kept[i])
+                least = agg.combine_extremes(before_least, least, np.minimum)
+                most = agg.combine_extremes(before_most, most, np.maximum)
+            origin = (zero, zero, np.zeros(len(emit), dtype=e[2].dtype))
+            out.append(agg.parts(e, origin, least, most))
+        return out
+
+    def keep(
+        self, kept: list[tuple[np.ndarray, np.ndarray]] | None, new: Run, watermark: int
+    ) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        if not len(new):
+            return kept
+        n = np.array([len(new)])
+        now = _extremes(new, np.zeros(1, dtype=np.int64), n)
+        if kept is None:
+            return now
+        return [
+            (
+                agg.combine_extremes(a_least, b_least, np.minimum),
+                agg.combine_extremes(a_most, b_most, np.maximum),
+            )
+            for (a_least, a_most), (b_least, b_most) in zip(kept, now, strict=True)
+        ]
+
+
+@dataclass
+class Slice:
+    """Rows of a RANGE frame's key that arrived together: stored once (``number``), with
+    their first and last event times and each aggregate's least and greatest values;
+    the rows themselves stay in memory only while a frame's start may fall among them."""
+
+    number: int
+    first: int
+    last: int
+    extremes: list[tuple[Any, Any]]
+    run: Run | None = None
+    stored: bool = False
+
+
+@dataclass
+class SliceBuffer:
+    """A RANGE frame key's rows, in slices (oldest first)."""
+
+    slices: list[Slice] = field(default_factory=list)
+    next_number: int = 0
+    dropped: list[int] = field(default_factory=list)  # stored slices to delete
+
+
+class RangeFrame:
+    """``RANGE t PRECEDING``: rows in ``[ts - t, ts]``, later peers included. A key keeps
+    the rows of the last ``t`` in slices. An output's sums are its running totals minus
+    those before the frame's first row, found in the batch's rows or in one slice (read
+    back from the store if not in memory); its extremes combine the batch's rows, that
+    slice's rows from there, and the later slices' own extremes."""
+
+    def __init__(self, range_ms: int, load: Any) -> None:
+        self.t = range_ms
+        self.load = load  # (slice number) -> Run, for a slice not in memory
+
+    def parts(self, kept: SliceBuffer, new: Run, emit: np.ndarray) -> list[agg.Parts]:
+        ts = new.ts[emit]
+        start = ts - self.t
+        hi = np.searchsorted(new.ts, ts, "right")  # peers included
+        lo = np.searchsorted(new.ts, start, "left")
+        ends = new.ends(hi - 1)
+        starts = new.starts(lo)
+        extremes = _extremes(new, lo, hi)
+        slices = kept.slices
+        reach = lo == 0  # the frame may start among the kept rows
+        if slices and reach.any():
+            last = np.array([s.last for s in slices], dtype=np.int64)
+            first_in = np.searchsorted(last, start, "left")  # first slice with a row in it
+            for b in np.unique(first_in[reach]):
+                if b >= len(slices):
+                    continue  # every kept row is before the frame
+                at = np.flatnonzero(reach & (first_in == b))
+                piece = slices[b]
+                if piece.run is None:
+                    piece.run = self.load(piece.number)
+                run = piece.run
+                begin = np.searchsorted(run.ts, start[at], "left")
+                before = run.starts(begin)
+                suffix = _extremes(run, begin, np.full(len(at), len(run), dtype=np.int64))
+                for i in range(len(starts)):
+                    for part in range(3):
+                        starts[i][part][at] = before[i][part]
+                    least, most = suffix[i]
+                    for later in slices[b + 1 :]:
+                        low, high = later.extremes[i]
+                        least = agg.combine_extremes(
+                            least,
+                            np.repeat(np.array([low], dtype=least.dtype), len(at)),
+                            np.minimum,
+                        )
+                        most = agg.combine_extremes(
+                            most, np.repeat(np.array([high], dtype=most.dtype), len(at)), np.maximum
+                        )
+                    all_least, all_most = extremes[i]
+                    merged_least = agg.combine_extremes(all_least[at], least, np.minimum)
+                    merged_most = agg.combine_extremes(all_most[at], most, np.maximum)
+                    all_least = all_least.astype(merged_least.dtype)
+                    all_most = all_most.astype(merged_most.dtype)
+                    all_least[at], all_most[at] = merged_least, merged_most
+                    extremes[i] = (all_least, all_most)
+        return [
+            agg.parts(e, s, least, most)
+            for e, s, (least, most) in zip(ends, starts, extremes, strict=True)
+        ]
+
+    def keep(self, kept: SliceBuffer, new: Run, watermark: int) -> SliceBuffer:
+        if len(new):
+            whole = _extremes(new, np.zeros(1, dtype=np.int64), np.array([len(new)]))
+            extremes = [(least[0], most[0]) for least, most in whole]
+            kept.slices.append(
+                Slice(kept.next_number, int(new.ts[0]), int(new.ts[-1]), extremes, new)
+            )
+            kept.next_number += 1
+        horizon = watermark - self.t  # a later row's frame starts at or after it
+        while kept.slices and kept.slices[0].last < horizon:
+            gone = kept.slices.pop(0)
+            if gone.stored:
+                kept.dropped.append(gone.number)
+        return kept
+
+
+# ---- emit policies -------------------------------------------------------------------------
+
+
+class EveryRow:
+    """Every row gives an output."""
+
+    def choose(self, state: OverKey, new: Run) -> np.ndarray:
+        return np.arange(len(new), dtype=np.int64)
+
+
+class RowSlide:
+    """``SLIDE k`` rows: the last row of each ``k``-row slot of the key's rows."""
+
+    def __init__(self, rows: int) -> None:
+        self.k = rows
+
+    def choose(self, state: OverKey, new: Run) -> np.ndarray:
+        position = state.count + np.arange(1, len(new) + 1)
+        return np.flatnonzero(position % self.k == 0).astype(np.int64)
+
+
+class TimeSlide:
+    """``SLIDE s`` of time: the last row of each slot ``[j*s, (j+1)*s)``."""
+
+    def __init__(self, slide_ms: int) -> None:
+        self.s = slide_ms
+
+    def choose(self, state: OverKey, new: Run) -> np.ndarray:
+        if not len(new):
+            return np.zeros(0, dtype=np.int64)
+        slot = new.ts // self.s
+        return np.flatnonzero(np.concatenate([slot[1:] != slot[:-1], [True]])).astype(np.int64)
+
+
+# ---- the runner --------------------------------------------------------------------------
+
+
+@dataclass
+class OverKey:
+    """A key's state: rows seen, what its frame keeps, and (time slides) the slot's last
+    row so far with its values, waiting for the slot to close."""
+
+    count: int = 0
+    kept: Any = None
+    waiting: pa.Table | None = None
+    closes: int | None = None
+    totals: list[tuple[int, int, Any]] = field(default_factory=list)
+    """Each aggregate's running totals after the key's rows so far (aggregates.Prefix)."""
+
+
+class OverRunner(ColumnarRunner):
+    """An OVER window stage per column (module docstring)."""
+
+    kind = "columnar-over"
+
+    def __init__(self, index: int, stage: Stage, owner: HasStore) -> None:
+        super().__init__(index, stage, owner)
+        window = stage.query.window
+        assert isinstance(window, OverWindow)
+        self.window_spec = window
+        self.calls = window.aggregates
+        if window.preceding is None:
+            self.frame: Any = UnboundedFrame(peers=window.units is FrameUnits.RANGE)
+        elif window.units is FrameUnits.ROWS:
+            self.frame = RowsFrame(window.preceding)
+        else:
+            self.frame = RangeFrame(window.preceding, self._load_slice)
+        self.emit: Any = (
+            RowSlide(window.slide_rows)
+            if window.slide_rows
+            else TimeSlide(window.slide_ms)
+            if window.slide_ms
+            else EveryRow()
+        )
+        self._loading: Key = ()
+
+    def new_state(self, key: Key) -> OverKey:
+        state = OverKey(totals=[agg.START] * len(self.calls))
+        if isinstance(self.frame, RangeFrame):
+            state.kept = SliceBuffer()
+        return state
+
+    def wakeup(self, state: OverKey) -> int | None:
+        return None if state.closes is None else state.closes + 1
+
+    def window(self, key: Key, state: OverKey, rows: pa.Table, watermark: int) -> pa.Table | None:
+        self._loading = key
+        new = self._run(rows, state.totals)
+        emit = self.emit.choose(state, new)
+        out: list[pa.Table] = []
+        if state.waiting is not None:
+            assert state.closes is not None
+            if len(new) and new.ts[0] <= state.closes:
+                state.waiting = state.closes = None  # a later row of its slot replaces it
+            elif state.closes < watermark:
+                out.append(state.waiting)  # its slot is over
+                state.waiting = state.closes = None
+        if len(emit):
+            parts = self.frame.parts(state.kept, new, emit)
+            values = rows.take(pa.array(emit, pa.int64()))
+            for call, p in zip(self.calls, parts, strict=True):
+                values = values.append_column(call.alias, agg.finish(call, p))
+            values = values.append_column(TS, values.column(self.stage.timestamp))
+            if isinstance(self.emit, TimeSlide):
+                slide = self.emit.s
+                closes = (new.ts[emit] // slide + 1) * slide - 1
+                ready = closes < watermark
+                if not ready[-1]:  # the last slot is still open: its row waits
+                    state.waiting = values.slice(len(emit) - 1)
+                    state.closes = int(closes[-1])
+                    values = values.slice(0, len(emit) - 1)
+            out.append(values)
+        state.count += len(new)
+        state.totals = [p.end() for p in new.prefixes]
+        state.kept = self.frame.keep(state.kept, new, watermark)
+        if not out:
+            return None
+        return pa.concat_tables(out, promote_options="permissive")
+
+    def _run(self, rows: pa.Table, totals: list[tuple[int, int, Any]]) -> Run:
+        n = rows.num_rows
+        ts = np.asarray(
+            rows.column(self.stage.timestamp).to_numpy(zero_copy_only=False), dtype=np.int64
+        )
+        columns = [
+            agg.Column.of(call.vector_args[0](rows) if call.args and n else None, n)  # type: ignore[index]
+            for call in self.calls
+        ]
+        prefixes = [agg.Prefix.after(c, start) for c, start in zip(columns, totals, strict=True)]
+        return Run(ts, columns, prefixes)
+
+    # -- a RANGE frame's slices in the store -------------------------------------------
+    def _load_slice(self, number: int) -> Run:
+        store = self.owner.store
+        assert store is not None, "a slice left memory without a store"
+        data = store.get(("slice", self.stage.name, key_json(self._loading), number))
+        if data is None:
+            raise KeyError(f"slice {number} of {self.stage.name} {self._loading} missing")
+        return pickle.loads(data)  # type: ignore[no-any-return]
+
+    def dump(self, key: Key, store: StateStore) -> Any:
+        state: OverKey = self.states[key]
+        kept = state.kept
+        if isinstance(kept, SliceBuffer):
+            text = key_json(key)
+            for number in kept.dropped:
+                store.delete(("slice", self.stage.name, text, number))
+            kept.dropped = []
+            for piece in kept.slices:
+                if not piece.stored:
+                    store.put(
+                        ("slice", self.stage.name, text, piece.number), pickle.dumps(piece.run)
+                    )
+                    piece.stored = True
+            # Only the front slice is read again soon (a frame's start moves forward).
+            for piece in kept.slices[1:]:
+                piece.run = None
+            slices = [(p.number, p.first, p.last, p.extremes) for p in kept.slices]
+            kept = ("slices", slices, kept.next_number)
+        return (state.count, kept, state.waiting, state.closes, state.totals)
+
+    def load(self, key: Key, data: Any) -> OverKey:
+        count, kept, waiting, closes, totals = data
+        if isinstance(kept, tuple) and kept and kept[0] == "slices":
+            _, slices, next_number = kept
+            kept = SliceBuffer(
+                [Slice(n, f, last, x, None, True) for n, f, last, x in slices], next_number
+            )
+        return OverKey(count, kept, waiting, closes, totals)

@@ -1,0 +1,268 @@
+"""What every columnar runner shares: buffering a stage's input, cutting a batch by key,
+the query's steps after the window, and numbering the rows emitted.
+
+A subclass supplies the window (:meth:`ColumnarRunner.window`): given a key's final
+rows of the batch (sorted in (ts, source, seq) order) it returns that key's window rows
+(the columns the query's ``post`` steps read, and ``_ts``), and it may say when a key
+must run again without new rows (:meth:`ColumnarRunner.wakeup`). The rest is here:
+
+* ``pre`` steps run as rows arrive; rows wait until the watermark passes them;
+* ``post`` steps, then the stateless queries fed by the stage's sink (``downstream``,
+  depth first), run on all keys' window rows at once;
+* **numbering** gives every emitted row the tie order the per-row runner gives it:
+  ``_source`` names the stage and key, ``_seq`` counts the key's outputs, a row's own
+  number first, then its consumers' rows and theirs, in plan order (the order in which
+  :class:`~engine.core.evaluator.KeyedEvaluator` delivers them).
+
+State per key is one pickled record (``cstate``), written when the key changed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.core.columnar import ops
+from engine.core.evaluator import derived_source
+from engine.core.plan import Query, Stage
+from engine.core.runners import KEY, SEQ, SOURCE, TS, HasStore, Key, Saved, SinkRows, key_json
+from engine.core.state import StateKey, StateStore
+
+_PICKLE = pickle.HIGHEST_PROTOCOL
+
+
+@dataclass
+class Emitting:
+    """One sink's rows of a batch before numbering: the rows, their key (index into the
+    batch's keys) and, for a consumer's rows, the row of its parent query they came
+    from; ``size`` is each row's count with every row descended from it."""
+
+    sink: str
+    rows: pa.Table
+    keys: np.ndarray
+    parents: np.ndarray | None
+    ts: np.ndarray
+    size: np.ndarray
+    children: list[Emitting]
+
+
+class ColumnarRunner:
+    """The shared half of a columnar runner (see the module docstring)."""
+
+    kind = "columnar"
+
+    def __init__(self, index: int, stage: Stage, owner: HasStore) -> None:
+        self.index = index
+        self.stage = stage
+        self.owner = owner
+        self.query = stage.query
+        self.pending: list[pa.Table] = []
+        self.states: dict[Key, Any] = {}
+        self.emitted: dict[Key, int] = {}  # each key's outputs so far: the next _seq
+        self._touched: set[Key] = set()
+        self._heap: list[tuple[int, str, Key]] = []
+        self._wakeups: dict[Key, int] = {}
+        self._consumers: dict[str, list[Query]] = {}
+        for query in stage.downstream:
+            self._consumers.setdefault(query.input, []).append(query)
+
+    # -- what a window supplies ------------------------------------------------------------
+    def new_state(self, key: Key) -> Any:
+        """A key's state before its first row."""
+        raise NotImplementedError
+
+    def window(self, key: Key, state: Any, rows: pa.Table, watermark: int) -> pa.Table | None:
+        """The key's window rows for this advance (``rows``: its final rows, sorted)."""
+        raise NotImplementedError
+
+    def wakeup(self, state: Any) -> int | None:
+        """The watermark at which the key must run again with no new rows, if any."""
+        return None
+
+    # -- running ------------------------------------------------------------------------
+    def insert(self, rows: pa.Table) -> None:
+        if rows.num_rows:
+            self.pending.append(ops.apply(self.query.pre, rows)[0] if self.query.pre else rows)
+
+    def advance(self, watermark: int) -> list[SinkRows]:
+        ts_name = self.stage.timestamp
+        final = None
+        if self.pending:
+            rows = pa.concat_tables(self.pending, promote_options="permissive")
+            below = pc.less(rows.column(ts_name), watermark)
+            final, rest = rows.filter(below), rows.filter(pc.invert(below))
+            self.pending = [rest] if rest.num_rows else []
+        key_names = self.stage.key
+        batches: list[tuple[Key, pa.Table | None]] = []
+        if final is not None and final.num_rows:
+            order = [(k, "ascending") for k in key_names]
+            order += [(ts_name, "ascending"), ("source", "ascending"), ("seq", "ascending")]
+            final = final.sort_by(order)
+            for start, end in ops.segments(final, key_names):
+                part = final.slice(start, end - start)
+                batches.append((tuple(part.column(k)[0].as_py() for k in key_names), part))
+        seen = {key for key, _ in batches}
+        batches += [(key, None) for key in self._due(watermark) if key not in seen]
+        keys: list[Key] = []
+        windows: list[pa.Table] = []
+        key_index: list[np.ndarray] = []
+        for key, part in sorted(batches, key=lambda b: key_json(b[0])):
+            state = self.states.get(key)
+            if state is None:
+                state = self.states[key] = self.new_state(key)
+            empty = self.empty_rows if part is None else part
+            out = self.window(key, state, empty, watermark)
+            self._touched.add(key)
+            self._schedule(key, self.wakeup(state))
+            if out is not None and out.num_rows:
+                key_index.append(np.full(out.num_rows, len(keys), dtype=np.int64))
+                keys.append(key)
+                windows.append(out)
+        if not windows:
+            return []
+        window_rows = pa.concat_tables(windows, promote_options="permissive")
+        return self._emit(keys, window_rows, np.concatenate(key_index))
+
+    @property
+    def empty_rows(self) -> pa.Table:
+        """No rows (a key run by its wakeup)."""
+        return pa.table({self.stage.timestamp: pa.array([], pa.int64())})
+
+    def _emit(self, keys: list[Key], window_rows: pa.Table, key_of: np.ndarray) -> list[SinkRows]:
+        """The query's post steps and the consumers on the window rows, numbered."""
+        ts = np.asarray(window_rows.column(TS).to_numpy(zero_copy_only=False), dtype=np.int64)
+        rows, parents = ops.apply(self.query.post, window_rows.drop_columns([TS]))
+        root = self._tree(self.query.sink.name, rows, key_of[parents], ts[parents])
+        # The root rows of each key are numbered on from the key's count.
+        starts = np.array([self.emitted.get(k, 0) for k in keys], dtype=np.int64)
+        totals = np.bincount(root.keys, weights=root.size, minlength=len(keys)).astype(np.int64)
+        for i, key in enumerate(keys):
+            self.emitted[key] = int(starts[i] + totals[i])
+        before = _exclusive_cumsum_by(root.size, root.keys)
+        seq = starts[root.keys] + before
+        sources = [derived_source(self.stage.name, key) for key in keys]
+        texts = [key_json(key) for key in keys]
+        out: list[SinkRows] = []
+        self._number(root, seq, sources, texts, out)
+        return out
+
+    def _tree(self, sink: str, rows: pa.Table, keys: np.ndarray, ts: np.ndarray) -> Emitting:
+        """``rows`` of ``sink`` and, recursively, what the queries reading ``sink`` in
+        this stage make of them."""
+        children = []
+        size = np.ones(rows.num_rows, dtype=np.int64)
+        for consumer in self._consumers.get(sink, ()):
+            taken, parents = ops.apply((*consumer.pre, *consumer.post), rows)
+            child = self._tree(consumer.sink.name, taken, keys[parents], ts[parents])
+            child.parents = parents
+            children.append(child)
+            size += np.bincount(parents, weights=child.size, minlength=rows.num_rows).astype(
+                np.int64
+            )
+        return Emitting(sink, rows, keys, None, ts, size, children)
+
+    def _number(
+        self,
+        node: Emitting,
+        seq: np.ndarray,
+        sources: list[str],
+        texts: list[str],
+        out: list[SinkRows],
+    ) -> None:
+        """Emit ``node``'s rows numbered ``seq``, then its consumers' rows: each after
+        its parent row and the rows of the consumers before it."""
+        if node.rows.num_rows:
+            table = node.rows
+            table = table.append_column(TS, pa.array(node.ts, pa.int64()))
+            table = table.append_column(
+                SOURCE, pa.array([sources[k] for k in node.keys], pa.string())
+            )
+            table = table.append_column(SEQ, pa.array(seq, pa.int64()))
+            table = table.append_column(KEY, pa.array([texts[k] for k in node.keys], pa.string()))
+            out.append(SinkRows(self.index, node.sink, table))
+        offset = seq + 1  # the next number after each row's own, per row of `node`
+        for child in node.children:
+            assert child.parents is not None
+            before = _exclusive_cumsum_by(child.size, child.parents)
+            self._number(child, offset[child.parents] + before, sources, texts, out)
+            offset = offset + np.bincount(
+                child.parents, weights=child.size, minlength=len(offset)
+            ).astype(np.int64)
+
+    # -- wakeups ------------------------------------------------------------------------
+    def _due(self, watermark: int) -> list[Key]:
+        heap, current = self._heap, self._wakeups
+        due = []
+        while heap and heap[0][0] <= watermark:
+            wakeup, _, key = heapq.heappop(heap)
+            if current.get(key) == wakeup:
+                del current[key]
+                due.append(key)
+        return due
+
+    def _schedule(self, key: Key, wakeup: int | None) -> None:
+        if wakeup is None:
+            self._wakeups.pop(key, None)
+        elif self._wakeups.get(key) != wakeup:
+            self._wakeups[key] = wakeup
+            heapq.heappush(self._heap, (wakeup, key_json(key), key))
+
+    # -- state ----------------------------------------------------------------------------
+    def save(self, store: StateStore) -> None:
+        name, definition = self.stage.name, self.stage.query.definition
+        if self.pending:  # rows not yet final belong to the state too
+            self.pending = [pa.concat_tables(self.pending, promote_options="permissive")]
+        pending = self.pending[0] if self.pending else None
+        for key in sorted(self._touched, key=key_json):
+            record = (definition, self.kind, self.emitted.get(key, 0), self.dump(key, store))
+            store.put(("cstate", name, key_json(key), 0), pickle.dumps(record, _PICKLE))
+        store.put(("cstate", name, "", -1), pickle.dumps((definition, self.kind, pending)))
+        self._touched.clear()
+
+    def dump(self, key: Key, store: StateStore) -> Any:
+        """A key's state as plain data (a window may also write entries of its own)."""
+        return self.states[key]
+
+    def load(self, key: Key, data: Any) -> Any:
+        """A key's state from what :meth:`dump` gave."""
+        return data
+
+    def restore(self, saved: Saved) -> list[StateKey]:
+        stale: list[StateKey] = []
+        for entry, data in saved.get("cstate", []):
+            definition, kind, *rest = pickle.loads(data)
+            if definition != self.stage.query.definition or kind != self.kind:
+                stale.append(entry)
+                continue
+            if entry[3] == -1:
+                self.pending = [rest[0]] if rest[0] is not None else []
+                continue
+            key = tuple(orjson.loads(entry[2]))
+            self.emitted[key] = rest[0]
+            self.states[key] = self.load(key, rest[1])
+            self._schedule(key, self.wakeup(self.states[key]))
+        doomed = {e[2] for e in stale}
+        stale += [e for kind, found in saved.items() if kind != "cstate" for e, _ in found
+                  if e[2] in doomed]  # fmt: skip
+        return stale
+
+    def live_keys(self) -> int:
+        return len(self.states)
+
+
+def _exclusive_cumsum_by(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """For each position, the sum of ``values`` at earlier positions of the same group
+    (groups are contiguous runs)."""
+    if not len(values):
+        return values
+    total = np.cumsum(values) - values
+    starts = np.flatnonzero(np.concatenate([[True], groups[1:] != groups[:-1]]))
+    lengths = np.diff(np.concatenate([starts, [len(values)]]))
+    return total - np.repeat(total[starts], lengths)
