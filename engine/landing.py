@@ -86,6 +86,8 @@ class LandingSequencer:
                         "payload": record.get("payload"),
                         "payload_b64": record.get("payload_b64"),
                         "received_at": to_timestamp(record.get("received_ms")),
+                        "payload_bytes": record.get("payload_bytes"),
+                        "payload_sha256": record.get("payload_sha256"),
                     }
                 )
         for name, sequencer in self.streams.items():

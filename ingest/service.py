@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from ingest.object_store import ObjectStore
 from ingest.subscriber import Ingester
-from ingest.validate import Validator
-from lookout.config import Config, ConfigError, load_config
+from ingest.validate import DAY_MS, ClockWindow, Validator
+from lookout.config import Config, ConfigError, StreamClock, load_config
 from lookout.storage import is_object_store
 from rules.language.loader import RuleCheckError, RuleSet, load_rules
 
@@ -28,10 +28,20 @@ def build_ingester(
     heartbeat_after_s: float | None = None,
 ) -> Ingester:
     """An ingester for every `CREATE STREAM … SOURCE` of `rule_set`, as configured."""
+    sources = list(rule_set.plan.sources())
+    unknown = set(config.ingest.streams) - {s.name for s in sources}
+    if unknown:
+        known = ", ".join(sorted(s.name for s in sources))
+        raise ConfigError(
+            f"[ingest.streams.{sorted(unknown)[0]}]: the rules declare no such source stream "
+            f"(known: {known})"
+        )
     validator = Validator(
-        list(rule_set.plan.sources()),
+        sources,
         max_payload_bytes=config.ingest.max_payload_bytes,
-        max_clock_distance_ms=config.ingest.max_clock_distance_days * 86_400_000,
+        clock=clock_window(StreamClock(config.ingest.max_future_ms, config.ingest.max_past_days)),
+        stream_clocks={name: clock_window(c) for name, c in config.ingest.streams.items()},
+        max_string_chars=config.ingest.max_string_chars,
     )
     landing = config.landing
     return Ingester(
@@ -47,6 +57,11 @@ def build_ingester(
         share_group=share_group,
         heartbeat_after_s=heartbeat_after_s,
     )
+
+
+def clock_window(clock: StreamClock) -> ClockWindow:
+    """The validator's clock window for a stream's configured limits."""
+    return ClockWindow(max_future_ms=clock.max_future_ms, max_past_ms=clock.max_past_days * DAY_MS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +94,11 @@ def run(
         for error in err.errors:
             print(error.format(), file=sys.stderr)
         return 2
-    ingester = build_ingester(config, rule_set, ingester_id, share_group, heartbeat_after_s)
+    try:
+        ingester = build_ingester(config, rule_set, ingester_id, share_group, heartbeat_after_s)
+    except ConfigError as err:
+        print(f"ingest: the configuration cannot be used:\n{err}", file=sys.stderr)
+        return 2
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: ingester.stop())
     ingester.run()

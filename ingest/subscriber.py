@@ -132,7 +132,9 @@ class Ingester:
         s3: S3Config = DEFAULT_S3,
     ) -> None:
         self.validator = validator
-        self.writer = LandingWriter(landing_root, ingester_id)
+        self.writer = LandingWriter(
+            landing_root, ingester_id, ingest_config.quarantine_payload_bytes
+        )
         self.lakehouse = lakehouse  # where the health record goes (reached as `s3` says)
         self.s3 = s3
         self.mqtt_config = mqtt_config

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -122,6 +123,13 @@ def landed_lines(landing: Path, stream: str) -> list[dict[str, Any]]:
     for path in sorted((landing / f"stream={stream}").glob("part-*.jsonl")):
         lines.extend(orjson.loads(line) for line in path.read_bytes().splitlines())
     return lines
+
+
+def kept_payload(record: dict[str, Any]) -> bytes:
+    """The first bytes of a payload a quarantine line or row keeps (text or base64)."""
+    if record["payload"] is not None:
+        return record["payload"].encode()
+    return base64.b64decode(record["payload_b64"])
 
 
 def landed_keys(landing: Path, stream: str = "traffic") -> Counter[tuple[str, int]]:
