@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache, partial
-from operator import itemgetter, methodcaller
+from operator import itemgetter
 from typing import Annotated, Any, NotRequired, TypedDict
 
 import msgspec
@@ -318,9 +318,6 @@ def _normalizer(
 #: accepts an infinity.
 _FLOAT_MAX = sys.float_info.max
 
-#: Fills in the epoch of the readings that carry none (C-level, a call per reading).
-_default_epoch = methodcaller("setdefault", EPOCH.name, NO_EPOCH)
-
 
 @dataclass(frozen=True)
 class _TypedDecoder:
@@ -353,7 +350,9 @@ class _TypedDecoder:
         stamps = list(map(itemgetter(self.timestamp), readings))
         if not low_ms <= min(stamps) <= max(stamps) <= high_ms:
             return None
-        list(map(_default_epoch, readings))
+        for reading in readings:  # measured: cheaper than map() over setdefault
+            if "epoch" not in reading:
+                reading["epoch"] = NO_EPOCH
         return readings
 
 
