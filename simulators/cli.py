@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import random
+import secrets
 import signal
 import sys
 import threading
@@ -205,12 +206,23 @@ def _common(p: argparse.ArgumentParser, rate: float) -> None:
         default="ms",
         help="payload ts: epoch milliseconds or ISO-8601 with offset",
     )
+    p.add_argument(
+        "--epoch",
+        help="the run's id, set on every reading (default: the start time in ms and a "
+        "random suffix, new for each run; give one to write the same bytes again)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def run_epoch() -> str:
+    """An id new for each run: its start in epoch ms and a random suffix (two runs
+    started in the same millisecond still differ)."""
+    return f"{int(time.time() * 1000)}-{secrets.token_hex(4)}"
 
 
 def _settings(args: argparse.Namespace) -> dict:
     """The arguments that shape the output, for the truth file's ``run`` record."""
-    skip = {"func", "host", "port", "client_id", "max_inflight", "quiet", "out", "truth"}
+    skip = {"func", "host", "port", "client_id", "max_inflight", "quiet", "out", "truth", "epoch"}
     return {k: v for k, v in sorted(vars(args).items()) if k not in skip}
 
 
@@ -255,8 +267,16 @@ def _simulate(
     except OSError as e:
         print(f"simulate: cannot write the truth file: {e}", file=sys.stderr)
         return 1
+    epoch = args.epoch if args.epoch is not None else run_epoch()
     truth.record(
-        {"type": "run", "kind": kind, "start": start, "end": end, "settings": _settings(args)}
+        {
+            "type": "run",
+            "kind": kind,
+            "start": start,
+            "end": end,
+            "epoch": epoch,
+            "settings": _settings(args),
+        }
     )
     try:
         readings = make(start, end, random.Random(f"{args.seed}:gen"), truth)
@@ -271,6 +291,7 @@ def _simulate(
             round(args.heartbeat_interval * 1000) if args.heartbeats else None,
             start,
             end,
+            epoch,
         )
         try:
             sink = (

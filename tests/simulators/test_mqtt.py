@@ -41,6 +41,8 @@ RUN = (
     "0.01",
     "--accident",
     "2@0+5",
+    "--epoch",  # the file and the broker get the same readings, run id included
+    "run-3",
 )
 
 
