@@ -24,6 +24,7 @@ reading is unlikely, a restart with a clock stepped back is not) ever pick the s
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import secrets
@@ -157,7 +158,10 @@ class LandingWriter:
             # .part-<ns>-<id>-<token>-<n>.jsonl.tmp: the id may itself hold dashes
             ingester = tmp.name.split("-", 2)[2].rsplit("-", 2)[0]
             if ingester == self.ingester_id:
-                tmp.unlink(missing_ok=True)
+                try:
+                    tmp.unlink(missing_ok=True)
+                except OSError:  # a read-only disk: clutter, and no reason not to start
+                    continue
                 removed.append(tmp)
         return removed
 
@@ -190,11 +194,16 @@ def _write_file(final: Path, data: bytes) -> Path:
     folder = final.parent
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{final.name}.tmp"
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, final)
+    except OSError:
+        with contextlib.suppress(OSError):  # a full or read-only disk: leave no half file
+            tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(folder)
     return final
 

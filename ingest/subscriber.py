@@ -44,8 +44,10 @@ log = logging.getLogger("lookout.ingest")
 #: A PUBACK packet: type, remaining length 2, message id.
 _PUBACK = struct.Struct("!BBH")
 
-#: Pause before landing again after the landing storage failed (disk full, unmounted).
-LANDING_RETRY_S = 1.0
+#: Pauses before landing again while the landing storage fails (disk full, read-only,
+#: unmounted, object store down): the first, doubling up to the last.
+LANDING_RETRY_FIRST_S = 0.25
+LANDING_RETRY_MAX_S = 8.0
 
 
 @dataclass
@@ -72,6 +74,9 @@ class IngestStats:
     subscribed: bool = False
     pending: int = 0
     last_error: str = ""
+    # When the landing storage started failing (0: it works): nothing is acknowledged
+    # meanwhile, and the broker keeps the messages.
+    landing_failing_since_ms: int = 0
     landing_cpu_s: float = 0.0
     last_landing_lag_ms: float = 0.0
     landing_lag_ms_max: float = 0.0
@@ -159,6 +164,7 @@ class Ingester:
         self._timestamps = {s.name: s.timestamp for s in validator.streams}
         self._last_health = clock()
         self._last_counts = (0, 0)
+        self._health_error = ""  # why the last health write failed (logged once)
 
     # -- paho callbacks (network thread) -------------------------------------------
     def _on_connect(self, client: mqtt.Client, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
@@ -281,7 +287,8 @@ class Ingester:
                 beat = {"source": f"ingest-{self.stats.ingester}", self._timestamps[stream]: ts}
                 self.writer.add_heartbeat(stream, beat, now_ms)
                 self.stats.heartbeats_emitted += 1
-        self._flush_until_landed()
+        if not self._flush_until_landed():
+            return  # stopping with the storage still failing: the broker keeps them all
         # Durable now: only from here on may the broker forget these messages.
         self._acknowledge(batch)
         self.stats.messages += len(batch)
@@ -303,25 +310,41 @@ class Ingester:
             reason = f"ingest could not validate this payload: {type(err).__name__}: {err}"
             return Validated(None, rejections=[Rejection(message.topic, reason, message.payload)])
 
-    def _flush_until_landed(self) -> None:
+    def _flush_until_landed(self) -> bool:
         """Land the writer's buffers, retrying while the storage fails (nothing is acked).
 
-        When asked to stop meanwhile, give up with the error: the broker still holds
-        every message that was not landed and redelivers it to the next start.
+        Retries with a backoff (LANDING_RETRY_FIRST_S doubling to LANDING_RETRY_MAX_S),
+        staying connected: the broker keeps every unacknowledged message, and paho
+        keeps receiving up to the broker's in-flight limit. The failure and the recovery
+        are logged once each, not per retry. Returns False when asked to stop before the
+        storage came back: the broker redelivers what was not landed to the next start.
         """
+        delay = LANDING_RETRY_FIRST_S
         while True:
             try:
                 self.stats.files += len(self.writer.flush())
-                return
+                break
             except OSError as err:
-                self.stats.last_error = f"landing failed: {err}"
-                if self._stopping.is_set():
-                    self.write_health(force=True)
-                    raise
-                # Logged before the health record shows it: whoever sees one finds the other.
-                log.error("%s; retrying in %.0f s", self.stats.last_error, LANDING_RETRY_S)
+                error = f"landing failed: {err}"
+                if not self.stats.landing_failing_since_ms:
+                    self.stats.landing_failing_since_ms = int(self.clock() * 1000)
+                    # Logged before the health record shows it: whoever sees one finds the
+                    # other.
+                    log.error("%s; nothing is acknowledged until it works again", error)
+                self.stats.last_error = error
                 self.write_health(force=True)
-                time.sleep(LANDING_RETRY_S)
+                if self._stopping.wait(delay):
+                    log.error(
+                        "stopping with %d lines not landed (the broker keeps their messages)",
+                        len(self.writer),
+                    )
+                    return False
+                delay = min(delay * 2, LANDING_RETRY_MAX_S)
+        if self.stats.landing_failing_since_ms:
+            failed_s = self.clock() - self.stats.landing_failing_since_ms / 1000
+            log.info("landing works again after %.0f s", failed_s)
+            self.stats.landing_failing_since_ms = 0
+        return True
 
     def _acknowledge(self, batch: list[_Message]) -> None:
         """PUBACK every QoS 1 message of `batch` received on the current connection.
@@ -345,7 +368,11 @@ class Ingester:
             self._client._packet_queue(PUBACK, b"".join(pubacks), 0, 0)
 
     def write_health(self, force: bool = False) -> None:
-        """Write counters and rates for the dashboard, about once a second."""
+        """Write counters and rates for the dashboard, about once a second.
+
+        Best effort: a health record that cannot be written (the disk that is full is
+        often the one that holds it) is logged once, and never stops ingest.
+        """
         now = self.clock()
         elapsed = now - self._last_health
         if not force and elapsed < 1.0:
@@ -360,4 +387,13 @@ class Ingester:
         self.stats.pending = len(self._pending)
         record = {**asdict(self.stats), **rates, "updated_at_ms": int(now * 1000)}
         self.stats.landing_lag_ms_max = 0.0
-        write_health(self.lakehouse, f"ingest-{self.stats.ingester}", record, self.s3)
+        try:
+            write_health(self.lakehouse, f"ingest-{self.stats.ingester}", record, self.s3)
+        except OSError as err:
+            if not self._health_error:
+                log.warning("cannot write the health record: %s", err)
+            self._health_error = str(err)
+            return
+        if self._health_error:
+            log.info("the health record is written again")
+            self._health_error = ""
