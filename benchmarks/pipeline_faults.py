@@ -136,6 +136,7 @@ def main() -> int:
     dash_port = free_port()
     env = {**os.environ, "LOOKOUT_LAKEHOUSE_PATH": str(lakehouse),
            "LOOKOUT_MQTT_PORT": str(broker.port), "LOOKOUT_RULES_PATHS": args.rules,
+           "LOOKOUT_MQTT_CREDENTIALS_FILE": broker.mqtt_config().credentials_file,
            "LOOKOUT_DASHBOARD_PORT": str(dash_port)}  # fmt: skip
     logs = work / "logs"
     parts = {

@@ -16,6 +16,7 @@ from ingest.object_store import ObjectStore
 from ingest.subscriber import Ingester
 from ingest.validate import DAY_MS, ClockWindow, Validator
 from lookout.config import Config, ConfigError, StreamClock, load_config
+from lookout.mqtt_auth import INGEST, load_or_create_credentials
 from lookout.storage import is_object_store
 from rules.language.loader import RuleCheckError, RuleSet, load_rules
 
@@ -27,7 +28,12 @@ def build_ingester(
     share_group: str | None = None,
     heartbeat_after_s: float | None = None,
 ) -> Ingester:
-    """An ingester for every `CREATE STREAM … SOURCE` of `rule_set`, as configured."""
+    """An ingester for every `CREATE STREAM … SOURCE` of `rule_set`, as configured.
+
+    It logs in with the installation's ingest login (`[mqtt] credentials_file`, made on
+    first use) unless `[mqtt] username` names another, and takes the client id only
+    the installation's secret gives.
+    """
     sources = list(rule_set.plan.sources())
     unknown = set(config.ingest.streams) - {s.name for s in sources}
     if unknown:
@@ -44,6 +50,7 @@ def build_ingester(
         max_string_chars=config.ingest.max_string_chars,
     )
     landing = config.landing
+    credentials = load_or_create_credentials(config.mqtt.credentials_file)
     return Ingester(
         validator,
         landing_root=(
@@ -51,11 +58,12 @@ def build_ingester(
         ),
         lakehouse=config.lakehouse,
         s3=config.s3,
-        mqtt_config=config.mqtt,
+        mqtt_config=credentials.mqtt_config(config.mqtt, INGEST),
         ingest_config=config.ingest,
         ingester_id=ingester_id,
         share_group=share_group,
         heartbeat_after_s=heartbeat_after_s,
+        client_id=credentials.ingest_client_id(ingester_id),
     )
 
 

@@ -1,10 +1,12 @@
 """The MQTT side of ingest: subscribe, validate, land durably, then acknowledge.
 
-One `Ingester` is one paho client with a persistent session (clean_session=False, a
-stable client id) and manual acknowledgement: a QoS 1 message is PUBACKed only after
+One `Ingester` is one MQTT 5 paho client with a persistent session (clean_start=False,
+a session that never expires, a stable client id that only this installation knows:
+`lookout.mqtt_auth`) and manual acknowledgement: a QoS 1 message is PUBACKed only after
 the landing file holding its readings (or its quarantine record) has been fsynced and
 renamed into place. If the process dies before that, the broker redelivers it
-(DESIGN §7); the engine removes the duplicates that this can create.
+(DESIGN §7); the engine removes the duplicates that this can create. Retained messages
+are not re-sent at subscription (retain handling 2), so none lands twice.
 
 Threads: paho's network thread only appends received messages to a list; the thread
 that called `run()` validates, lands and acknowledges them every `flush_ms` or every
@@ -18,6 +20,7 @@ broker send it again (flagged as a duplicate), and that copy is acknowledged.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import ssl
 import struct
@@ -30,6 +33,9 @@ from typing import Any, NamedTuple
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.client import PUBACK
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from ingest.heartbeats import SilenceHeartbeats
 from ingest.landing import LandingWriter
@@ -93,18 +99,35 @@ class _Message(NamedTuple):
     connection: int  # which connection it came on: its mid means nothing on another
 
 
-def make_client(mqtt_config: MqttConfig, client_id: str, clean_session: bool) -> mqtt.Client:
-    """A paho client with credentials and TLS taken from configuration (never logged)."""
+def make_client(
+    mqtt_config: MqttConfig,
+    client_id: str,
+    clean_session: bool | None,
+    protocol: int = mqtt.MQTTv311,
+) -> mqtt.Client:
+    """A paho client with credentials and TLS taken from configuration (never logged).
+
+    `clean_session` is MQTT 3.1.1's; an MQTT 5 client (None here, as paho wants) asks
+    for its session when it connects (`persistent_session`). A password that would go
+    to a host other than this machine's without TLS is warned about.
+    """
     client = mqtt.Client(
         callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
         client_id=client_id,
         clean_session=clean_session,
-        protocol=mqtt.MQTTv311,
+        protocol=protocol,
         manual_ack=True,
     )
+    tls = bool(mqtt_config.tls_ca or mqtt_config.tls_cert)
     if mqtt_config.username:
         client.username_pw_set(mqtt_config.username, mqtt_config.password or None)
-    if mqtt_config.tls_ca or mqtt_config.tls_cert:
+        if mqtt_config.password and not tls and not is_loopback(mqtt_config.host):
+            log.warning(
+                "the MQTT password goes to %s unencrypted: set [mqtt] tls_ca (and run the "
+                "broker with TLS, docs/ingest.md)",
+                mqtt_config.host,
+            )
+    if tls:
         client.tls_set(
             ca_certs=mqtt_config.tls_ca or None,  # None: the system's trusted CAs
             certfile=mqtt_config.tls_cert or None,
@@ -115,12 +138,32 @@ def make_client(mqtt_config: MqttConfig, client_id: str, clean_session: bool) ->
     return client
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine (an address is not resolved: a name other than
+    localhost counts as another machine)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def persistent_session() -> dict[str, Any]:
+    """MQTT 5 CONNECT options for a session the broker keeps however long the client is
+    away (its subscriptions and every message queued for it)."""
+    properties = Properties(PacketTypes.CONNECT)
+    properties.SessionExpiryInterval = 0xFFFFFFFF  # never expires
+    return {"clean_start": False, "properties": properties}
+
+
 class Ingester:
     """Subscribes to every stream's topics and lands what arrives.
 
     `share_group` puts this ingester in an MQTT shared subscription so several
     processes split the load; each needs its own `ingester_id`. `heartbeat_after_s`
-    turns on heartbeats for silent streams (see `ingest.heartbeats`).
+    turns on heartbeats for silent streams (see `ingest.heartbeats`). `client_id` is
+    the MQTT client id, the same at every start (it names the persistent session).
     """
 
     def __init__(
@@ -135,6 +178,8 @@ class Ingester:
         heartbeat_after_s: float | None = None,
         clock: Callable[[], float] = time.time,
         s3: S3Config = DEFAULT_S3,
+        *,
+        client_id: str,
     ) -> None:
         self.validator = validator
         self.writer = LandingWriter(
@@ -154,9 +199,7 @@ class Ingester:
         self._wake = threading.Condition()
         self._stopping = threading.Event()
         self._connection = 0
-        self._client = make_client(
-            mqtt_config, f"lookout-ingest-{ingester_id}", clean_session=False
-        )
+        self._client = make_client(mqtt_config, client_id, None, mqtt.MQTTv5)
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
@@ -178,7 +221,13 @@ class Ingester:
         topics = self.validator.subscriptions()
         if self.share_group:
             topics = [f"$share/{self.share_group}/{t}" for t in topics]
-        client.subscribe([(t, self.mqtt_config.qos) for t in topics])
+        # Retained messages are not sent again at each (re)subscription: a retained
+        # reading lands once, when it is published, like any other (MQTT 5 only: 3.1.1
+        # re-sends them every time).
+        options = SubscribeOptions(
+            qos=self.mqtt_config.qos, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND
+        )
+        client.subscribe([(t, options) for t in topics])
         log.info(
             "connected to %s:%s, subscribed to %s",
             self.mqtt_config.host,
@@ -221,7 +270,9 @@ class Ingester:
         for orphan in self.writer.remove_orphans():
             log.info("removed %s, left by an earlier run that was killed", orphan.name)
         log.info("landing into %s", self.writer.store or self.writer.root)
-        self._client.connect_async(self.mqtt_config.host, self.mqtt_config.port, keepalive=30)
+        self._client.connect_async(
+            self.mqtt_config.host, self.mqtt_config.port, keepalive=30, **persistent_session()
+        )
         self._client.loop_start()
 
     def run(self) -> None:

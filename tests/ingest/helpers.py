@@ -20,6 +20,7 @@ import paho.mqtt.client as mqtt
 from ingest.subscriber import make_client
 from lookout.broker import Broker
 from lookout.config import MqttConfig
+from lookout.mqtt_auth import PUBLISHER
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +40,12 @@ def traffic(seq: int, source: str = "loop-1", station: int = 1) -> dict[str, Any
     }
 
 
+def publisher_config(broker: Broker) -> MqttConfig:
+    """How a publisher (a simulator, a gateway) reaches `broker`: its publisher login."""
+    assert broker.credentials is not None
+    return broker.credentials.mqtt_config(broker.mqtt_config(), PUBLISHER)
+
+
 class Publisher:
     """A QoS 1 publisher with its own persistent session, so it survives broker restarts.
 
@@ -48,9 +55,10 @@ class Publisher:
     """
 
     def __init__(self, broker: Broker, credentials: MqttConfig | None = None) -> None:
-        # The same credential and TLS handling as ingest's own client.
+        # The same credential and TLS handling as ingest's own client; by default the
+        # broker's publisher login.
         self.client = make_client(
-            credentials or MqttConfig(), f"test-publisher-{time.monotonic_ns()}", False
+            credentials or publisher_config(broker), f"test-publisher-{time.monotonic_ns()}", False
         )
         self.client.max_inflight_messages_set(1000)
         self.client.max_queued_messages_set(0)
@@ -161,6 +169,7 @@ class IngestProcess:
             "LOOKOUT_LAKEHOUSE_PATH": str(lakehouse),
             "LOOKOUT_MQTT_HOST": broker.host,
             "LOOKOUT_MQTT_PORT": str(broker.port),
+            "LOOKOUT_MQTT_CREDENTIALS_FILE": broker.mqtt_config().credentials_file,
             **(env or {}),
         }
         cmd = [sys.executable, "-m", "ingest", "--rules", "rules", "--id", ingester_id, *extra]

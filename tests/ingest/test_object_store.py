@@ -21,7 +21,7 @@ import pytest
 
 from ingest.service import build_ingester
 from lookout.broker import Broker
-from lookout.config import Config, IngestConfig, MqttConfig
+from lookout.config import Config, IngestConfig
 from rules.language.loader import load_rules
 from tests.ingest.conftest import RULES
 from tests.ingest.helpers import IngestProcess, publish_all, traffic
@@ -56,7 +56,7 @@ def test_readings_land_as_objects_exactly_once(
 ) -> None:
     config = Config(
         lakehouse=str(tmp_path / "lakehouse"),
-        mqtt=MqttConfig(host=broker.host, port=broker.port),
+        mqtt=broker.mqtt_config(),
         ingest=ingest_settings(s3),
         s3=s3.settings(),
     )

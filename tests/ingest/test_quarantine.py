@@ -23,7 +23,7 @@ from ingest.service import build_ingester
 from ingest.subscriber import Ingester
 from ingest.validate import Validated, Validator
 from lookout.broker import Broker
-from lookout.config import Config, IngestConfig, MqttConfig
+from lookout.config import Config, IngestConfig
 from rules.language.loader import load_rules
 from tests.ingest.conftest import RULES
 from tests.ingest.helpers import kept_payload, landed_keys, landed_lines, publish_all, traffic
@@ -75,7 +75,7 @@ BAD = [
 def ingester(tmp_path: Path, broker: Broker) -> Iterator[Ingester]:
     config = Config(
         lakehouse=str(tmp_path / "lakehouse"),
-        mqtt=MqttConfig(host=broker.host, port=broker.port),
+        mqtt=broker.mqtt_config(),
         ingest=replace(IngestConfig(), max_payload_bytes=4096, max_past_days=30),
     )
     ingester = build_ingester(config, load_rules([str(RULES)]))
