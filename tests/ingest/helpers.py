@@ -67,12 +67,14 @@ class Publisher:
         self.client.loop_start()
         self.infos: list[mqtt.MQTTMessageInfo] = []
 
-    def send(self, topic: str, payload: bytes | dict[str, Any] | list[Any]) -> None:
+    def send(
+        self, topic: str, payload: bytes | dict[str, Any] | list[Any], retain: bool = False
+    ) -> None:
         """Publish one message at QoS 1 (dicts and lists are JSON-encoded)."""
         body = payload if isinstance(payload, bytes) else orjson.dumps(payload)
         while True:
             wait_for(self.client.is_connected, 60, "the publisher to reconnect", 0.01)
-            info = self.client.publish(topic, body, qos=1)
+            info = self.client.publish(topic, body, qos=1, retain=retain)
             # Refused while the connection was dropping: paho's info would never report
             # success even if paho sends its copy later, so publish again (a duplicate
             # at worst, which the engine removes).
