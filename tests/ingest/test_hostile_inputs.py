@@ -159,7 +159,8 @@ CASES = [
          Quarantined("field 'station' must be INT, got 'nnnnn")),
     Case("duplicate", orjson.dumps(good(10, epoch="1764000000000-3f9a")), "duplicate"),
     # One bad element of a batch: quarantined alone, its neighbours land.
-    Case("element nested 300 deep", orjson.dumps(good(52))[:-1] + b', "station": ' + deep(300) + b"}",
+    Case("element nested 300 deep",
+         orjson.dumps(good(52))[:-1] + b', "station": ' + deep(300) + b"}",
          Quarantined("reading #1 of the batch: field 'station' is an array"), in_batch=True),
     Case("element nested 5000 deep", deep(5000),
          Quarantined("reading #1 of the batch: not JSON: nested too deeply"), in_batch=True),
