@@ -521,7 +521,7 @@ class Validator:
     `now_ms` is injected per call so the clock-window check is testable. `clock` is the
     window of every stream without its own in `stream_clocks`. `non_negative` names
     columns that may not be negative (speeds, lengths). `max_string_chars` caps text
-    fields and topics.
+    fields; a topic longer than MAX_TOPIC_CHARS is rejected whatever it is.
     """
 
     streams: Sequence[StreamSchema]
