@@ -63,7 +63,8 @@ def publish(host: str, port: int, credentials: str, messages: int, batch: int) -
     client.max_queued_messages_set(0)
     client.connect(host, port)
     client.loop_start()
-    now = int(time.time() * 1000)
+    # Stamped in the recent past, one ms apart: every reading inside ingest's clock window.
+    start_ms = int(time.time() * 1000) - messages * batch
     seq = 0
     infos = []
     for _ in range(messages):
@@ -73,7 +74,7 @@ def publish(host: str, port: int, credentials: str, messages: int, batch: int) -
                 "lane": (seq + i) % 3,
                 "speed": 21.5,
                 "length": 4.5,
-                "ts": now + seq + i,
+                "ts": start_ms + seq + i,
                 "source": "bench",
                 "seq": seq + i,
             }

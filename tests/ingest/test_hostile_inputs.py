@@ -279,8 +279,8 @@ def test_each_hostile_input_ends_where_it_should_and_no_neighbour_is_lost(
 
 
 def test_a_retained_message_lands_once_across_restarts(tmp_path: Path, broker: Broker) -> None:
-    """Before (MQTT 3.1.1): the broker sent a retained reading again at every
-    resubscription, so it landed again at every ingest restart."""
+    """The broker sends a retained reading again at every subscription; before, it
+    landed again at every ingest restart."""
     lakehouse = tmp_path / "lakehouse"
     landing = lakehouse / "_landing"
     publisher = Publisher(broker)
