@@ -4,8 +4,8 @@
         [--renamed N] [--grammar N] [--bytes N] [--text N] [--seed S]
 
 Runs the properties of `tests/fuzz/` for many more examples than the test suite does:
-payloads through `Validator.validate`, then the `LandingWriter` -> `LandingSequencer`
-round trip; rule text (mutated library files, renamed ones whose names and numbers
+payloads through `Validator.validate`, then the `LandingWriter` -> the engine's reader
+and sequencing round trip; rule text (mutated library files, renamed ones whose names and numbers
 changed so the checker sees them, library files with non-UTF-8 bytes, grammar-generated
 and arbitrary text) through `parse_text` / `check_paths`. A failing example does not
 stop the run: each distinct finding (exception type and where it was raised) is printed

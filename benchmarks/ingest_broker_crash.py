@@ -49,6 +49,7 @@ from ingest.service import build_ingester  # noqa: E402
 from ingest.subscriber import Ingester, make_client  # noqa: E402
 from lookout.broker import Broker, free_port  # noqa: E402
 from lookout.config import Config, MqttConfig  # noqa: E402
+from lookout.mqtt_auth import PUBLISHER, load_credentials  # noqa: E402
 from rules.language.loader import load_rules  # noqa: E402
 
 TOPIC = "lookout/traffic/1/readings"
@@ -62,9 +63,13 @@ SETTINGS = {
 }
 
 
-def publish_until_disconnected(host: str, port: int, out: str) -> None:
-    """Publish QoS 1 readings until the broker goes away; write the PUBACKed seqs to `out`."""
-    client = make_client(MqttConfig(host=host, port=port), f"crash-pub-{os.getpid()}", True)
+def publish_until_disconnected(host: str, port: int, credentials: str, out: str) -> None:
+    """Publish QoS 1 readings (the publisher login of the `credentials` file) until the
+    broker goes away; write the PUBACKed seqs to `out`."""
+    logins = load_credentials(credentials)
+    assert logins is not None, credentials
+    mqtt_config = logins.mqtt_config(MqttConfig(host=host, port=port), PUBLISHER)
+    client = make_client(mqtt_config, f"crash-pub-{os.getpid()}", True)
     client.max_inflight_messages_set(1000)
     client.max_queued_messages_set(0)
     gone = threading.Event()
@@ -126,9 +131,7 @@ def measure(setting: str, how: str, seconds: float, work: Path) -> dict[str, flo
     """One run: load, kill -9, restart, drain; returns the figures."""
     broker = Broker("127.0.0.1", free_port(), work / "broker", extra_config=SETTINGS[setting])
     broker.start()
-    config = Config(
-        lakehouse=str(work / "lakehouse"), mqtt=MqttConfig(host=broker.host, port=broker.port)
-    )
+    config = Config(lakehouse=str(work / "lakehouse"), mqtt=broker.mqtt_config())
     ingester, thread = _start_ingester(config)
     try:
         time.sleep(1.5)  # the subscription itself reaches a snapshot in every setting
@@ -136,9 +139,8 @@ def measure(setting: str, how: str, seconds: float, work: Path) -> dict[str, flo
             ingester.stop()
             thread.join(30)
         out = work / "acked.json"
-        publisher = subprocess.Popen(
-            [sys.executable, __file__, "--publish", broker.host, str(broker.port), str(out)]
-        )
+        address = [broker.host, str(broker.port), config.mqtt.credentials_file]
+        publisher = subprocess.Popen([sys.executable, __file__, "--publish", *address, str(out)])
         assert broker.process is not None
         time.sleep(seconds)
         cpu_s = _cpu_s(broker.process.pid)
@@ -171,7 +173,7 @@ def measure(setting: str, how: str, seconds: float, work: Path) -> dict[str, flo
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--publish":
-        publish_until_disconnected(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        publish_until_disconnected(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5])
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--setting", choices=[*SETTINGS, "all"], default="all")

@@ -46,19 +46,25 @@ from ingest.service import build_ingester  # noqa: E402
 from ingest.subscriber import Ingester, make_client  # noqa: E402
 from lookout.broker import Broker, free_port  # noqa: E402
 from lookout.config import Config, IngestConfig, MqttConfig  # noqa: E402
+from lookout.mqtt_auth import PUBLISHER, load_credentials  # noqa: E402
 from rules.language.loader import load_rules  # noqa: E402
 
 TOPIC = "lookout/traffic/1/readings"
 
 
-def publish(host: str, port: int, messages: int, batch: int) -> None:
-    """Publish `messages` QoS 1 messages of `batch` readings; return when all are PUBACKed."""
-    client = make_client(MqttConfig(host=host, port=port), f"bench-pub-{os.getpid()}", True)
+def publish(host: str, port: int, credentials: str, messages: int, batch: int) -> None:
+    """Publish `messages` QoS 1 messages of `batch` readings, with the publisher login of
+    the `credentials` file; return when all are PUBACKed."""
+    logins = load_credentials(credentials)
+    assert logins is not None, credentials
+    mqtt_config = logins.mqtt_config(MqttConfig(host=host, port=port), PUBLISHER)
+    client = make_client(mqtt_config, f"bench-pub-{os.getpid()}", True)
     client.max_inflight_messages_set(2_000)
     client.max_queued_messages_set(0)
     client.connect(host, port)
     client.loop_start()
-    now = int(time.time() * 1000)
+    # Stamped in the recent past, one ms apart: every reading inside ingest's clock window.
+    start_ms = int(time.time() * 1000) - messages * batch
     seq = 0
     infos = []
     for _ in range(messages):
@@ -68,7 +74,7 @@ def publish(host: str, port: int, messages: int, batch: int) -> None:
                 "lane": (seq + i) % 3,
                 "speed": 21.5,
                 "length": 4.5,
-                "ts": now + seq + i,
+                "ts": start_ms + seq + i,
                 "source": "bench",
                 "seq": seq + i,
             }
@@ -87,7 +93,8 @@ def publish(host: str, port: int, messages: int, batch: int) -> None:
 
 
 def _publisher(broker: Broker, messages: int, batch: int) -> subprocess.Popen[bytes]:
-    args = ["--publish", broker.host, str(broker.port), str(messages), str(batch)]
+    credentials = broker.mqtt_config().credentials_file
+    args = ["--publish", broker.host, str(broker.port), credentials, str(messages), str(batch)]
     return subprocess.Popen([sys.executable, __file__, *args])
 
 
@@ -105,7 +112,7 @@ def measure(load: str, how: str, messages: int, batch: int, work: Path) -> dict[
     broker = Broker("127.0.0.1", free_port(), work / f"broker-{load}-{how}").start()
     config = Config(
         lakehouse=str(work / f"lakehouse-{load}-{how}"),
-        mqtt=MqttConfig(host=broker.host, port=broker.port),
+        mqtt=broker.mqtt_config(),
         ingest=replace(IngestConfig(), flush_ms=200, flush_messages=10_000),
     )
     rules = load_rules([str(ROOT / "rules")])
@@ -155,8 +162,8 @@ def measure(load: str, how: str, messages: int, batch: int, work: Path) -> dict[
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--publish":
-        host, port, messages, batch = sys.argv[2:6]
-        publish(host, int(port), int(messages), int(batch))
+        host, port, credentials, messages, batch = sys.argv[2:7]
+        publish(host, int(port), credentials, int(messages), int(batch))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--load", choices=["single", "batched", "both"], default="both")

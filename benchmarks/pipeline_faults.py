@@ -51,6 +51,7 @@ from ingest.validate import heartbeat_filter
 from lookout.broker import Broker, free_port
 from lookout.demo import Part, lookout_argv, wait_for_parts
 from lookout.health import engine_running, read_health
+from lookout.mqtt_auth import PUBLISHER
 from lookout.replay import alert_ids, read_readings
 from rules.language.loader import RULES_DIR, RuleSet, load_rules
 
@@ -150,6 +151,9 @@ def main() -> int:
     dash_port = free_port()
     env = {**os.environ, "LOOKOUT_LAKEHOUSE_PATH": str(lakehouse),
            "LOOKOUT_MQTT_PORT": str(broker.port), "LOOKOUT_RULES_PATHS": args.rules,
+           "LOOKOUT_MQTT_CREDENTIALS_FILE": broker.mqtt_config().credentials_file,
+           # The closing heartbeat is a day ahead of the clock: let ingest accept it.
+           "LOOKOUT_INGEST_MAX_FUTURE_MS": str(2 * 86_400_000),
            "LOOKOUT_DASHBOARD_PORT": str(dash_port)}  # fmt: skip
     logs = work / "logs"
     parts = {
@@ -215,8 +219,11 @@ def main() -> int:
             report["dashboard_back"] = True
 
         end = orjson.dumps({"source": "gw", "ts": int(time.time() * 1000) + 86_400_000})
+        assert broker.credentials is not None
+        login = broker.credentials.login(PUBLISHER)
+        auth = {"username": login.username, "password": login.password}
         mqtt_publish.single("lookout/traffic/gw/heartbeat", end, qos=1, hostname="127.0.0.1",
-                            port=broker.port)  # fmt: skip
+                            port=broker.port, auth=auth)  # fmt: skip
 
         def stored() -> int:
             return count(lakehouse, "readings_traffic") + count(lakehouse, "late_readings")

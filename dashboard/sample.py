@@ -248,6 +248,11 @@ def side_tables(end_ms: int) -> dict[str, pa.Table]:
         },
         schema=LATE_READINGS,
     )
+    payloads = [
+        "\x00\x01garbage",
+        '{"station": 1, "speed": "fast", "ts": 0}',
+        '{"tagid": "item-9", "door": "2"}',
+    ]
     quarantine = pa.table(
         {
             "topic": [
@@ -260,13 +265,11 @@ def side_tables(end_ms: int) -> dict[str, pa.Table]:
                 "field 'speed': expected a number, got 'fast'",
                 "missing field 'ts'",
             ],
-            "payload": [
-                "\x00\x01garbage",
-                '{"station": 1, "speed": "fast", "ts": 0}',
-                '{"tagid": "item-9", "door": "2"}',
-            ],
+            "payload": payloads,
             "payload_b64": [None, None, None],
             "received_at": _ts([end_ms - 1_500_000, end_ms - 700_000, end_ms - 60_000]),
+            "payload_bytes": [len(text.encode()) for text in payloads],
+            "payload_sha256": [hashlib.sha256(text.encode()).hexdigest() for text in payloads],
         },
         schema=QUARANTINE,
     )

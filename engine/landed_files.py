@@ -17,7 +17,6 @@ file never stops the engine.
 
 from __future__ import annotations
 
-import base64
 import io
 from typing import Any
 
@@ -29,6 +28,7 @@ import pyarrow.json as pajson
 from engine.core.pipeline import HEARTBEAT
 from engine.core.plan import StreamSchema
 from engine.core.schema import arrival_type
+from ingest.landing import QUARANTINE_PAYLOAD_BYTES, quarantine_record
 
 QUARANTINE_FOLDER = "_quarantine"
 
@@ -43,6 +43,8 @@ QUARANTINE_LINE = pa.schema(
         ("payload", pa.string()),
         ("payload_b64", pa.string()),
         ("received_ms", pa.int64()),
+        ("payload_bytes", pa.int64()),
+        ("payload_sha256", pa.string()),
     ]
 )
 """A quarantine line as ingest lands it."""
@@ -127,15 +129,9 @@ def _parse_lines(data: bytes, schema: pa.Schema, name: str) -> tuple[pa.Table, l
                 raise ValueError("not a JSON object")
             _parse(line, schema)
         except (ValueError, pa.ArrowInvalid, pa.ArrowTypeError) as err:
-            bad.append(
-                {
-                    "topic": None,
-                    "reason": f"landed file {name} line {number} is not a landed record: {err}",
-                    "payload": line.decode("utf-8", errors="replace"),
-                    "payload_b64": base64.b64encode(line).decode("ascii"),
-                    "received_ms": None,
-                }
-            )
+            reason = f"landed file {name} line {number} is not a landed record: {err}"
+            record = quarantine_record(None, reason, line, QUARANTINE_PAYLOAD_BYTES)
+            bad.append({**record, "received_ms": None})
             continue
         good.append(line)
     if not good:

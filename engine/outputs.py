@@ -103,6 +103,8 @@ def quarantine_rows(lines: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "payload": line.get("payload"),
             "payload_b64": line.get("payload_b64"),
             "received_at": tables.to_timestamp(line.get("received_ms")),
+            "payload_bytes": line.get("payload_bytes"),
+            "payload_sha256": line.get("payload_sha256"),
         }
         for line in lines
     ]

@@ -82,6 +82,10 @@ QUARANTINE = pa.schema(
         ("payload", pa.string()),
         ("payload_b64", pa.string()),
         ("received_at", TIMESTAMP),
+        # `payload`/`payload_b64` hold the first bytes only (ingest's
+        # quarantine_payload_bytes): the whole payload's size and SHA-256.
+        ("payload_bytes", pa.int64()),
+        ("payload_sha256", pa.string()),
     ]
 )
 

@@ -24,6 +24,8 @@ reading is unlikely, a restart with a clock stepped back is not) ever pick the s
 from __future__ import annotations
 
 import base64
+import contextlib
+import hashlib
 import os
 import secrets
 import time
@@ -37,6 +39,42 @@ from ingest.object_store import ObjectStore
 
 QUARANTINE = "_quarantine"
 
+#: How much of a rejected payload quarantine keeps by default (`[ingest]
+#: quarantine_payload_bytes`): enough to see what was wrong, never a whole flood.
+QUARANTINE_PAYLOAD_BYTES = 4096
+
+
+def quarantine_record(
+    topic: str | None, reason: str, payload: bytes, keep_bytes: int
+) -> dict[str, Any]:
+    """What quarantine stores of a rejected payload: its first `keep_bytes` bytes, its
+    full size and SHA-256.
+
+    The kept bytes are stored in one exact form: as text (`payload`) when they are UTF-8
+    and JSON's escapes at most double them, else as base64 (`payload_b64`); the other
+    is null. A cut that falls
+    inside a UTF-8 character is moved back to before it, so text stays text.
+    """
+    kept = payload[:keep_bytes]
+    try:
+        text: str | None = kept.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        cut_char = bad.reason == "unexpected end of data" and len(payload) > keep_bytes
+        kept = kept[: bad.start] if cut_char else kept
+        text = kept.decode("utf-8") if cut_char else None
+    # NULs and control characters take six bytes each as JSON text: past twice the bytes
+    # (quotes take two), base64's third more is the smaller.
+    if text is not None and len(orjson.dumps(text)) > 2 * len(kept) + 2:
+        text = None
+    return {
+        "topic": topic,
+        "reason": reason,
+        "payload": text,
+        "payload_b64": None if text is not None else base64.b64encode(kept).decode("ascii"),
+        "payload_bytes": len(payload),
+        "payload_sha256": hashlib.sha256(payload).hexdigest(),
+    }
+
 
 class LandingWriter:
     """Buffers lines per stream and lands them atomically on `flush()`.
@@ -46,10 +84,16 @@ class LandingWriter:
     bytes, writes and syncs.
     """
 
-    def __init__(self, root: str | os.PathLike[str] | ObjectStore, ingester_id: str) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | ObjectStore,
+        ingester_id: str,
+        quarantine_payload_bytes: int = QUARANTINE_PAYLOAD_BYTES,
+    ) -> None:
         self.store = root if isinstance(root, ObjectStore) else None
         self.root = Path(root.base if isinstance(root, ObjectStore) else root)
         self.ingester_id = ingester_id
+        self.quarantine_payload_bytes = quarantine_payload_bytes
         self._token = secrets.token_hex(3)
         self._chunks: dict[str, list[bytes]] = defaultdict(list)
         self._lines: dict[str, int] = defaultdict(int)
@@ -79,14 +123,9 @@ class LandingWriter:
         self._add(stream, [{**heartbeat, "_kind": "heartbeat", "_received_ms": received_ms}])
 
     def add_rejection(self, topic: str, reason: str, payload: bytes, received_ms: int) -> None:
-        """Queue a rejected payload for the quarantine table, raw bytes kept intact."""
-        record = {
-            "topic": topic,
-            "reason": reason,
-            "payload": payload.decode("utf-8", errors="replace"),
-            "payload_b64": base64.b64encode(payload).decode("ascii"),
-            "received_ms": received_ms,
-        }
+        """Queue a rejected payload for the quarantine table (see `quarantine_record`)."""
+        record = quarantine_record(topic, reason, payload, self.quarantine_payload_bytes)
+        record["received_ms"] = received_ms
         self._add(QUARANTINE, [record])
 
     def flush(self) -> list[Path]:
@@ -121,7 +160,10 @@ class LandingWriter:
             # .part-<ns>-<id>-<token>-<n>.jsonl.tmp: the id may itself hold dashes
             ingester = tmp.name.split("-", 2)[2].rsplit("-", 2)[0]
             if ingester == self.ingester_id:
-                tmp.unlink(missing_ok=True)
+                try:
+                    tmp.unlink(missing_ok=True)
+                except OSError:  # a read-only disk: clutter, and no reason not to start
+                    continue
                 removed.append(tmp)
         return removed
 
@@ -154,11 +196,16 @@ def _write_file(final: Path, data: bytes) -> Path:
     folder = final.parent
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{final.name}.tmp"
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, final)
+    except OSError:
+        with contextlib.suppress(OSError):  # a full or read-only disk: leave no half file
+            tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(folder)
     return final
 

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 
 from ingest.object_store import ObjectStore
 from ingest.subscriber import Ingester
-from ingest.validate import Validator
-from lookout.config import Config, ConfigError, load_config
+from ingest.validate import DAY_MS, ClockWindow, Validator
+from lookout.config import Config, ConfigError, StreamClock, load_config
+from lookout.mqtt_auth import INGEST, load_or_create_credentials
 from lookout.services import load_rule_set
 from lookout.storage import is_object_store
 from rules.language.loader import RuleCheckError, RuleSet
@@ -28,13 +29,29 @@ def build_ingester(
     share_group: str | None = None,
     heartbeat_after_s: float | None = None,
 ) -> Ingester:
-    """An ingester for every `CREATE STREAM … SOURCE` of `rule_set`, as configured."""
+    """An ingester for every `CREATE STREAM … SOURCE` of `rule_set`, as configured.
+
+    It logs in with the installation's ingest login (`[mqtt] credentials_file`, made on
+    first use) unless `[mqtt] username` names another, and takes the client id only
+    the installation's secret gives.
+    """
+    sources = list(rule_set.plan.sources())
+    unknown = set(config.ingest.streams) - {s.name for s in sources}
+    if unknown:
+        known = ", ".join(sorted(s.name for s in sources))
+        raise ConfigError(
+            f"[ingest.streams.{sorted(unknown)[0]}]: the rules declare no such source stream "
+            f"(known: {known})"
+        )
     validator = Validator(
-        list(rule_set.plan.sources()),
+        sources,
         max_payload_bytes=config.ingest.max_payload_bytes,
-        max_clock_distance_ms=config.ingest.max_clock_distance_days * 86_400_000,
+        clock=clock_window(StreamClock(config.ingest.max_future_ms, config.ingest.max_past_days)),
+        stream_clocks={name: clock_window(c) for name, c in config.ingest.streams.items()},
+        max_string_chars=config.ingest.max_string_chars,
     )
     landing = config.landing
+    credentials = load_or_create_credentials(config.mqtt.credentials_file)
     return Ingester(
         validator,
         landing_root=(
@@ -42,12 +59,18 @@ def build_ingester(
         ),
         lakehouse=config.lakehouse,
         s3=config.s3,
-        mqtt_config=config.mqtt,
+        mqtt_config=credentials.mqtt_config(config.mqtt, INGEST),
         ingest_config=config.ingest,
         ingester_id=ingester_id,
         share_group=share_group,
         heartbeat_after_s=heartbeat_after_s,
+        client_id=credentials.ingest_client_id(ingester_id),
     )
+
+
+def clock_window(clock: StreamClock) -> ClockWindow:
+    """The validator's clock window for a stream's configured limits."""
+    return ClockWindow(max_future_ms=clock.max_future_ms, max_past_ms=clock.max_past_days * DAY_MS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +103,11 @@ def run(
         for error in err.errors:
             print(error.format(), file=sys.stderr)
         return 2
-    ingester = build_ingester(config, rule_set, ingester_id, share_group, heartbeat_after_s)
+    try:
+        ingester = build_ingester(config, rule_set, ingester_id, share_group, heartbeat_after_s)
+    except ConfigError as err:
+        print(f"ingest: the configuration cannot be used:\n{err}", file=sys.stderr)
+        return 2
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: ingester.stop())
     ingester.run()

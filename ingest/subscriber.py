@@ -1,10 +1,18 @@
 """The MQTT side of ingest: subscribe, validate, land durably, then acknowledge.
 
 One `Ingester` is one paho client with a persistent session (clean_session=False, a
-stable client id) and manual acknowledgement: a QoS 1 message is PUBACKed only after
-the landing file holding its readings (or its quarantine record) has been fsynced and
-renamed into place. If the process dies before that, the broker redelivers it
-(DESIGN §7); the engine removes the duplicates that this can create.
+stable client id that only this installation knows: `lookout.mqtt_auth`) and manual
+acknowledgement: a QoS 1 message is PUBACKed only after the landing file holding its
+readings (or its quarantine record) has been fsynced and renamed into place. If the
+process dies before that, the broker redelivers it (DESIGN §7); the engine removes the
+duplicates that this can create.
+
+Retained messages: over MQTT 3.1.1 the broker sends every retained message again at
+each subscription, flagged `retain` (a message forwarded as it is published never is).
+Such a copy is landed only on a connection whose session is new; on one that resumed
+its session the message was delivered before, so the copy is acknowledged, counted
+(`retained_repeats`) and not landed again. (MQTT 5's retain handling would let the
+broker skip them, but paho's MQTT 5 costs about 15 µs more per message: measured.)
 
 Threads: paho's network thread only appends received messages to a list; the thread
 that called `run()` validates, lands and acknowledges them every `flush_ms` or every
@@ -18,6 +26,7 @@ broker send it again (flagged as a duplicate), and that copy is acknowledged.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import ssl
 import struct
@@ -44,8 +53,10 @@ log = logging.getLogger("lookout.ingest")
 #: A PUBACK packet: type, remaining length 2, message id.
 _PUBACK = struct.Struct("!BBH")
 
-#: Pause before landing again after the landing storage failed (disk full, unmounted).
-LANDING_RETRY_S = 1.0
+#: Pauses before landing again while the landing storage fails (disk full, read-only,
+#: unmounted, object store down): the first, doubling up to the last.
+LANDING_RETRY_FIRST_S = 0.25
+LANDING_RETRY_MAX_S = 8.0
 
 
 @dataclass
@@ -66,12 +77,16 @@ class IngestStats:
     heartbeats_emitted: int = 0
     quarantined: int = 0
     redelivered: int = 0
+    retained_repeats: int = 0
     files: int = 0
     connects: int = 0
     connected: bool = False
     subscribed: bool = False
     pending: int = 0
     last_error: str = ""
+    # When the landing storage started failing (0: it works): nothing is acknowledged
+    # meanwhile, and the broker keeps the messages.
+    landing_failing_since_ms: int = 0
     landing_cpu_s: float = 0.0
     last_landing_lag_ms: float = 0.0
     landing_lag_ms_max: float = 0.0
@@ -86,10 +101,15 @@ class _Message(NamedTuple):
     received_ms: int
     dup: bool
     connection: int  # which connection it came on: its mid means nothing on another
+    retained_repeat: bool  # a retained copy re-sent at a resumed session's subscription
 
 
 def make_client(mqtt_config: MqttConfig, client_id: str, clean_session: bool) -> mqtt.Client:
-    """A paho client with credentials and TLS taken from configuration (never logged)."""
+    """A paho client with credentials and TLS taken from configuration (never logged).
+
+    A password that would go to a host other than this machine's without TLS is warned
+    about.
+    """
     client = mqtt.Client(
         callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
         client_id=client_id,
@@ -97,9 +117,16 @@ def make_client(mqtt_config: MqttConfig, client_id: str, clean_session: bool) ->
         protocol=mqtt.MQTTv311,
         manual_ack=True,
     )
+    tls = bool(mqtt_config.tls_ca or mqtt_config.tls_cert)
     if mqtt_config.username:
         client.username_pw_set(mqtt_config.username, mqtt_config.password or None)
-    if mqtt_config.tls_ca or mqtt_config.tls_cert:
+        if mqtt_config.password and not tls and not is_loopback(mqtt_config.host):
+            log.warning(
+                "the MQTT password goes to %s unencrypted: set [mqtt] tls_ca (and run the "
+                "broker with TLS, docs/ingest.md)",
+                mqtt_config.host,
+            )
+    if tls:
         client.tls_set(
             ca_certs=mqtt_config.tls_ca or None,  # None: the system's trusted CAs
             certfile=mqtt_config.tls_cert or None,
@@ -110,12 +137,24 @@ def make_client(mqtt_config: MqttConfig, client_id: str, clean_session: bool) ->
     return client
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine (an address is not resolved: a name other than
+    localhost counts as another machine)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class Ingester:
     """Subscribes to every stream's topics and lands what arrives.
 
     `share_group` puts this ingester in an MQTT shared subscription so several
     processes split the load; each needs its own `ingester_id`. `heartbeat_after_s`
-    turns on heartbeats for silent streams (see `ingest.heartbeats`).
+    turns on heartbeats for silent streams (see `ingest.heartbeats`). `client_id` is
+    the MQTT client id, the same at every start (it names the persistent session).
     """
 
     def __init__(
@@ -130,9 +169,13 @@ class Ingester:
         heartbeat_after_s: float | None = None,
         clock: Callable[[], float] = time.time,
         s3: S3Config = DEFAULT_S3,
+        *,
+        client_id: str,
     ) -> None:
         self.validator = validator
-        self.writer = LandingWriter(landing_root, ingester_id)
+        self.writer = LandingWriter(
+            landing_root, ingester_id, ingest_config.quarantine_payload_bytes
+        )
         self.lakehouse = lakehouse  # where the health record goes (reached as `s3` says)
         self.s3 = s3
         self.mqtt_config = mqtt_config
@@ -147,9 +190,8 @@ class Ingester:
         self._wake = threading.Condition()
         self._stopping = threading.Event()
         self._connection = 0
-        self._client = make_client(
-            mqtt_config, f"lookout-ingest-{ingester_id}", clean_session=False
-        )
+        self._session_resumed = False  # whether the current connection resumed a session
+        self._client = make_client(mqtt_config, client_id, clean_session=False)
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
@@ -157,13 +199,15 @@ class Ingester:
         self._timestamps = {s.name: s.timestamp for s in validator.streams}
         self._last_health = clock()
         self._last_counts = (0, 0)
+        self._health_error = ""  # why the last health write failed (logged once)
 
     # -- paho callbacks (network thread) -------------------------------------------
-    def _on_connect(self, client: mqtt.Client, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
+    def _on_connect(self, client: mqtt.Client, _u: Any, flags: Any, reason: Any, _p: Any) -> None:
         if reason.is_failure:
             self.stats.last_error = f"broker refused the connection: {reason}"
             log.error("%s", self.stats.last_error)
             return
+        self._session_resumed = flags.session_present
         self._connection += 1
         self.stats.connects += 1
         self.stats.connected = True
@@ -201,6 +245,7 @@ class Ingester:
             int(self.clock() * 1000),
             msg.dup,
             self._connection,
+            msg.retain and self._session_resumed,
         )
         with self._wake:
             self._pending.append(message)
@@ -252,7 +297,11 @@ class Ingester:
     def _land(self, batch: list[_Message]) -> None:
         now_ms = int(self.clock() * 1000)
         silence = self.silence
+        repeats = 0
         for message in batch:
+            if message.retained_repeat:  # landed when first delivered; acknowledged below
+                repeats += 1
+                continue
             result = self._validate(message, now_ms)
             stream = result.stream
             if result.readings:
@@ -274,12 +323,16 @@ class Ingester:
             self.stats.heartbeats += len(result.heartbeats)
             self.stats.quarantined += len(result.rejections)
             self.stats.redelivered += message.dup
+        if repeats:
+            self.stats.retained_repeats += repeats
+            log.info("%d retained messages sent again at subscription: not landed again", repeats)
         if silence is not None:
             for stream, ts in silence.due(now_ms):
                 beat = {"source": f"ingest-{self.stats.ingester}", self._timestamps[stream]: ts}
                 self.writer.add_heartbeat(stream, beat, now_ms)
                 self.stats.heartbeats_emitted += 1
-        self._flush_until_landed()
+        if not self._flush_until_landed():
+            return  # stopping with the storage still failing: the broker keeps them all
         # Durable now: only from here on may the broker forget these messages.
         self._acknowledge(batch)
         self.stats.messages += len(batch)
@@ -301,25 +354,41 @@ class Ingester:
             reason = f"ingest could not validate this payload: {type(err).__name__}: {err}"
             return Validated(None, rejections=[Rejection(message.topic, reason, message.payload)])
 
-    def _flush_until_landed(self) -> None:
+    def _flush_until_landed(self) -> bool:
         """Land the writer's buffers, retrying while the storage fails (nothing is acked).
 
-        When asked to stop meanwhile, give up with the error: the broker still holds
-        every message that was not landed and redelivers it to the next start.
+        Retries with a backoff (LANDING_RETRY_FIRST_S doubling to LANDING_RETRY_MAX_S),
+        staying connected: the broker keeps every unacknowledged message, and paho
+        keeps receiving up to the broker's in-flight limit. The failure and the recovery
+        are logged once each, not per retry. Returns False when asked to stop before the
+        storage came back: the broker redelivers what was not landed to the next start.
         """
+        delay = LANDING_RETRY_FIRST_S
         while True:
             try:
                 self.stats.files += len(self.writer.flush())
-                return
+                break
             except OSError as err:
-                self.stats.last_error = f"landing failed: {err}"
-                if self._stopping.is_set():
-                    self.write_health(force=True)
-                    raise
-                # Logged before the health record shows it: whoever sees one finds the other.
-                log.error("%s; retrying in %.0f s", self.stats.last_error, LANDING_RETRY_S)
+                error = f"landing failed: {err}"
+                if not self.stats.landing_failing_since_ms:
+                    self.stats.landing_failing_since_ms = int(self.clock() * 1000)
+                    # Logged before the health record shows it: whoever sees one finds the
+                    # other.
+                    log.error("%s; nothing is acknowledged until it works again", error)
+                self.stats.last_error = error
                 self.write_health(force=True)
-                time.sleep(LANDING_RETRY_S)
+                if self._stopping.wait(delay):
+                    log.error(
+                        "stopping with %d lines not landed (the broker keeps their messages)",
+                        len(self.writer),
+                    )
+                    return False
+                delay = min(delay * 2, LANDING_RETRY_MAX_S)
+        if self.stats.landing_failing_since_ms:
+            failed_s = self.clock() - self.stats.landing_failing_since_ms / 1000
+            log.info("landing works again after %.0f s", failed_s)
+            self.stats.landing_failing_since_ms = 0
+        return True
 
     def _acknowledge(self, batch: list[_Message]) -> None:
         """PUBACK every QoS 1 message of `batch` received on the current connection.
@@ -343,7 +412,11 @@ class Ingester:
             self._client._packet_queue(PUBACK, b"".join(pubacks), 0, 0)
 
     def write_health(self, force: bool = False) -> None:
-        """Write counters and rates for the dashboard, about once a second."""
+        """Write counters and rates for the dashboard, about once a second.
+
+        Best effort: a health record that cannot be written (the disk that is full is
+        often the one that holds it) is logged once, and never stops ingest.
+        """
         now = self.clock()
         elapsed = now - self._last_health
         if not force and elapsed < 1.0:
@@ -358,4 +431,13 @@ class Ingester:
         self.stats.pending = len(self._pending)
         record = {**asdict(self.stats), **rates, "updated_at_ms": int(now * 1000)}
         self.stats.landing_lag_ms_max = 0.0
-        write_health(self.lakehouse, f"ingest-{self.stats.ingester}", record, self.s3)
+        try:
+            write_health(self.lakehouse, f"ingest-{self.stats.ingester}", record, self.s3)
+        except OSError as err:
+            if not self._health_error:
+                log.warning("cannot write the health record: %s", err)
+            self._health_error = str(err)
+            return
+        if self._health_error:
+            log.info("the health record is written again")
+            self._health_error = ""

@@ -1,11 +1,14 @@
 """Start a local mosquitto from the configuration shipped in `deploy/mosquitto.conf`.
 
-Used by `lookout demo` (when no broker is listening) and by the tests (one broker per
-test session on a free port). A packaged mosquitto started as root drops to user
-`mosquitto` (DESIGN §7), which cannot reach a state folder inside a private (0700) one
-such as pytest's temporary folders: persistence then silently never happens and
-sessions do not survive a restart. So the broker started here keeps the uid of whoever
-starts it (`user` in the rendered configuration) and owns its state folder as that user.
+Used by `lookout broker`, `lookout demo` (when no broker is listening) and by the tests
+(one broker per test session on a free port). It logs clients in with the
+installation's credentials (`lookout.mqtt_auth`): its password and ACL files are written
+from them into its state folder, which is private (0700) since its log names every
+client id. A packaged mosquitto started as root drops to user `mosquitto`, which cannot
+reach a state folder inside a private one such as pytest's temporary folders:
+persistence then silently never happens and sessions do not survive a restart. So the
+broker started here keeps the uid of whoever starts it (`user` in the rendered
+configuration) and owns its state folder as that user.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from lookout.config import MqttConfig
+from lookout.mqtt_auth import Credentials, broker_auth_files, load_or_create_credentials
 
 SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "mosquitto.conf"
 
@@ -39,26 +45,45 @@ def free_port() -> int:
 
 @dataclass
 class Broker:
-    """A running mosquitto process and where it keeps its state."""
+    """A running mosquitto process and where it keeps its state.
+
+    `credentials` are the logins it accepts; None: the installation's in the state
+    folder (`mqtt-credentials`, made on first start).
+    """
 
     host: str
     port: int
     state_dir: Path
     process: subprocess.Popen[bytes] | None = None
     extra_config: str = ""
+    credentials: Credentials | None = None
 
     @property
     def log_file(self) -> Path:
         return self.state_dir / "mosquitto.log"
 
+    def mqtt_config(self) -> MqttConfig:
+        """How a Lookout part reaches this broker: its address and credentials file."""
+        assert self.credentials is not None, "start() first"
+        return MqttConfig(
+            host=self.host, port=self.port, credentials_file=str(self.credentials.path)
+        )
+
     def write_config(self) -> Path:
-        """Render the shipped configuration for this port and state folder."""
+        """Render the shipped configuration for this port, state folder and logins."""
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.state_dir.chmod(0o700)
+        if self.credentials is None:
+            self.credentials = load_or_create_credentials(self.state_dir / "mqtt-credentials")
+        passwords, acl = broker_auth_files(self.credentials, self.state_dir)
         persistence = self.state_dir / "persistence"
         persistence.mkdir(parents=True, exist_ok=True)
         text = SHIPPED_CONFIG.read_text()
         text = text.replace("listener 1883 127.0.0.1", f"listener {self.port} {self.host}")
         text = text.replace("@PERSISTENCE_DIR@", f"{persistence}/")
         text = text.replace("@LOG_FILE@", str(self.log_file))
+        text = text.replace("@PASSWORD_FILE@", str(passwords))
+        text = text.replace("@ACL_FILE@", str(acl))
         conf = self.state_dir / "mosquitto.conf"
         self.log_file.touch()
         keep_uid = "\n# Keep the uid that starts it: the state folder may be private.\n"

@@ -63,6 +63,12 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(load_config(args.config), args)
 
 
+def _broker(args: argparse.Namespace) -> int:
+    from lookout.demo import run_broker
+
+    return run_broker(load_config(args.config))
+
+
 def _replay(args: argparse.Namespace) -> int:
     from lookout.replay import run_replay
 
@@ -109,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--congestion", default="3,7", help="stations with a congestion episode")
     demo.add_argument("--no-browser-hint", action="store_true", help=argparse.SUPPRESS)
     demo.set_defaults(func=_demo)
+
+    broker = commands.add_parser(
+        "broker", help="run mosquitto (shipped configuration) with this installation's logins"
+    )
+    broker.set_defaults(func=_broker)
 
     engine = commands.add_parser("engine", help="run the Spark job over the rules")
     engine.add_argument("--rules", nargs="*", default=None, help="rule files or folders")

@@ -16,7 +16,7 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import Field, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, get_type_hints
@@ -36,6 +36,18 @@ class MqttConfig:
     tls_cert: str = ""
     tls_key: str = field(default="", repr=False)
     qos: int = 1
+    # The installation's generated broker logins and client-id secret (lookout.mqtt_auth):
+    # used for whatever username is left empty above.
+    credentials_file: str = ".lookout/mqtt-credentials"
+
+
+@dataclass(frozen=True)
+class StreamClock:
+    """How far a stream's timestamps may be from ingest's wall clock:
+    `[ingest.streams.<name>]`, each key defaulting to `[ingest]`'s."""
+
+    max_future_ms: int
+    max_past_days: int
 
 
 @dataclass(frozen=True)
@@ -45,10 +57,20 @@ class IngestConfig:
     flush_ms: int = 200
     flush_messages: int = 5000
     max_payload_bytes: int = 1_048_576
-    max_clock_distance_days: int = 3650
+    # A reading or heartbeat stamped further ahead of ingest's clock than this is
+    # quarantined: one bad clock would otherwise make its stream's later readings late.
+    max_future_ms: int = 300_000
+    max_past_days: int = 3650
+    # Text fields (ids, `source`, `epoch`, STRING columns) and topics longer than this
+    # are quarantined.
+    max_string_chars: int = 256
+    # Quarantine keeps this much of a rejected payload, with its full size and SHA-256.
+    quarantine_payload_bytes: int = 4096
     # Where ingest lands (empty: <lakehouse>/_landing); s3://bucket/prefix for object
     # storage, reached as [s3] says.
     landing_url: str = ""
+    # [ingest.streams.<name>]: the clock limits of the streams that differ from the above.
+    streams: Mapping[str, StreamClock] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -210,7 +232,10 @@ _LIMITS: dict[tuple[str, str], _Limit] = {
     ("ingest", "flush_ms"): _POSITIVE,
     ("ingest", "flush_messages"): _POSITIVE,
     ("ingest", "max_payload_bytes"): _POSITIVE,
-    ("ingest", "max_clock_distance_days"): _POSITIVE,  # 0 would quarantine every reading
+    ("ingest", "max_future_ms"): _NOT_NEGATIVE,  # 0: nothing ahead of ingest's clock
+    ("ingest", "max_past_days"): _POSITIVE,  # 0 would quarantine every reading
+    ("ingest", "max_string_chars"): _POSITIVE,
+    ("ingest", "quarantine_payload_bytes"): _POSITIVE,
     ("engine", "master"): _NOT_EMPTY,
     ("engine", "shuffle_partitions"): _POSITIVE,
     ("engine", "trigger_seconds"): _NOT_NEGATIVE,  # 0: Spark's "next batch at once"
@@ -277,7 +302,9 @@ def _sections() -> dict[str, _Section]:
         if is_dataclass(kind):
             hints = get_type_hints(kind)
             settings = tuple(
-                _setting(config_field.name, f.name, kind, f, hints[f.name]) for f in fields(kind)
+                _setting(config_field.name, f.name, kind, f, hints[f.name])
+                for f in fields(kind)
+                if (config_field.name, f.name) not in _PER_NAME
             )
             sections[config_field.name] = _Section(
                 config_field.name, config_field.name, kind, settings
@@ -291,10 +318,17 @@ def _sections() -> dict[str, _Section]:
             setting = _setting(name, key, Config, config_field, kind)
             sections[name] = _Section(name, config_field.name, None, (setting,))
     keys = {(setting.section, setting.key) for s in sections.values() for setting in s.settings}
+    for (section, key), cls in _PER_NAME.items():
+        if not {(section, name) for name in cls.__dataclass_fields__} <= keys:
+            raise TypeError(f"[{section}.{key}.<name>] may only override [{section}]'s keys")
     if _LIMITS.keys() - keys:
         raise TypeError(f"_LIMITS names keys no section has: {sorted(_LIMITS.keys() - keys)}")
     return sections
 
+
+# Sub-tables of a section, one per named thing, each overriding some of the section's
+# own keys for that thing: `[ingest.streams.<stream>]`. Read from the file only.
+_PER_NAME: dict[tuple[str, str], type] = {("ingest", "streams"): StreamClock}
 
 _SECTIONS = _sections()
 
@@ -352,7 +386,7 @@ def _valid(setting: _Setting, value: Any, convert: Callable[[Any, Any], Any]) ->
     return converted
 
 
-_HEADER = re.compile(r"\s*\[\s*([\w-]+)\s*\]\s*(?:#.*)?$")
+_HEADER = re.compile(r"\s*\[\s*([\w.-]+)\s*\]\s*(?:#.*)?$")
 
 
 class _File(NamedTuple):
@@ -418,8 +452,10 @@ def _read_section(
                 problems.append(f"{setting.env_var}={shown}: expected {setting.expected}")
     keys = [setting.key for setting in section.settings]
     for key in table:
-        if section.name == "ingest" and key in _MOVED_S3_KEYS:
-            problems.append(f"{file.where(section.name, key)}: {_moved(f'[ingest] {key}', key)}")
+        if (section.name, key) in _PER_NAME:
+            values[key] = _read_per_name(section, key, table[key], values, file, problems)
+        elif section.name == "ingest" and key in _RETIRED_INGEST_KEYS:
+            problems.append(f"{file.where(section.name, key)}: {_retired(f'[ingest] {key}', key)}")
         elif key not in keys:
             problems.append(
                 f"{file.where(section.name, key)}: unknown key [{section.name}] {key}"
@@ -428,17 +464,72 @@ def _read_section(
     return values
 
 
-# The S3 settings were `[ingest] s3_*` while only ingest's landing used them.
-_MOVED_S3_KEYS = {f"s3_{name}": name for name in S3Config.__dataclass_fields__}
+def _read_per_name(
+    section: _Section,
+    key: str,
+    tables: Any,
+    section_values: dict[str, Any],
+    file: _File,
+    problems: list[str],
+) -> dict[str, Any]:
+    """`[section.key.<name>]` tables: per name, the section's own values (file, then
+    environment, then default) overridden by that table's. Wrong keys and values go to
+    `problems`."""
+    cls = _PER_NAME[(section.name, key)]
+    names = list(cls.__dataclass_fields__)
+    settings = {s.key: s for s in section.settings if s.key in names}
+    assert section.cls is not None
+    defaults = section.cls()
+    if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
+        problems.append(
+            f"{file.where(section.name, key)}: [{section.name}] {key} must be tables, "
+            f"[{section.name}.{key}.<name>]"
+        )
+        return {}
+    per_name = {}
+    for name, table in tables.items():
+        where = f"{section.name}.{key}.{name}"
+        overrides = {}
+        for setting_key, given in table.items():
+            setting = settings.get(setting_key)
+            if setting is None:
+                problems.append(
+                    f"{file.where(where, setting_key)}: unknown key [{where}] {setting_key}"
+                    + _did_you_mean(setting_key, names)
+                )
+                continue
+            try:
+                overrides[setting_key] = _valid(setting, given, _from_toml)
+            except ValueError:
+                problems.append(
+                    f"{file.where(where, setting_key)}: [{where}] {setting_key} = "
+                    f"{setting.show(given)}: expected {setting.expected}"
+                )
+        inherited = {n: section_values.get(n, getattr(defaults, n)) for n in names}
+        per_name[name] = cls(**{**inherited, **overrides})
+    return per_name
 
 
-def _moved(given: str, old_key: str) -> str:
-    """Where an S3 setting given the old way (`given`: the key or variable) went."""
-    new = _MOVED_S3_KEYS[old_key]
-    return (
-        f"{given} has moved to [s3] {new} (environment: LOOKOUT_S3_{new.upper()}): "
-        "ingest, the engine and the dashboard now share one [s3] section"
-    )
+# Keys `[ingest]` once had, and what replaced each. The S3 settings were `[ingest] s3_*`
+# while only ingest's landing used them.
+_RETIRED_INGEST_KEYS = {
+    **{
+        f"s3_{name}": (
+            f"has moved to [s3] {name} (environment: LOOKOUT_S3_{name.upper()}): "
+            "ingest, the engine and the dashboard now share one [s3] section"
+        )
+        for name in S3Config.__dataclass_fields__
+    },
+    "max_clock_distance_days": (
+        "is replaced by two keys: max_past_days (how old a timestamp may be, in days) and "
+        "max_future_ms (how far ahead of ingest's clock, in milliseconds)"
+    ),
+}
+
+
+def _retired(given: str, old_key: str) -> str:
+    """What replaced a retired `[ingest]` key given (`given`: the key or variable)."""
+    return f"{given} {_RETIRED_INGEST_KEYS[old_key]}"
 
 
 def _top_level_problems(raw: dict[str, Any], file: _File) -> list[str]:
@@ -496,8 +587,8 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
     raw = _parse(file)
     problems = _top_level_problems(raw, file)
     problems += [
-        _moved(variable, old)
-        for old in _MOVED_S3_KEYS
+        _retired(variable, old)
+        for old in _RETIRED_INGEST_KEYS
         if (variable := f"LOOKOUT_INGEST_{old.upper()}") in os.environ
     ]
     sections: dict[str, Any] = {}

@@ -15,6 +15,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from typing import Any
 from lookout.broker import Broker, port_is_open
 from lookout.config import Config
 from lookout.health import engine_running, read_health
+from lookout.mqtt_auth import load_or_create_credentials
 from lookout.passwords import OPERATOR, PASSWORD_VARIABLE, read_users
 
 STATE = Path(".lookout")
@@ -111,17 +113,61 @@ def dashboard_sign_in(config: Config, env: dict[str, str]) -> tuple[dict[str, st
     )
 
 
+def local_broker(config: Config) -> Broker:
+    """The shipped mosquitto on `[mqtt]`'s address, its state in .lookout/broker, logging
+    clients in with the installation's credentials (made on first use)."""
+    credentials = load_or_create_credentials(config.mqtt.credentials_file)
+    return Broker(
+        config.mqtt.host, config.mqtt.port, (STATE / "broker").resolve(), credentials=credentials
+    )
+
+
+def run_broker(config: Config) -> int:
+    """`lookout broker`: run the local broker until Ctrl-C (or SIGTERM)."""
+    broker = local_broker(config)
+    if port_is_open(broker.host, broker.port):
+        _say(f"{broker.host}:{broker.port} is taken (another broker?)")
+        return 1
+    broker.start()
+    assert broker.credentials is not None and broker.process is not None
+    print(
+        f"mosquitto on {broker.host}:{broker.port}, logins in {broker.credentials.path}, "
+        f"state and log in {broker.state_dir}; Ctrl-C stops it",
+        flush=True,
+    )
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    try:
+        while not stopping.is_set() and broker.process.poll() is None:
+            stopping.wait(0.5)
+    except KeyboardInterrupt:
+        stopping.set()
+    if not stopping.is_set():
+        _say(f"mosquitto exited; see {broker.log_file}")
+    broker.stop()
+    return 0 if stopping.is_set() else 1
+
+
 def run_demo(config: Config, args: argparse.Namespace) -> int:
     """Run the whole pipeline until Ctrl-C; returns the exit code."""
     logs = STATE / "logs"
-    env = {**os.environ, "LOOKOUT_LAKEHOUSE_PATH": config.lakehouse}
+    credentials = load_or_create_credentials(config.mqtt.credentials_file)
+    env = {
+        **os.environ,
+        "LOOKOUT_LAKEHOUSE_PATH": config.lakehouse,
+        # Every part reads the same logins, wherever it runs from.
+        "LOOKOUT_MQTT_CREDENTIALS_FILE": str(credentials.path.resolve()),
+    }
     dashboard_env, sign_in = dashboard_sign_in(config, env)
     broker = None
     if not port_is_open(config.mqtt.host, config.mqtt.port):
         _say(f"starting mosquitto on {config.mqtt.host}:{config.mqtt.port}")
-        broker = Broker(config.mqtt.host, config.mqtt.port, (STATE / "broker").resolve()).start()
+        broker = local_broker(config).start()
     else:
-        _say(f"using the MQTT broker already listening on {config.mqtt.host}:{config.mqtt.port}")
+        _say(
+            f"using the MQTT broker already listening on {config.mqtt.host}:{config.mqtt.port} "
+            f"(it must accept the logins in {credentials.path})"
+        )
     if port_is_open(config.dashboard.address, config.dashboard.port):
         _say(
             f"port {config.dashboard.port} is taken (another dashboard?); stop it or set "

@@ -12,6 +12,7 @@ reach a log (`S3Config` hides the secret from its repr, and no function here log
 
 from __future__ import annotations
 
+import contextlib
 import os
 from urllib.parse import urlsplit
 
@@ -95,9 +96,14 @@ def put_whole(location: str, data: bytes, s3: S3Config) -> None:
     folder, name = os.path.split(path)
     fs.create_dir(folder, recursive=True)
     tmp = os.path.join(folder, f".{name}.tmp")
-    with fs.open_output_stream(tmp) as out:
-        out.write(data)
-    fs.move(tmp, path)
+    try:
+        with fs.open_output_stream(tmp) as out:
+            out.write(data)
+        fs.move(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):  # a full or read-only disk: leave no half file
+            fs.delete_file(tmp)
+        raise
 
 
 def read_whole(location: str, s3: S3Config) -> bytes | None:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import random
+import secrets
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 
+from lookout.config import ConfigError, load_config
+from lookout.mqtt_auth import PUBLISHER, Login, load_credentials
 from simulators.common import Reading, parse_episodes, parse_start
 from simulators.disorder import DisorderModel, Faults, arrange
 from simulators.publish import FileSink, MqttSink, Progress, emit, first_ts, replay_messages
@@ -154,6 +157,12 @@ def _mqtt(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=1, help="readings per MQTT message (at most)")
     p.add_argument("--client-id", help="MQTT client id (default: unique per run)")
     p.add_argument(
+        "--credentials",
+        metavar="FILE",
+        help="the installation's MQTT credentials, whose publisher login is used "
+        "(default: [mqtt] credentials_file; none there: connect anonymously)",
+    )
+    p.add_argument(
         "--max-inflight",
         type=int,
         default=1000,
@@ -205,12 +214,45 @@ def _common(p: argparse.ArgumentParser, rate: float) -> None:
         default="ms",
         help="payload ts: epoch milliseconds or ISO-8601 with offset",
     )
+    p.add_argument(
+        "--epoch",
+        help="the run's id, set on every reading (default: the start time in ms and a "
+        "random suffix, new for each run; give one to write the same bytes again)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def run_epoch() -> str:
+    """An id new for each run: its start in epoch ms and a random suffix (two runs
+    started in the same millisecond still differ)."""
+    return f"{int(time.time() * 1000)}-{secrets.token_hex(4)}"
+
+
+def publisher_login(args: argparse.Namespace) -> Login | None:
+    """The publisher login of the credentials file (`--credentials`, else the
+    configuration's), or None when there is no such file. Raises ConfigError."""
+    path = args.credentials or load_config().mqtt.credentials_file
+    credentials = load_credentials(path)
+    return credentials.login(PUBLISHER) if credentials else None
+
+
+def _mqtt_sink(args: argparse.Namespace) -> MqttSink:
+    """The sink the MQTT options describe, logged in as a publisher."""
+    return MqttSink(
+        args.host,
+        args.port,
+        args.qos,
+        args.batch,
+        args.client_id,
+        args.max_inflight,
+        publisher_login(args),
+    )
 
 
 def _settings(args: argparse.Namespace) -> dict:
     """The arguments that shape the output, for the truth file's ``run`` record."""
-    skip = {"func", "host", "port", "client_id", "max_inflight", "quiet", "out", "truth"}
+    skip = {"func", "host", "port", "client_id", "max_inflight", "credentials", "quiet"}
+    skip |= {"out", "truth", "epoch"}
     return {k: v for k, v in sorted(vars(args).items()) if k not in skip}
 
 
@@ -255,8 +297,16 @@ def _simulate(
     except OSError as e:
         print(f"simulate: cannot write the truth file: {e}", file=sys.stderr)
         return 1
+    epoch = args.epoch if args.epoch is not None else run_epoch()
     truth.record(
-        {"type": "run", "kind": kind, "start": start, "end": end, "settings": _settings(args)}
+        {
+            "type": "run",
+            "kind": kind,
+            "start": start,
+            "end": end,
+            "epoch": epoch,
+            "settings": _settings(args),
+        }
     )
     try:
         readings = make(start, end, random.Random(f"{args.seed}:gen"), truth)
@@ -271,15 +321,10 @@ def _simulate(
             round(args.heartbeat_interval * 1000) if args.heartbeats else None,
             start,
             end,
+            epoch,
         )
         try:
-            sink = (
-                FileSink(args.out)
-                if args.out
-                else MqttSink(
-                    args.host, args.port, args.qos, args.batch, args.client_id, args.max_inflight
-                )
-            )
+            sink = FileSink(args.out) if args.out else _mqtt_sink(args)
         except OSError as e:
             where = args.out or f"{args.host}:{args.port}"
             print(f"simulate: cannot open {where}: {e}", file=sys.stderr)
@@ -351,9 +396,7 @@ def run_replay(args: argparse.Namespace) -> int:
     lag = round(args.heartbeat_lag * 1000) if args.heartbeat_lag is not None else None
     with fh:
         try:
-            sink = MqttSink(
-                args.host, args.port, args.qos, args.batch, args.client_id, args.max_inflight
-            )
+            sink = _mqtt_sink(args)
         except OSError as e:
             print(f"simulate replay: cannot reach {args.host}:{args.port}: {e}", file=sys.stderr)
             return 1
@@ -374,7 +417,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lookout")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["simulate", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        print(f"simulate: the configuration cannot be used:\n{err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -121,13 +121,16 @@ def arrange(
     heartbeat_ms: int | None,
     start_ms: int,
     end_ms: int | None = None,
+    epoch: str | None = None,
 ) -> Iterator[Message]:
     """Yield the messages of ``readings`` in arrival order, with heartbeats.
 
     ``sources`` maps every source id to its kind (``traffic``, ``rfid``, ``positions``),
     which names its heartbeat topic. ``heartbeat_ms`` None turns heartbeats off.
     ``end_ms`` is the run's end (None: endless): readings too close to it to be
-    overtaken by a newer one by more than the slack are not made late.
+    overtaken by a newer one by more than the slack are not made late. ``epoch``, when
+    given, is set on every reading: the run's id, which tells its ``seq`` numbers from
+    those of another run of the same sources.
     """
     skew: dict[str, int] = {}
     for src in sorted(sources):
@@ -205,6 +208,8 @@ def arrange(
         payload["ts"] = format_ts(r.t + skew[r.source], ts_format)
         payload["source"] = r.source
         payload["seq"] = r.seq
+        if epoch is not None:
+            payload["epoch"] = epoch
         arrival, key = model.arrival(r.t, rng)
         u = rng.random()
         kind = "reading"

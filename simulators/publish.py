@@ -21,6 +21,7 @@ from typing import IO
 import orjson
 import paho.mqtt.client as mqtt
 
+from lookout.mqtt_auth import Login
 from simulators.common import format_ts, parse_ts
 from simulators.disorder import Message
 from simulators.truth import Truth
@@ -67,7 +68,8 @@ class FileSink:
 
 
 class MqttSink:
-    """Publishes to an MQTT broker with QoS ``qos``, at most ``max_inflight`` unacknowledged.
+    """Publishes to an MQTT broker with QoS ``qos``, at most ``max_inflight`` unacknowledged,
+    logged in as ``login`` (None: anonymously).
 
     The network loop runs in the caller's thread (no paho thread): a busy generator would
     otherwise starve the loop thread of the GIL and PUBACKs would trickle in (5k/s).
@@ -82,6 +84,7 @@ class MqttSink:
         batch: int = 1,
         client_id: str | None = None,
         max_inflight: int = 100,
+        login: Login | None = None,
     ) -> None:
         self.qos = qos
         self.batch = max(1, batch)
@@ -93,6 +96,8 @@ class MqttSink:
         self._buf: dict[str, list[dict]] = {}
         cid = client_id or f"lookout-sim-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid)
+        if login is not None:
+            self._client.username_pw_set(login.username, login.password)
         self._client.max_inflight_messages_set(max_inflight)
         self._client.on_publish = self._on_publish
         self._client.on_connect = self._on_connect

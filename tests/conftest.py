@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from lookout.broker import Broker, free_port
-from lookout.config import Config, EngineConfig, MqttConfig
+from lookout.config import Config, EngineConfig
 from tests.s3server import S3Server
 
 
 @pytest.fixture(scope="session")
 def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    """A mosquitto with Lookout's configuration (persistence on, no queue limit)."""
+    """A mosquitto with Lookout's configuration (persistence on, no queue limit, a login
+    per role: `broker.credentials`, `broker.mqtt_config()`)."""
     broker = Broker("127.0.0.1", free_port(), tmp_path_factory.mktemp("mosquitto")).start()
     yield broker
     broker.stop()
@@ -60,9 +61,9 @@ def spark():  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def lookout_config(tmp_path: Path, mosquitto: Broker) -> Config:
-    """A configuration with a fresh lakehouse and the test broker."""
+    """A configuration with a fresh lakehouse and the test broker (and its logins)."""
     return Config(
         lakehouse=str(tmp_path / "lakehouse"),
-        mqtt=MqttConfig(host=mosquitto.host, port=mosquitto.port),
+        mqtt=mosquitto.mqtt_config(),
         engine=EngineConfig(master="local[2]", shuffle_partitions=2, trigger_seconds=0.5),
     )

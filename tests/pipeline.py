@@ -17,6 +17,7 @@ from ingest.service import build_ingester
 from ingest.subscriber import Ingester
 from lookout.broker import Broker
 from lookout.config import Config
+from lookout.mqtt_auth import PUBLISHER
 from lookout.services import alert_specs
 from lookout.storage import delta_options
 from rules.language.loader import RuleSet
@@ -26,11 +27,15 @@ __all__ = ["publish", "running_engine", "running_ingest", "table_rows", "wait_fo
 
 
 def publish(broker: Broker, messages: Sequence[tuple[str, bytes]], qos: int = 1) -> None:
-    """Publish every (topic, payload) with QoS 1 and wait until the broker acked each."""
+    """Publish every (topic, payload) with QoS 1, logged in as a publisher, and wait
+    until the broker acked each."""
     client = mqtt.Client(
         callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
         client_id=f"test-publisher-{time.monotonic_ns()}",
     )
+    assert broker.credentials is not None
+    login = broker.credentials.login(PUBLISHER)
+    client.username_pw_set(login.username, login.password)
     client.connect(broker.host, broker.port)
     client.loop_start()
     try:

@@ -14,16 +14,17 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, get_type_hints
+from typing import Any, NamedTuple, get_origin, get_type_hints
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lookout.cli import main
-from lookout.config import Config, ConfigError, load_config
+from lookout.config import Config, ConfigError, StreamClock, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,6 +57,7 @@ def config_keys() -> list[Key]:
             keys += [
                 Key(config_field.name, f.name, hints[f.name], getattr(default, f.name))
                 for f in fields(kind)
+                if get_origin(hints[f.name]) is not Mapping  # per-name tables: tested below
             ]
         else:
             keys.append(Key(*PLAIN_FIELDS[config_field.name], kind, default))
@@ -374,3 +376,62 @@ def test_the_commands_exit_2_with_the_message(tmp_path: Path, command: list[str]
     assert done.returncode == 2, done.stderr
     assert "LOOKOUT_DASHBOARD_PORT=http: expected an integer from 1 to 65535" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+# -- per-stream tables ------------------------------------------------------------------
+
+
+def test_a_stream_may_override_the_clock_limits() -> None:
+    _, loaded = load_text(
+        "[ingest]\nmax_past_days = 30\n\n"
+        "[ingest.streams.traffic]\nmax_future_ms = 3600000\n\n"
+        "[ingest.streams.tag_readings]\nmax_past_days = 2\n"
+    )
+    assert isinstance(loaded, Config)
+    assert loaded.ingest.streams == {
+        "traffic": StreamClock(max_future_ms=3_600_000, max_past_days=30),
+        "tag_readings": StreamClock(max_future_ms=300_000, max_past_days=2),
+    }
+
+
+def test_a_stream_table_inherits_the_environment_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOKOUT_INGEST_MAX_FUTURE_MS", "1000")
+    _, loaded = load_text("[ingest.streams.traffic]\nmax_past_days = 3\n")
+    assert isinstance(loaded, Config)
+    assert loaded.ingest.streams["traffic"] == StreamClock(max_future_ms=1000, max_past_days=3)
+
+
+def test_a_wrong_stream_table_names_file_line_and_key() -> None:
+    path, loaded = load_text(
+        "[ingest.streams.traffic]\nmax_future_ms = -1\nmax_futur_ms = 5\nflush_ms = 1\n"
+    )
+    assert str(loaded).splitlines() == [
+        f"{path}:2: [ingest.streams.traffic] max_future_ms = -1: expected an integer of 0 or more",
+        f"{path}:3: unknown key [ingest.streams.traffic] max_futur_ms; did you mean max_future_ms?",
+        f"{path}:4: unknown key [ingest.streams.traffic] flush_ms (known: max_future_ms, "
+        "max_past_days)",
+    ]
+    path, loaded = load_text("[ingest]\nstreams = 3\n")
+    assert str(loaded) == (f"{path}:2: [ingest] streams must be tables, [ingest.streams.<name>]")
+
+
+def test_the_old_clock_distance_key_says_what_replaced_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    path, loaded = load_text("[ingest]\nmax_clock_distance_days = 30\n")
+    assert str(loaded) == (
+        f"{path}:2: [ingest] max_clock_distance_days is replaced by two keys: max_past_days "
+        "(how old a timestamp may be, in days) and max_future_ms (how far ahead of ingest's "
+        "clock, in milliseconds)"
+    )
+    monkeypatch.setenv("LOOKOUT_INGEST_MAX_CLOCK_DISTANCE_DAYS", "30")
+    _, loaded = load_text("")
+    assert str(loaded).startswith("LOOKOUT_INGEST_MAX_CLOCK_DISTANCE_DAYS is replaced by")
+
+
+def test_ingest_refuses_a_table_for_a_stream_the_rules_do_not_declare() -> None:
+    from ingest.service import build_ingester
+    from rules.language.loader import load_rules
+
+    _, loaded = load_text("[ingest.streams.trafic]\nmax_future_ms = 1\n")
+    assert isinstance(loaded, Config)
+    with pytest.raises(ConfigError, match=r"\[ingest.streams.trafic\]: the rules declare no"):
+        build_ingester(loaded, load_rules([str(ROOT / "rules")]))

@@ -13,7 +13,7 @@ engine's reader and checks that the engine's pipeline accounts for every line.
 
 from __future__ import annotations
 
-import base64
+import hashlib
 import json
 import math
 import tempfile
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import pyarrow as pa
 from hypothesis import strategies as st
@@ -30,8 +31,16 @@ from engine.core.pipeline import Pipeline
 from engine.core.plan import ColumnType, Plan, StreamSchema
 from engine.landed_files import QUARANTINE_FOLDER, read_quarantine_file, read_stream_file
 from ingest.landing import LandingWriter
-from ingest.validate import BIGINT_RANGE, INT_RANGE, NON_NEGATIVE, Validated, Validator
+from ingest.validate import (
+    BIGINT_RANGE,
+    INT_RANGE,
+    NON_NEGATIVE,
+    Validated,
+    Validator,
+    split_array,
+)
 from rules.language.loader import analyse, load_rules
+from tests.ingest.helpers import kept_payload
 
 NOW_MS = 1_764_000_000_000
 """The wall clock the fuzzed validator is told (2025-11-24)."""
@@ -101,6 +110,8 @@ _NUMBERS = st.one_of(
             2**64,
             10**30,
             NOW_MS,
+            NOW_MS + 301_000,  # just past the default five minutes ahead
+            NOW_MS + 9 * 365 * 86_400_000,  # a clock nine years ahead
             NOW_MS + 0.5,
             -0.0,
             1e300,
@@ -117,6 +128,7 @@ _SCALARS = st.one_of(
     st.booleans(),
     _NUMBERS,
     st.text(max_size=20),
+    st.sampled_from(["x" * 256, "é" * 257]),  # at and past the default length limit
     _ODD_TIMESTAMPS,
 )
 
@@ -164,20 +176,32 @@ def readings(draw: st.DrawFn, stream: StreamSchema) -> tuple[dict[str, Any], boo
     }
     item["source"] = draw(st.sampled_from(["loop-1", "loop-2", "dévice-☃", ""]))
     item["seq"] = draw(st.integers(0, 30))
+    if draw(st.booleans()):  # a source's run id: text, or an integer of any size
+        item["epoch"] = draw(st.sampled_from(["", "1764000000000-3f9a", 7, 2**70]))
     intact = True
     for _ in range(draw(st.sampled_from([0, 0, 1, 1, 2, 3]))):
-        name = draw(st.sampled_from([n for n, _ in columns] + ["extra", "é", ""]))
-        action = draw(st.sampled_from(["replace", "delete", "nest"]))
+        name = draw(st.sampled_from([n for n, _ in columns] + ["epoch", "extra", "é", ""]))
+        action = draw(st.sampled_from(["replace", "delete", "nest", "deep"]))
         if action == "delete":
             item.pop(name, None)
         elif action == "nest":
             item[name] = draw(st.sampled_from([[item.get(name)], {"value": item.get(name)}]))
+        elif action == "deep":  # deeper than orjson writes or Python's recursion allows
+            item[name] = _nested(draw(st.sampled_from([300, 900])))
         elif name in ("ts", "checked"):
             item[name] = draw(st.one_of(_ODD_TIMESTAMPS, _NUMBERS, json_values))
         else:
             item[name] = draw(st.one_of(_SCALARS, _NUMBERS, json_values))
         intact = False
     return item, intact
+
+
+def _nested(depth: int) -> list[Any]:
+    """`[[[...]]]`, `depth` arrays deep."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
 
 
 def _dumps(document: Any, style: str) -> bytes:
@@ -244,29 +268,42 @@ def messages(draw: st.DrawFn, streams: Sequence[StreamSchema]) -> Message:
 
 
 def _check_value(type_: str, name: str, value: Any, validator: Validator) -> None:
-    if type_ == ColumnType.INT:
+    if type_ == ColumnType.STRING:
+        assert type(value) is str and len(value) <= validator.max_string_chars, (name, value)
+    elif type_ == ColumnType.INT:
         assert type(value) is int and INT_RANGE[0] <= value <= INT_RANGE[1], (name, value)
     elif type_ in (ColumnType.BIGINT, ColumnType.TIMESTAMP):
         assert type(value) is int and BIGINT_RANGE[0] <= value <= BIGINT_RANGE[1], (name, value)
     elif type_ == ColumnType.DOUBLE:
         assert type(value) is float and math.isfinite(value), (name, value)
-    elif type_ == ColumnType.BOOLEAN:
-        assert type(value) is bool, (name, value)
     else:
-        assert type(value) is str, (name, value)
+        assert type(value) is bool, (name, value)
     if name in validator.non_negative and type_ != ColumnType.STRING:
         assert value >= 0, (name, value)
+
+
+def _decoded(validator: Validator, payload: bytes) -> tuple[bool, Any]:
+    """(whether ingest reads `payload` as one JSON document, the document): msgspec,
+    which keeps integers of any size exact, within the size limit."""
+    if len(payload) > validator.max_payload_bytes:
+        return False, None
+    try:
+        return True, msgspec.json.decode(payload)
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
+        return False, None
 
 
 def check_message(validator: Validator, message: Message, result: Validated) -> None:
     """Every element of the message is accounted for: accepted, or rejected with a reason.
 
     - a payload that is not a JSON document (or on an unknown topic) is one rejection
-      holding the raw bytes;
+      holding the raw bytes, unless it is an array whose elements can be told apart:
+      then each element is judged alone, as in a batch;
     - a single object is one outcome; a batch of n elements is n outcomes, each bad one
-      rejected with its own bytes (`orjson.dumps` of the element) and its index;
-    - accepted readings hold exactly the declared columns plus `source` and `seq`, each of
-      its declared type and range, with the event time within the clock distance.
+      rejected with its own bytes (exactly as published) and its index;
+    - accepted readings hold exactly the declared columns plus `source`, `seq` and
+      `epoch`, each of its declared type and range (text within the length limit), with
+      the event time within the stream's clock window.
     """
     outcomes = len(result.readings) + len(result.heartbeats) + len(result.rejections)
     for rejection in result.rejections:
@@ -277,39 +314,48 @@ def check_message(validator: Validator, message: Message, result: Validated) -> 
     if stream is None:
         assert outcomes == 1 and result.rejections[0].payload == message.payload
         return
-    try:
-        document = orjson.loads(message.payload)
-        parsed = len(message.payload) <= validator.max_payload_bytes
-    except orjson.JSONDecodeError:
-        parsed = False
-    if not parsed or (type(document) is list and not document):
+    parsed, document = _decoded(validator, message.payload)
+    elements = None
+    if not parsed and len(message.payload) <= validator.max_payload_bytes:
+        elements = split_array(message.payload)
+    if (not parsed and elements is None) or (type(document) is list and not document):
         assert outcomes == 1, result
         assert result.rejections and result.rejections[0].payload == message.payload
+        return
+    if elements is not None:
+        assert outcomes == len(elements), (len(elements), result)
+        for rejection in result.rejections:
+            index = int(rejection.reason.removeprefix("reading #").split(" ", 1)[0])
+            assert rejection.payload == elements[index], rejection
         return
     batch = type(document) is list
     items = document if batch else [document]
     assert outcomes == len(items), (len(items), result)
     if batch:
+        raw = msgspec.json.decode(message.payload, type=list[msgspec.Raw])
         for rejection in result.rejections:
             index = int(rejection.reason.removeprefix("reading #").split(" ", 1)[0])
-            assert rejection.payload == orjson.dumps(items[index]), rejection
+            assert rejection.payload == bytes(raw[index]), rejection
     else:
         for rejection in result.rejections:
             assert rejection.payload == message.payload
+    window = validator.clock_for(stream.name)
+    low, high = NOW_MS - window.max_past_ms, NOW_MS + window.max_future_ms
     if is_heartbeat:
         assert not result.readings
         for beat in result.heartbeats:
             _check_value(ColumnType.TIMESTAMP, "ts", beat[stream.timestamp], validator)
+            _check_value(ColumnType.STRING, "source", beat["source"], validator)
+            assert low <= beat[stream.timestamp] <= high, beat
         return
     assert not result.heartbeats
     expected = {c.name: c.type for c in stream.columns}
-    expected.update(source=ColumnType.STRING, seq=ColumnType.BIGINT)
+    expected.update(source=ColumnType.STRING, seq=ColumnType.BIGINT, epoch=ColumnType.STRING)
     for reading in result.readings:
         assert set(reading) == set(expected), reading
         for name, type_ in expected.items():
             _check_value(type_, name, reading[name], validator)
-        distance = abs(reading[stream.timestamp] - NOW_MS)
-        assert distance <= validator.max_clock_distance_ms, reading
+        assert low <= reading[stream.timestamp] <= high, reading
 
 
 def check_landing(
@@ -317,7 +363,8 @@ def check_landing(
 ) -> None:
     """Land the messages as ingest does, read the files back, split them; nothing is lost.
 
-    Every quarantined payload comes back byte for byte (`payload_b64`) with its reason;
+    Every quarantined payload comes back with its reason, size and SHA-256, and its first
+    bytes exactly (up to the writer's limit, less a UTF-8 character cut there);
     every accepted reading comes back on time, late or counted as a duplicate; every
     heartbeat comes back as a heartbeat row.
     """
@@ -361,7 +408,12 @@ def check_landing(
         landed += out.duplicates.get(name, 0)
         assert landed == count, (name, landed, count)
     assert sum(out.heartbeats.values()) == beats
-    back = [
-        (row["topic"], row["reason"], base64.b64decode(row["payload_b64"])) for row in quarantine
-    ]
-    assert sorted(back) == sorted(rejected)
+    back = [(row["topic"], row["reason"], row["payload_sha256"]) for row in quarantine]
+    assert sorted(back) == sorted((t, r, hashlib.sha256(p).hexdigest()) for t, r, p in rejected)
+    for row in quarantine:
+        kept = kept_payload(row)
+        payload = next(
+            p for _, _, p in rejected if hashlib.sha256(p).hexdigest() == row["payload_sha256"]
+        )
+        assert payload.startswith(kept) and row["payload_bytes"] == len(payload)
+        assert len(kept) >= min(len(payload), writer.quarantine_payload_bytes) - 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import paho.mqtt.client as mqtt
 from ingest.subscriber import make_client
 from lookout.broker import Broker
 from lookout.config import MqttConfig
+from lookout.mqtt_auth import PUBLISHER
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +40,12 @@ def traffic(seq: int, source: str = "loop-1", station: int = 1) -> dict[str, Any
     }
 
 
+def publisher_config(broker: Broker) -> MqttConfig:
+    """How a publisher (a simulator, a gateway) reaches `broker`: its publisher login."""
+    assert broker.credentials is not None
+    return broker.credentials.mqtt_config(broker.mqtt_config(), PUBLISHER)
+
+
 class Publisher:
     """A QoS 1 publisher with its own persistent session, so it survives broker restarts.
 
@@ -47,9 +55,10 @@ class Publisher:
     """
 
     def __init__(self, broker: Broker, credentials: MqttConfig | None = None) -> None:
-        # The same credential and TLS handling as ingest's own client.
+        # The same credential and TLS handling as ingest's own client; by default the
+        # broker's publisher login.
         self.client = make_client(
-            credentials or MqttConfig(), f"test-publisher-{time.monotonic_ns()}", False
+            credentials or publisher_config(broker), f"test-publisher-{time.monotonic_ns()}", False
         )
         self.client.max_inflight_messages_set(1000)
         self.client.max_queued_messages_set(0)
@@ -58,12 +67,14 @@ class Publisher:
         self.client.loop_start()
         self.infos: list[mqtt.MQTTMessageInfo] = []
 
-    def send(self, topic: str, payload: bytes | dict[str, Any] | list[Any]) -> None:
+    def send(
+        self, topic: str, payload: bytes | dict[str, Any] | list[Any], retain: bool = False
+    ) -> None:
         """Publish one message at QoS 1 (dicts and lists are JSON-encoded)."""
         body = payload if isinstance(payload, bytes) else orjson.dumps(payload)
         while True:
             wait_for(self.client.is_connected, 60, "the publisher to reconnect", 0.01)
-            info = self.client.publish(topic, body, qos=1)
+            info = self.client.publish(topic, body, qos=1, retain=retain)
             # Refused while the connection was dropping: paho's info would never report
             # success even if paho sends its copy later, so publish again (a duplicate
             # at worst, which the engine removes).
@@ -124,6 +135,13 @@ def landed_lines(landing: Path, stream: str) -> list[dict[str, Any]]:
     return lines
 
 
+def kept_payload(record: dict[str, Any]) -> bytes:
+    """The first bytes of a payload a quarantine line or row keeps (text or base64)."""
+    if record["payload"] is not None:
+        return record["payload"].encode()
+    return base64.b64decode(record["payload_b64"])
+
+
 def landed_keys(landing: Path, stream: str = "traffic") -> Counter[tuple[str, int]]:
     """How many times each (source, seq) reading of `stream` landed."""
     return Counter(
@@ -153,6 +171,7 @@ class IngestProcess:
             "LOOKOUT_LAKEHOUSE_PATH": str(lakehouse),
             "LOOKOUT_MQTT_HOST": broker.host,
             "LOOKOUT_MQTT_PORT": str(broker.port),
+            "LOOKOUT_MQTT_CREDENTIALS_FILE": broker.mqtt_config().credentials_file,
             **(env or {}),
         }
         cmd = [sys.executable, "-m", "ingest", "--rules", "rules", "--id", ingester_id, *extra]

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from ingest.heartbeats import SilenceHeartbeats
 from ingest.service import build_ingester
 from lookout.broker import Broker
-from lookout.config import Config, MqttConfig
+from lookout.config import Config
 from rules.language.loader import load_rules
 from tests.ingest.conftest import RULES
 from tests.ingest.helpers import landed_lines, publish_all, traffic
@@ -78,9 +78,7 @@ def test_heartbeats_never_go_back_and_respect_the_bound(
 def test_ingest_lands_heartbeats_for_a_silent_stream(tmp_path: Path, broker: Broker) -> None:
     """With heartbeat_after 0.5 s, a stream that sent one reading and then fell silent
     gets heartbeats from ingest among its lines, each later than the one before."""
-    config = Config(
-        lakehouse=str(tmp_path / "lakehouse"), mqtt=MqttConfig(host=broker.host, port=broker.port)
-    )
+    config = Config(lakehouse=str(tmp_path / "lakehouse"), mqtt=broker.mqtt_config())
     ingester = build_ingester(config, load_rules([str(RULES)]), heartbeat_after_s=0.5)
     thread = threading.Thread(target=ingester.run, daemon=True)
     thread.start()

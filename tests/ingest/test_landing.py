@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import orjson
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from ingest.landing import QUARANTINE, LandingWriter, json_lines
+from ingest.landing import QUARANTINE, LandingWriter, json_lines, quarantine_record
+from tests.ingest.helpers import kept_payload
 
 
 def lines(path: Path) -> list[dict]:
@@ -93,3 +96,40 @@ TRICKY_TEXT = st.text(alphabet='{},:"\\\n ab', max_size=12)
 def test_json_lines_splits_only_between_records(records: list[dict]) -> None:
     """Keys and strings full of braces, commas and quotes never split a record."""
     assert [orjson.loads(line) for line in json_lines(records).split(b"\n")] == records
+
+
+def test_quarantine_keeps_a_bounded_prefix_with_the_size_and_hash(tmp_path: Path) -> None:
+    """Before: a 100 KB payload was stored whole, as text and again as base64 (233 KB)."""
+    writer = LandingWriter(tmp_path, "a", quarantine_payload_bytes=4096)
+    big = b'{"station": "' + b"9" * 100_000 + b'"}'
+    writer.add_rejection("t/1", "payload is 100015 bytes; the limit is 1000", big, 1)
+    (path,) = writer.flush()
+    assert path.stat().st_size < 4096 + 300
+    (line,) = lines(path)
+    assert line["payload"].encode() == big[:4096] and line["payload_b64"] is None
+    assert line["payload_bytes"] == len(big)
+    assert line["payload_sha256"] == hashlib.sha256(big).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"\x00" * 3000, b"\x01\x02" * 1500, b"\xff" * 3000, b'"' * 3000, b"\\" * 3000],
+    ids=["NUL", "control", "not UTF-8", "quotes", "backslashes"],
+)
+def test_quarantine_never_stores_more_than_twice_the_kept_bytes(
+    tmp_path: Path, payload: bytes
+) -> None:
+    """Before: NUL bytes took 7.3 times their size (six as escaped text, 1.33 as base64)."""
+    writer = LandingWriter(tmp_path, "a")
+    writer.add_rejection("t/1", "bad", payload, 1)
+    (path,) = writer.flush()
+    assert path.stat().st_size < 2 * len(payload) + 300
+    (line,) = lines(path)
+    assert kept_payload(line) == payload
+    assert (line["payload"] is None) != (line["payload_b64"] is None)
+
+
+def test_a_cut_inside_a_character_keeps_the_text_whole(tmp_path: Path) -> None:
+    payload = "é".encode() * 3000  # two bytes each: a cut at an odd byte splits one
+    record = quarantine_record("t", "bad", payload, keep_bytes=4095)
+    assert record["payload"] == "é" * 2047 and record["payload_bytes"] == 6000

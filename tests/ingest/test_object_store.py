@@ -21,7 +21,7 @@ import pytest
 
 from ingest.service import build_ingester
 from lookout.broker import Broker
-from lookout.config import Config, IngestConfig, MqttConfig
+from lookout.config import Config, IngestConfig
 from rules.language.loader import load_rules
 from tests.ingest.conftest import RULES
 from tests.ingest.helpers import IngestProcess, publish_all, traffic
@@ -56,7 +56,7 @@ def test_readings_land_as_objects_exactly_once(
 ) -> None:
     config = Config(
         lakehouse=str(tmp_path / "lakehouse"),
-        mqtt=MqttConfig(host=broker.host, port=broker.port),
+        mqtt=broker.mqtt_config(),
         ingest=ingest_settings(s3),
         s3=s3.settings(),
     )
@@ -74,7 +74,7 @@ def test_readings_land_as_objects_exactly_once(
 
     lines = landed(s3)
     assert keys(lines) == Counter({("loop-1", seq): 1 for seq in range(1300)})
-    assert set(lines[0]) == {*traffic(0), "_line", "_topic", "_received_ms"}
+    assert set(lines[0]) == {*traffic(0), "epoch", "_line", "_topic", "_received_ms"}
     (rejected,) = landed(s3, "_quarantine")
     assert rejected["reason"].startswith("payload is not JSON")
     names = [key.rsplit("/", 1)[1] for key in s3.objects(PREFIX)]

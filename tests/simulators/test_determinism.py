@@ -42,7 +42,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_same_seed_same_bytes(tmp_path: Path, case: str) -> None:
-    argv = CASES[case]
+    argv = (*CASES[case], "--epoch", "run-1")
     a = simulate(tmp_path, *argv, "--seed", "7", name="a")
     b = simulate(tmp_path, *argv, "--seed", "7", name="b")
     c = simulate(tmp_path, *argv, "--seed", "8", name="c")
@@ -63,3 +63,24 @@ def test_seq_strictly_increasing_per_source(tmp_path: Path) -> None:
         seqs.setdefault(r["source"], []).append(r["seq"])
     for s in seqs.values():
         assert s == list(range(len(s)))
+
+
+def test_each_run_has_its_own_epoch_on_every_reading(tmp_path: Path) -> None:
+    """A restarted simulator starts its seq again: its epoch tells the two runs apart.
+    Without --epoch, two runs differ in their epoch only."""
+    from tests.simulators.helpers import load, truth_of
+
+    argv = ("traffic", "--duration", "20", "--accident", "2@0+10", "--seed", "3")
+    runs = [simulate(tmp_path, *argv, name=name) for name in ("a", "b")]
+    epochs = []
+    for out, truth in runs:
+        readings, _ = load(out)
+        (epoch,) = {r["epoch"] for r in readings}
+        assert isinstance(epoch, str) and epoch
+        assert truth_of(truth, "run")[0]["epoch"] == epoch
+        epochs.append(epoch)
+    assert epochs[0] != epochs[1]
+    stripped = [
+        [{k: v for k, v in r.items() if k != "epoch"} for r in load(out)[0]] for out, _ in runs
+    ]
+    assert stripped[0] == stripped[1]

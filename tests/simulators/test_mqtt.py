@@ -17,6 +17,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from lookout.broker import Broker, free_port
+from lookout.mqtt_auth import INGEST, PUBLISHER, Login
 from simulators.cli import main
 from simulators.publish import MqttSink
 from tests.simulators.helpers import is_reading, load, simulate
@@ -41,22 +42,28 @@ RUN = (
     "0.01",
     "--accident",
     "2@0+5",
+    "--epoch",  # the file and the broker get the same readings, run id included
+    "run-3",
 )
 
 
 class Subscriber:
-    """Collects every message under ``lookout/#`` at QoS 1."""
+    """Collects every message under ``lookout/#`` at QoS 1 (with ingest's login: the one
+    allowed to read)."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, broker: Broker) -> None:
         self.readings: list[tuple[str, dict]] = []
         self.heartbeats: list[dict] = []
         self.malformed: list[bytes] = []
         self._subscribed = threading.Event()
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="test-sub")
+        assert broker.credentials is not None
+        login = broker.credentials.login(INGEST)
+        self.client.username_pw_set(login.username, login.password)
         self.client.on_message = self._on_message
         self.client.on_subscribe = lambda *a: self._subscribed.set()
         self.client.on_connect = lambda c, *a: c.subscribe("lookout/#", qos=1)
-        self.client.connect(host, port)
+        self.client.connect(broker.host, broker.port)
         self.client.loop_start()
         assert self._subscribed.wait(10)
 
@@ -84,10 +91,22 @@ class Subscriber:
 
 
 @pytest.fixture
-def subscriber(mosquitto: tuple[str, int]) -> Iterator[Subscriber]:
-    sub = Subscriber(*mosquitto)
+def subscriber(mosquitto: Broker) -> Iterator[Subscriber]:
+    sub = Subscriber(mosquitto)
     yield sub
     sub.close()
+
+
+def address(broker: Broker) -> list[str]:
+    """The simulator options that reach `broker` as a publisher."""
+    assert broker.credentials is not None
+    path = str(broker.credentials.path)
+    return ["--host", broker.host, "--port", str(broker.port), "--credentials", path]
+
+
+def publisher(broker: Broker) -> Login:
+    assert broker.credentials is not None
+    return broker.credentials.login(PUBLISHER)
 
 
 def _key(r: dict) -> bytes:
@@ -95,14 +114,11 @@ def _key(r: dict) -> bytes:
 
 
 def test_publish_delivers_every_reading(
-    mosquitto: tuple[str, int], subscriber: Subscriber, tmp_path: Path
+    mosquitto: Broker, subscriber: Subscriber, tmp_path: Path
 ) -> None:
-    host, port = mosquitto
     lines = (simulate(tmp_path, *RUN)[0]).read_bytes().splitlines()
     expected, bad = load(tmp_path / "run.jsonl")
-    rc = main(
-        [*RUN, "--host", host, "--port", str(port), "--speedup", "0", "--batch", "20", "--quiet"]
-    )
+    rc = main([*RUN, *address(mosquitto), "--speedup", "0", "--batch", "20", "--quiet"])
     assert rc == 0
     subscriber.wait_for(len(lines))
     got = [r for _, r in subscriber.readings if is_reading(r)]
@@ -128,9 +144,8 @@ def _seqs(readings: list[dict]) -> dict[str, list[int]]:
 
 
 def test_replay_republishes_the_file(
-    mosquitto: tuple[str, int], subscriber: Subscriber, tmp_path: Path
+    mosquitto: Broker, subscriber: Subscriber, tmp_path: Path
 ) -> None:
-    host, port = mosquitto
     out, _ = simulate(tmp_path, *RUN)
     lines = out.read_bytes().splitlines()
     t0 = time.monotonic()
@@ -138,10 +153,7 @@ def test_replay_republishes_the_file(
         [
             "replay",
             str(out),
-            "--host",
-            host,
-            "--port",
-            str(port),
+            *address(mosquitto),
             "--speedup",
             "5",
             "--batch",
@@ -157,20 +169,14 @@ def test_replay_republishes_the_file(
     assert 1.5 < elapsed < 6
 
 
-def test_sigterm_stops_cleanly_with_nothing_lost(
-    mosquitto: tuple[str, int], subscriber: Subscriber
-) -> None:
-    host, port = mosquitto
+def test_sigterm_stops_cleanly_with_nothing_lost(mosquitto: Broker, subscriber: Subscriber) -> None:
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "simulators.cli",
             "traffic",
-            "--host",
-            host,
-            "--port",
-            str(port),
+            *address(mosquitto),
             "--rate",
             "500",
             "--duration",
@@ -192,10 +198,10 @@ def test_sigterm_stops_cleanly_with_nothing_lost(
     assert {r["station"] for _, r in subscriber.readings} == set(range(1, 11))
 
 
-def test_a_publish_cut_short_is_not_waited_for(mosquitto: tuple[str, int]) -> None:
+def test_a_publish_cut_short_is_not_waited_for(mosquitto: Broker) -> None:
     # A signal used to raise inside `send`: a message counted before paho had it made
     # `close` wait for a PUBACK that could never come (SIGTERM then took 60 s).
-    sink = MqttSink(*mosquitto)
+    sink = MqttSink(mosquitto.host, mosquitto.port, login=publisher(mosquitto))
     beat = {"source": "gw", "ts": 1}
     sink.send("heartbeat", "lookout/traffic/gw/heartbeat", beat)
     publish = sink._client.publish
@@ -215,7 +221,7 @@ def test_closing_gives_up_on_a_broker_that_is_gone(tmp_path: Path) -> None:
     # Reconnecting while sending is right (a broker restart loses nothing), but closing
     # must end: a simulator whose broker had stopped used to retry for ever.
     broker = Broker("127.0.0.1", free_port(), tmp_path).start()
-    sink = MqttSink(broker.host, broker.port)
+    sink = MqttSink(broker.host, broker.port, login=publisher(broker))
     broker.stop()
     sink.send("heartbeat", "lookout/traffic/gw/heartbeat", {"source": "gw", "ts": 1})
     closing = threading.Thread(target=sink.close, kwargs={"timeout": 2}, daemon=True)
