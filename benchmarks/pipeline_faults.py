@@ -97,15 +97,24 @@ def engine_warm(lakehouse: str) -> bool:
     return bool(queries) and all(q.get("batches") for q in queries)
 
 
-def warm_up_heartbeats(rule_set: RuleSet, port: int) -> None:
+def publish_one(broker: Broker, topic: str, payload: bytes) -> None:
+    """One message with the publisher login, acknowledged."""
+    assert broker.credentials is not None
+    login = broker.credentials.login(PUBLISHER)
+    auth = {"username": login.username, "password": login.password}
+    mqtt_publish.single(topic, payload, qos=1, hostname="127.0.0.1", port=broker.port, auth=auth)
+
+
+def warm_up_heartbeats(rule_set: RuleSet, broker: Broker) -> None:
     """A heartbeat at the run's start on every source stream: each engine query runs
     its first batch on it before the readings come."""
     ts = int(datetime.fromisoformat(START).timestamp() * 1000)
     for stream in rule_set.plan.sources():
         if stream.topic:
             topic = heartbeat_filter(stream.topic).replace("+", "bench").replace("#", "bench")
-            beat = orjson.dumps({"source": "bench", stream.timestamp or "ts": ts})
-            mqtt_publish.single(topic, beat, qos=1, hostname="127.0.0.1", port=port)
+            publish_one(
+                broker, topic, orjson.dumps({"source": "bench", stream.timestamp or "ts": ts})
+            )
 
 
 def main() -> int:
@@ -187,7 +196,7 @@ def main() -> int:
             [parts["engine"]],
             300,
         )
-        warm_up_heartbeats(rule_set, broker.port)
+        warm_up_heartbeats(rule_set, broker)
         wait_for_parts(lambda: engine_warm(lakehouse), "the engine's first batches",
                        [parts["engine"]], 300)  # fmt: skip
         parts["dashboard"].start(env)
@@ -219,11 +228,7 @@ def main() -> int:
             report["dashboard_back"] = True
 
         end = orjson.dumps({"source": "gw", "ts": int(time.time() * 1000) + 86_400_000})
-        assert broker.credentials is not None
-        login = broker.credentials.login(PUBLISHER)
-        auth = {"username": login.username, "password": login.password}
-        mqtt_publish.single("lookout/traffic/gw/heartbeat", end, qos=1, hostname="127.0.0.1",
-                            port=broker.port, auth=auth)  # fmt: skip
+        publish_one(broker, "lookout/traffic/gw/heartbeat", end)
 
         def stored() -> int:
             return count(lakehouse, "readings_traffic") + count(lakehouse, "late_readings")

@@ -33,13 +33,14 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.core.plan import END_OF_TIME, Plan, Stage, StreamSchema
 from engine.core.planner import runner_for
 from engine.core.runners import STAGE_STATE_KINDS, SinkRows, StageRunner, input_rows
-from engine.core.sequencer import StreamSequencer, Verdict, content_hash
+from engine.core.sequencer import StreamSequencer, Verdict, content_hashes
 from engine.core.state import StateKey, StateStore
 
 Row = dict[str, Any]
@@ -142,6 +143,19 @@ def dependency_order(stages: Iterable[tuple[int, Stage]]) -> list[tuple[int, Sta
     return ordered
 
 
+def _numbers(column: pa.ChunkedArray | pa.Array, dtype: type) -> np.ndarray:
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=dtype)
+
+
+def _reading(table: pa.Table, index: int) -> Row:
+    """Row ``index`` of arrivals as a dict (no heartbeat flag; an empty epoch left out)."""
+    row = table.slice(index, 1).to_pylist()[0]
+    row.pop(HEARTBEAT, None)
+    if not row.get("epoch"):
+        row.pop("epoch", None)
+    return row
+
+
 def fed_stages(plan: Plan, sources: Collection[str]) -> list[tuple[int, Stage]]:
     """The stages fed by ``sources``, directly or through derived streams, with their
     plan indexes, in dependency order."""
@@ -214,61 +228,63 @@ class Pipeline:
 
     def _judge(self, stream: str, table: pa.Table, result: BatchResult) -> None:
         schema = self.sources[stream]
-        ts_column = schema.timestamp or "ts"
         columns = [c.name for c in schema.columns]
         sequencer = self.sequencers[stream]
-        accepted: list[int] = []
-        stamps: list[int] = []
-        seqs: list[int] = []
-        beats = 0
-        for index, row in enumerate(table.to_pylist()):
-            arrival, self._arrivals = self._arrivals, self._arrivals + 1
-            ts = row[ts_column]
-            if row.pop(HEARTBEAT, None):
-                sequencer.heartbeat(ts)
-                beats += 1
-                continue
-            source = row["source"] = row.get("source") or ""
-            epoch = row.get("epoch") or ""
-            if not epoch:
-                row.pop("epoch", None)
-            seq = row.get("seq")
-            if seq is None:
-                seq = row["seq"] = arrival
-            watermark = sequencer.clock.watermark
-            content = content_hash(row.get(c) for c in columns)
-            verdict = sequencer.admit(source, seq, ts, epoch, content)
-            if verdict is Verdict.ON_TIME:
-                accepted.append(index)
-                stamps.append(sequencer.clock.watermark)
-                seqs.append(seq)
-            elif verdict is Verdict.LATE:
-                result.late.append(LateReading(stream, row, ts, watermark))
-            elif verdict is Verdict.DUPLICATE:
-                result.duplicates[stream] = result.duplicates.get(stream, 0) + 1
-            else:
-                first = sequencer.original(source, seq, epoch)
-                reason = (
-                    "the same (source, epoch, seq) came before with other values"
-                    if first is not None
-                    else "the same (source, epoch, seq) came before; the first reading "
-                    "is too far back to compare"
-                )
-                original_ts = None if first is None else first[1]
-                result.conflicts.append(Conflict(stream, row, ts, reason, original_ts))
+        n = table.num_rows
+        ts = _numbers(table.column(schema.timestamp or "ts"), np.int64)
+        beat = _numbers(pc.fill_null(table.column(HEARTBEAT), False), bool)
+        sources = pc.fill_null(table.column("source"), "")
+        epochs = pc.fill_null(table.column("epoch"), "")
+        # Readings without an identity (replay) are numbered by arrival.
+        seq_column = table.column("seq")
+        arrival = np.arange(self._arrivals, self._arrivals + n, dtype=np.int64)
+        self._arrivals += n
+        seqs = np.where(
+            _numbers(pc.is_null(seq_column), bool),
+            arrival,
+            _numbers(pc.fill_null(seq_column, 0), np.int64),
+        )
+        judged = sequencer.judge(
+            ts,
+            beat,
+            sources.to_pylist(),
+            epochs.to_pylist(),
+            seqs,
+            content_hashes(table.select(columns)),
+        )
+        sequencer.forget_old()
+        verdicts = judged.verdicts
+        table = table.set_column(table.column_names.index("seq"), "seq", pa.array(seqs))
+        table = table.set_column(table.column_names.index("source"), "source", sources)
+        on_time = verdicts == Verdict.ON_TIME
+        kept = table.filter(pa.array(on_time))
+        result.readings[stream] = kept.append_column(
+            ARRIVAL_WATERMARK, pa.array(judged.after[on_time], pa.int64())
+        )
+        beats = int((verdicts == Verdict.HEARTBEAT).sum())
         if beats:
             result.heartbeats[stream] = result.heartbeats.get(stream, 0) + beats
-        kept = table.take(pa.array(accepted, pa.int64()))
-        # Readings without an identity (replay) are numbered by arrival.
-        kept = kept.set_column(
-            kept.column_names.index("seq"), "seq", pa.array(seqs, pa.int64())
-        ).set_column(
-            kept.column_names.index("source"), "source", pc.fill_null(kept.column("source"), "")
-        )
-        result.readings[stream] = kept.append_column(
-            ARRIVAL_WATERMARK, pa.array(stamps, pa.int64())
-        )
-        if accepted and stream in self._readers:
+        duplicates = int((verdicts == Verdict.DUPLICATE).sum())
+        if duplicates:
+            result.duplicates[stream] = result.duplicates.get(stream, 0) + duplicates
+        for index in np.flatnonzero((verdicts == Verdict.LATE) | (verdicts == Verdict.CONFLICT)):
+            row = _reading(table, int(index))
+            if verdicts[index] == Verdict.LATE:
+                result.late.append(
+                    LateReading(stream, row, int(ts[index]), int(judged.before[index]))
+                )
+                continue
+            first = int(judged.original_ts[index])
+            reason = (
+                "the same (source, epoch, seq) came before with other values"
+                if first >= 0
+                else "the same (source, epoch, seq) came before; the first reading "
+                "is too far back to compare"
+            )
+            result.conflicts.append(
+                Conflict(stream, row, int(ts[index]), reason, first if first >= 0 else None)
+            )
+        if kept.num_rows and stream in self._readers:
             # What a stage sees of a reading: its columns and its tie order.
             rows = kept.select([*columns, "source", "seq"])
             for i in self._readers[stream]:

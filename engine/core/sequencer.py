@@ -1,56 +1,90 @@
-"""What happens to an arriving reading: dedupe, then slack (one implementation).
+"""What happens to an arriving reading: identity, then slack (one implementation).
 
 The live engine and ``lookout replay`` judge every arriving reading of a source stream
-with a :class:`StreamSequencer` (through :class:`engine.core.pipeline.Pipeline`), so
-replay removes duplicates and sets late readings aside exactly like the live pipeline.
+with a :class:`StreamSequencer` (through :class:`engine.core.pipeline.Pipeline`), a
+batch of arrivals at a time, so replay removes duplicates and sets late readings aside
+exactly like the live pipeline.
 
-* :class:`SlackClock` is the one implementation of the slack rule: per stream, a
-  reading's watermark is the max event time of the readings (and heartbeats) that
-  arrived before it, minus the slack; a reading at or above it is on time, one below it
-  is late.
-* :class:`StreamSequencer` adds identity in front of it. A reading's id is
-  ``(source, epoch, seq)``: ``epoch`` names one run of its source (a boot, a restart of
-  a gateway or simulator; empty when the source does not say), so a source that starts
-  its ``seq`` again under a new epoch sends new readings. A repeated id is a
-  :attr:`Verdict.DUPLICATE` when it carries the same content as the reading first seen
-  with it (a QoS 1 redelivery: dropped and counted), and a :attr:`Verdict.CONFLICT`
-  when its content differs or the first one is too far back to compare: never
-  dropped, the runtime stores it with the reason.
+* **Slack** (:class:`SlackClock`): per stream, a reading's watermark is the max event
+  time of the readings (and heartbeats) that arrived before it, minus the slack; a
+  reading at or above it is on time, one below it is late.
+* **Identity**: a reading's id is ``(source, epoch, seq)``; ``epoch`` names one run of
+  its source (a boot, a restart of a gateway or simulator; empty when the source does
+  not say), so a source that starts its ``seq`` again under a new epoch sends new
+  readings. A repeated id is a :attr:`Verdict.DUPLICATE` when it carries the same values
+  as the reading first seen with it (a QoS 1 redelivery: dropped and counted), and a
+  :attr:`Verdict.CONFLICT` when its values differ or the first one is too far back to
+  compare: never dropped, the runtime stores it with the reason. A repeated id still
+  moves the clock, so a batch judged again after a restart is judged as the first time.
 
 Memory stays bounded however long a stream runs: the ids seen are kept per
 ``(source, epoch)`` as ranges of seqs (a source counting up is one range), forgotten
-``horizon_ms`` of event time behind the watermark, and the content of the latest
-``recent_ids`` readings is kept to tell a redelivery from a conflict.
+``horizon_ms`` of event time behind the watermark; the values of the latest
+``recent_ids`` readings are kept as 64-bit digests (:func:`content_hashes`) under a
+64-bit digest of their id, in segments a runtime stores once each and forgets whole.
 """
 
 from __future__ import annotations
 
-import bisect
 import hashlib
-from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import IntEnum
 from typing import Any
 
-import orjson
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from engine.core.plan import END_OF_TIME
 
 #: How far behind a stream's watermark (in event time) a repeated id is still recognised.
 DEDUPE_HORIZON_MS = 60 * 60_000
-#: How many of the latest readings' contents are kept to tell redeliveries from conflicts.
+#: How many of the latest readings' values are kept to tell redeliveries from conflicts.
 RECENT_IDS = 200_000
 
-Ident = tuple[str, str, int]
-"""A reading's identity: (source, epoch, seq)."""
+
+def content_hashes(values: pa.Table) -> np.ndarray:
+    """A 64-bit digest of each row's values (a reading's declared columns), the same in
+    every process and whatever Arrow types carry them (int32 or int64, with or without
+    NULLs elsewhere in the batch)."""
+    digest = np.full(values.num_rows, 0x9E3779B97F4A7C15, dtype=np.uint64)
+    for column in values.columns:
+        nulls = np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        kind = column.type
+        if pa.types.is_integer(kind) or pa.types.is_boolean(kind) or pa.types.is_timestamp(kind):
+            plain = np.asarray(pc.fill_null(pc.cast(column, pa.int64()), 0).to_numpy())
+        elif pa.types.is_floating(kind):
+            plain = np.asarray(pc.fill_null(pc.cast(column, pa.float64()), 0.0).to_numpy())
+        else:
+            plain = np.asarray(
+                pc.fill_null(pc.cast(column, pa.string()), "").to_pylist(), dtype=object
+            )
+        hashed = pd.util.hash_array(plain) ^ (
+            nulls.astype(np.uint64) * np.uint64(0x632BE59BD9B4E019)
+        )
+        digest = _mix(digest ^ hashed)
+    return digest
 
 
-def content_hash(values: Iterable[Any]) -> int:
-    """A 64-bit digest of a reading's values (its declared columns, in order): equal
-    readings give equal digests in every process (unlike ``hash``)."""
-    digest = hashlib.blake2b(orjson.dumps(list(values)), digest_size=8).digest()
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: every input bit moves every output bit."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _source_hash(source: str, epoch: str) -> int:
+    digest = hashlib.blake2b(f"{source}\x1f{epoch}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
+
+
+def id_hashes(source_hash: int, seqs: np.ndarray) -> np.ndarray:
+    """64-bit digests of the ids (source, epoch, seq) of one (source, epoch): its own
+    digest mixed with each seq."""
+    return _mix(np.uint64(source_hash) ^ seqs.astype(np.int64).view(np.uint64))
 
 
 @dataclass
@@ -65,22 +99,27 @@ class SlackClock:
         """Max event time seen so far minus the slack (-END_OF_TIME before any reading)."""
         return -END_OF_TIME if self.max_ts is None else self.max_ts - self.slack_ms
 
-    def admit(self, ts: int) -> bool:
-        """Judge the next arriving reading: True if on time (``ts >= watermark``), False if
-        late. Either way it has arrived, so it counts toward later readings' watermark."""
-        on_time = ts >= self.watermark
-        if self.max_ts is None or ts > self.max_ts:
-            self.max_ts = ts
-        return on_time
+
+class Verdict(IntEnum):
+    """What happens to one arriving line."""
+
+    ON_TIME = 0
+    LATE = 1
+    DUPLICATE = 2
+    CONFLICT = 3
+    HEARTBEAT = 4
 
 
-class Verdict(Enum):
-    """What happens to one arriving reading."""
+@dataclass
+class Judgement:
+    """A batch of arrivals judged, per line in arrival order: the verdict, the watermark
+    before it (what it was judged against) and after it (its ``arrival_watermark``), and
+    for a conflict the event time of the first reading with its id (-1: not kept)."""
 
-    ON_TIME = "on_time"
-    LATE = "late"
-    DUPLICATE = "duplicate"
-    CONFLICT = "conflict"
+    verdicts: np.ndarray
+    before: np.ndarray
+    after: np.ndarray
+    original_ts: np.ndarray
 
 
 @dataclass
@@ -88,46 +127,63 @@ class _Ranges:
     """One (source, epoch)'s seen seqs: sorted disjoint ``[lo, hi]`` ranges, each with
     the newest event time among its readings (what the horizon forgets by)."""
 
-    lo: list[int] = field(default_factory=list)
-    hi: list[int] = field(default_factory=list)
-    newest: list[int] = field(default_factory=list)
+    lo: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    hi: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    newest: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
-    def __contains__(self, seq: int) -> bool:
-        i = bisect.bisect_right(self.lo, seq) - 1
-        return i >= 0 and seq <= self.hi[i]
+    def contains(self, seqs: np.ndarray) -> np.ndarray:
+        at = np.searchsorted(self.lo, seqs, "right") - 1
+        inside = at >= 0
+        inside[inside] = seqs[inside] <= self.hi[at[inside]]
+        return inside
 
-    def add(self, seq: int, ts: int) -> None:
-        """Record ``seq`` (not yet present), merging it with the ranges it touches."""
-        lo, hi, newest = self.lo, self.hi, self.newest
-        if lo and hi[-1] + 1 == seq:  # the usual case: the next seq of a counting source
-            hi[-1] = seq
-            newest[-1] = max(newest[-1], ts)
-            return
-        i = bisect.bisect_right(lo, seq)  # ranges before i start at or below seq
-        joins_left = i > 0 and hi[i - 1] + 1 == seq
-        joins_right = i < len(lo) and lo[i] - 1 == seq
-        if joins_left and joins_right:
-            hi[i - 1] = hi[i]
-            newest[i - 1] = max(newest[i - 1], newest[i], ts)
-            del lo[i], hi[i], newest[i]
-        elif joins_left:
-            hi[i - 1] = seq
-            newest[i - 1] = max(newest[i - 1], ts)
-        elif joins_right:
-            lo[i] = seq
-            newest[i] = max(newest[i], ts)
-        else:
-            lo.insert(i, seq)
-            hi.insert(i, seq)
-            newest.insert(i, ts)
+    def add(self, seqs: np.ndarray, ts: np.ndarray) -> None:
+        """Record ``seqs`` (none present yet) seen at times ``ts``, merging ranges."""
+        order = np.argsort(seqs, kind="stable")
+        seqs, ts = seqs[order], ts[order]
+        starts = np.flatnonzero(np.concatenate([[True], np.diff(seqs) != 1]))
+        lo = np.concatenate([self.lo, seqs[starts]])
+        hi = np.concatenate([self.hi, seqs[np.concatenate([starts[1:], [len(seqs)]]) - 1]])
+        newest = np.concatenate([self.newest, np.maximum.reduceat(ts, starts)])
+        order = np.argsort(lo, kind="stable")
+        lo, hi, newest = lo[order], hi[order], newest[order]
+        # A range starts anew where it does not touch every range before it.
+        reach = np.maximum.accumulate(hi)
+        first = np.flatnonzero(np.concatenate([[True], lo[1:] > reach[:-1] + 1]))
+        self.lo = lo[first]
+        self.hi = np.maximum.reduceat(hi, first)
+        self.newest = np.maximum.reduceat(newest, first)
 
     def forget_before(self, limit: int) -> None:
-        """Drop the ranges whose newest event time is below ``limit``."""
-        keep = [i for i, ts in enumerate(self.newest) if ts >= limit]
-        if len(keep) != len(self.lo):
-            self.lo = [self.lo[i] for i in keep]
-            self.hi = [self.hi[i] for i in keep]
-            self.newest = [self.newest[i] for i in keep]
+        keep = self.newest >= limit
+        if not keep.all():
+            self.lo, self.hi, self.newest = self.lo[keep], self.hi[keep], self.newest[keep]
+
+
+@dataclass
+class _Segment:
+    """Values of readings judged together: id digests (sorted, for lookups), value
+    digests and event times."""
+
+    number: int
+    ids: np.ndarray
+    contents: np.ndarray
+    ts: np.ndarray
+
+    @staticmethod
+    def of(number: int, ids: np.ndarray, contents: np.ndarray, ts: np.ndarray) -> _Segment:
+        order = np.argsort(ids, kind="stable")
+        return _Segment(number, ids[order], contents[order], ts[order])
+
+    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(found, value digest, event time) of each id."""
+        at = np.minimum(np.searchsorted(self.ids, ids), max(len(self.ids) - 1, 0))
+        found = (self.ids[at] == ids) if len(self.ids) else np.zeros(len(ids), dtype=bool)
+        return (
+            found,
+            self.contents[at] if len(self.ids) else ids,
+            self.ts[at] if len(self.ids) else ids,
+        )
 
 
 @dataclass
@@ -139,61 +195,106 @@ class StreamSequencer:
     recent_ids: int = RECENT_IDS
     clock: SlackClock = field(init=False)
     _seen: dict[tuple[str, str], _Ranges] = field(default_factory=dict, init=False)
-    # The latest readings' contents (id -> (content digest, ts)), in segments of arrival
-    # order (one per `seal`), which a runtime stores once each and forgets whole.
-    _recent: dict[Ident, tuple[int, int]] = field(default_factory=dict, init=False)
-    _segments: deque[tuple[int, list[Ident]]] = field(default_factory=deque, init=False)
-    _open: list[Ident] = field(default_factory=list, init=False)
+    _sources: dict[tuple[str, str], int] = field(default_factory=dict, init=False)
+    _segments: list[_Segment] = field(default_factory=list, init=False)
+    _open: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list, init=False)
     _next_segment: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.clock = SlackClock(self.slack_ms)
 
-    def seen(self, source: str, seq: int, epoch: str = "") -> bool:
-        """Whether the id was seen (within the horizon)."""
-        ranges = self._seen.get((source, epoch))
-        return ranges is not None and seq in ranges
-
-    def original(self, source: str, seq: int, epoch: str = "") -> tuple[int, int] | None:
-        """(content digest, ts) of the reading first seen with this id, if still kept."""
-        return self._recent.get((source, epoch, seq))
-
-    def remember(
-        self, source: str, seq: int, ts: int, epoch: str = "", content: int | None = None
-    ) -> None:
-        """Record an id as seen, with its content digest when given."""
-        ranges = self._seen.get((source, epoch))
-        if ranges is None:
-            ranges = self._seen[(source, epoch)] = _Ranges()
-        ranges.add(seq, ts)
-        if content is not None:
-            ident = (source, epoch, seq)
-            self._recent[ident] = (content, ts)
-            self._open.append(ident)
-
-    def admit(
-        self, source: str, seq: int, ts: int, epoch: str = "", content: int | None = None
-    ) -> Verdict:
-        """Judge the next arriving reading of this stream. ``content`` is its
-        :func:`content_hash`; without one a repeated id is taken for a redelivery."""
-        # A repeated id still moves the clock (a no-op when its original did already), so
-        # a batch re-run after a restart judges every later reading as the first run did.
-        on_time = self.clock.admit(ts)
-        if self.seen(source, seq, epoch):
-            if content is None:
-                return Verdict.DUPLICATE
-            first = self.original(source, seq, epoch)
-            return (
-                Verdict.DUPLICATE
-                if first is not None and first[0] == content
-                else (Verdict.CONFLICT)
+    def judge(
+        self,
+        ts: np.ndarray,
+        beat: np.ndarray,
+        sources: Sequence[str],
+        epochs: Sequence[str],
+        seqs: np.ndarray,
+        contents: np.ndarray,
+    ) -> Judgement:
+        """Judge a batch of arrivals in arrival order: event times, which are heartbeats,
+        and each reading's id and value digest (a heartbeat's are ignored)."""
+        n = len(ts)
+        slack = self.slack_ms
+        start = -END_OF_TIME + slack if self.clock.max_ts is None else self.clock.max_ts
+        running = np.maximum.accumulate(np.concatenate([[start], ts]))
+        before, after = running[:-1] - slack, running[1:] - slack
+        if n:
+            self.clock.max_ts = int(running[-1])
+        verdicts = np.full(n, Verdict.HEARTBEAT, dtype=np.int8)
+        original_ts = np.full(n, -1, dtype=np.int64)
+        readings = np.flatnonzero(~beat)
+        if len(readings):
+            on_time = ts[readings] >= before[readings]
+            verdicts[readings] = np.where(on_time, Verdict.ON_TIME, Verdict.LATE)
+            keys = list(
+                zip((sources[i] for i in readings), (epochs[i] for i in readings), strict=True)
             )
-        self.remember(source, seq, ts, epoch, content)
-        return Verdict.ON_TIME if on_time else Verdict.LATE
+            groups: dict[tuple[str, str], list[int]] = {}
+            for position, key in zip(readings.tolist(), keys, strict=True):
+                groups.setdefault(key, []).append(position)
+            for key, positions in groups.items():
+                self._judge_ids(key, np.array(positions), ts, seqs, contents, verdicts, original_ts)
+        return Judgement(verdicts, before, after, original_ts)
 
-    def heartbeat(self, ts: int) -> None:
-        """A heartbeat moves event time like a reading does."""
-        self.clock.admit(ts)
+    def _judge_ids(
+        self,
+        key: tuple[str, str],
+        at: np.ndarray,
+        ts: np.ndarray,
+        seqs: np.ndarray,
+        contents: np.ndarray,
+        verdicts: np.ndarray,
+        original_ts: np.ndarray,
+    ) -> None:
+        """The identity part for one (source, epoch)'s readings ``at`` (arrival order)."""
+        mine = seqs[at]
+        ranges = self._seen.get(key)
+        seen = ranges.contains(mine) if ranges is not None else np.zeros(len(at), dtype=bool)
+        order = np.argsort(mine, kind="stable")  # equal seqs keep their arrival order
+        sorted_seqs = mine[order]
+        first_sorted = np.concatenate([[True], sorted_seqs[1:] != sorted_seqs[:-1]])
+        first = np.zeros(len(at), dtype=bool)
+        first[order[first_sorted]] = True
+        new = first & ~seen
+        source_hash = self._sources.get(key)
+        if source_hash is None:
+            source_hash = self._sources[key] = _source_hash(*key)
+        ids = id_hashes(source_hash, mine)
+        repeats = np.flatnonzero(~new)
+        if len(repeats):
+            # The reading first seen with each repeated id: earlier in this batch...
+            leader = np.empty(len(at), dtype=np.int64)
+            leader[order] = order[
+                np.maximum.accumulate(np.where(first_sorted, np.arange(len(at)), 0))
+            ]
+            known = np.zeros(len(repeats), dtype=bool)
+            first_content = np.zeros(len(repeats), dtype=np.uint64)
+            first_ts = np.full(len(repeats), -1, dtype=np.int64)
+            in_batch = ~seen[repeats]
+            lead = leader[repeats[in_batch]]
+            known[in_batch] = True
+            first_content[in_batch] = contents[at[lead]]
+            first_ts[in_batch] = ts[at[lead]]
+            # ... or in a kept segment of an earlier one.
+            for segment in self._segments:
+                look = np.flatnonzero(~known)
+                if not len(look):
+                    break
+                found, content, when = segment.find(ids[repeats[look]])
+                hit = look[found]
+                known[hit] = True
+                first_content[hit] = content[found]
+                first_ts[hit] = when[found]
+            same = known & (first_content == contents[at[repeats]])
+            verdicts[at[repeats]] = np.where(same, Verdict.DUPLICATE, Verdict.CONFLICT)
+            original_ts[at[repeats]] = first_ts
+        fresh = at[new]
+        if len(fresh):
+            if ranges is None:
+                ranges = self._seen[key] = _Ranges()
+            ranges.add(mine[new], ts[fresh])
+            self._open.append((ids[new], contents[fresh], ts[fresh]))
 
     def forget_old(self) -> None:
         """Forget ids far enough behind the watermark that no redelivery can still come."""
@@ -201,35 +302,51 @@ class StreamSequencer:
         for key in list(self._seen):
             ranges = self._seen[key]
             ranges.forget_before(limit)
-            if not ranges.lo:
+            if not len(ranges.lo):
                 del self._seen[key]
+                self._sources.pop(key, None)
 
     def sources(self) -> int:
         """How many (source, epoch) pairs are remembered."""
         return len(self._seen)
 
-    def seal(self) -> tuple[tuple[int, list[tuple[Any, ...]]] | None, list[int]]:
-        """Close the segment of contents remembered since the last seal: returns it
-        (number, [(source, epoch, seq, content, ts), ...]), None if empty, and the
-        numbers of the oldest segments forgotten to keep ``recent_ids``."""
+    # -- one reading at a time (tests that judge message by message) -----------------------
+    def admit(self, source: str, seq: int, ts: int, epoch: str = "", content: int = 0) -> Verdict:
+        """Judge one arriving reading (:meth:`judge` of a batch of one)."""
+        judged = self.judge(
+            np.array([ts], dtype=np.int64), np.zeros(1, dtype=bool), [source], [epoch],
+            np.array([seq], dtype=np.int64), np.array([content], dtype=np.uint64),
+        )  # fmt: skip
+        return Verdict(int(judged.verdicts[0]))
+
+    def heartbeat(self, ts: int) -> None:
+        """A heartbeat moves event time like a reading does."""
+        if self.clock.max_ts is None or ts > self.clock.max_ts:
+            self.clock.max_ts = ts
+
+    # -- state -------------------------------------------------------------------------------
+    def seal(self) -> tuple[tuple[int, Any] | None, list[int]]:
+        """Close the segment of values remembered since the last seal: returns it
+        (number, arrays), None if empty, and the numbers of the oldest segments forgotten
+        to keep ``recent_ids``."""
         sealed = None
         if self._open:
             number, self._next_segment = self._next_segment, self._next_segment + 1
-            self._segments.append((number, self._open))
-            sealed = (number, [(*i, *self._recent[i]) for i in self._open])
+            ids, contents, ts = (np.concatenate(parts) for parts in zip(*self._open, strict=True))
+            segment = _Segment.of(number, ids, contents, ts)
+            self._segments.insert(0, segment)  # newest first: a redelivery is recent
             self._open = []
+            sealed = (number, (segment.ids, segment.contents, segment.ts))
         dropped = []
-        held = sum(len(idents) for _, idents in self._segments)
+        held = sum(len(s.ids) for s in self._segments)
         while len(self._segments) > 1 and held > self.recent_ids:
-            number, idents = self._segments.popleft()
-            held -= len(idents)
-            for ident in idents:
-                self._recent.pop(ident, None)
-            dropped.append(number)
+            oldest = self._segments.pop()
+            held -= len(oldest.ids)
+            dropped.append(oldest.number)
         return sealed, dropped
 
     def state(self) -> tuple[Any, ...]:
-        """The clock and the ids seen, as plain data (the contents go by :meth:`seal`)."""
+        """The clock and the ids seen, as plain data (the values go by :meth:`seal`)."""
         seen = {key: (r.lo, r.hi, r.newest) for key, r in self._seen.items()}
         return (self.clock.max_ts, seen, self._next_segment)
 
@@ -238,7 +355,7 @@ class StreamSequencer:
         cls,
         slack_ms: int,
         state: tuple[Any, ...],
-        segments: Iterable[tuple[int, list[tuple[Any, ...]]]] = (),
+        segments: Iterable[tuple[int, Any]] = (),
         horizon_ms: int = DEDUPE_HORIZON_MS,
     ) -> StreamSequencer:
         """The sequencer :meth:`state` and the sealed ``segments`` still kept describe."""
@@ -247,16 +364,12 @@ class StreamSequencer:
         sequencer.clock.max_ts = max_ts
         sequencer._next_segment = next_segment
         for key, (lo, hi, newest) in seen.items():
-            sequencer._seen[key] = _Ranges(list(lo), list(hi), list(newest))
-        for number, entries in sorted(segments, key=lambda s: s[0]):
-            idents: list[Ident] = []
-            for source, epoch, seq, content, ts in entries:
-                sequencer._recent[(source, epoch, seq)] = (content, ts)
-                idents.append((source, epoch, seq))
-            sequencer._segments.append((number, idents))
+            sequencer._seen[key] = _Ranges(lo, hi, newest)
+        for number, (ids, contents, ts) in sorted(segments, key=lambda s: -s[0]):
+            sequencer._segments.append(_Segment(number, ids, contents, ts))
         return sequencer
 
 
-def sort_key(value: Hashable) -> str:
+def sort_key(value: Any) -> str:
     """A total, deterministic order over key values that may mix types and NULLs."""
     return repr(value)
