@@ -78,6 +78,8 @@ class Silence(WindowAggregate):
     timestamp. Each arrival deletes the older readings, so only the newest ever expires.
     """
 
+    newest_only = True
+
     def iterate(self, args: tuple[Any, ...], inwindow: InWindow) -> Iterable[Any]:
         """A reading arrives; only the newest one matters, so drop the others."""
         inwindow.delete(lambda t: True)

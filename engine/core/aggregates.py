@@ -68,6 +68,14 @@ class WindowAggregate:
     UDA without a window version).
     """
 
+    newest_only: ClassVar[bool] = False
+    """Declared by an aggregate that keeps only the newest tuple: under ``RANGE t
+    PRECEDING ACTIVE EXPIRATION`` its ``iterate`` deletes every older tuple and emits
+    nothing, and ``expire``'s values depend on the expiring tuple's arguments alone (a
+    silence or timeout detector). The engine may then run it per column: a tuple
+    expires, and ``expire`` is called, only when no tuple of its key follows within
+    ``t`` (:mod:`engine.core.columnar.expiry`)."""
+
     def initialize(self, args: tuple[Any, ...], inwindow: InWindow) -> Iterable[Any]:
         """First tuple of the window's life; defaults to ``iterate``."""
         return self.iterate(args, inwindow)

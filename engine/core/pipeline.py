@@ -39,7 +39,13 @@ import pyarrow.compute as pc
 
 from engine.core.plan import END_OF_TIME, Plan, Stage, StreamSchema
 from engine.core.planner import runner_for
-from engine.core.runners import STAGE_STATE_KINDS, SinkRows, StageRunner, input_rows
+from engine.core.runners import (
+    STAGE_PIECE_KINDS,
+    STAGE_STATE_KINDS,
+    SinkRows,
+    StageRunner,
+    input_rows,
+)
 from engine.core.sequencer import StreamSequencer, Verdict, content_hashes
 from engine.core.state import StateKey, StateStore
 
@@ -338,6 +344,9 @@ class Pipeline:
         for kind in STAGE_STATE_KINDS:
             for entry, data in store.scan(kind):
                 saved.setdefault(entry[1], {}).setdefault(kind, []).append((entry, data))
+        for kind in STAGE_PIECE_KINDS:
+            for entry in store.keys(kind):
+                saved.setdefault(entry[1], {}).setdefault(kind, []).append((entry, b""))
         by_name = {stage.name: i for i, stage in self.stages}
         doomed: list[StateKey] = []
         dropped: set[str] = set()

@@ -260,5 +260,8 @@ class RowRunner:
         return len(self.evaluators.keys() | self._stored.keys())
 
 
-STAGE_STATE_KINDS = ("head", "chunk", "cstate", "slice")
-"""The kinds of store entries stage runners save (each entry names its stage)."""
+STAGE_STATE_KINDS = ("head", "cstate")
+"""The kinds of store entries a stage runner restores from (each entry names its stage)."""
+STAGE_PIECE_KINDS = ("chunk", "slice")
+"""The kinds of entries a runner reads only when it needs them (a window's stored
+pieces): at restore only their keys are listed, to drop those of stale state."""

@@ -35,6 +35,10 @@ class StateStore(Protocol):
         """Every entry whose key is of ``kind``."""
         ...
 
+    def keys(self, kind: str) -> Iterable[StateKey]:
+        """Every key of ``kind``, without reading the values."""
+        ...
+
 
 class MemoryStore:
     """A :class:`StateStore` in a dict (tests, and a pipeline that must resume in-process)."""
@@ -53,3 +57,6 @@ class MemoryStore:
 
     def scan(self, kind: str) -> Iterator[tuple[StateKey, bytes]]:
         return iter([(k, v) for k, v in self.entries.items() if k[0] == kind])
+
+    def keys(self, kind: str) -> Iterator[StateKey]:
+        return iter([k for k in self.entries if k[0] == kind])

@@ -155,6 +155,7 @@ class EngineJob:
                     "commit_ms": seen["commit_ms"],
                     "keys": figures.get("keys", {}),
                     "reused": figures.get("reused"),
+                    "restore_ms": figures.get("restore_ms"),
                 }
             )
             totals = seen["totals"]

@@ -63,13 +63,15 @@ OUTPUT_SCHEMA = (
 
 _KEY = T.StructType(
     [
-        T.StructField("kind", T.StringType()),
         T.StructField("name", T.StringType()),
         T.StructField("key", T.StringType()),
         T.StructField("number", T.LongType()),
     ]
 )
 _VALUE = T.StructType([T.StructField("data", T.BinaryType())])
+KINDS = ("sequencer", "recent", "head", "chunk", "cstate", "slice")
+"""The kinds of entries a pipeline saves (engine.core.state), one state variable each:
+listing one kind never reads another's values."""
 _TOKEN = T.StructType([T.StructField("token", T.StringType())])
 
 _PIPELINES: dict[str, tuple[str, Pipeline]] = {}
@@ -77,25 +79,29 @@ _PIPELINES: dict[str, tuple[str, Pipeline]] = {}
 
 
 class SparkStore:
-    """A :class:`~engine.core.state.StateStore` over one `MapState` of the group."""
+    """A :class:`~engine.core.state.StateStore` over the group's `MapState` s, one per
+    kind of entry."""
 
-    def __init__(self, entries: MapState) -> None:
-        self.entries = entries
+    def __init__(self, maps: Mapping[str, MapState]) -> None:
+        self.maps = maps
 
     def get(self, key: StateKey) -> bytes | None:
-        found = self.entries.getValue(key)
+        found = self.maps[key[0]].getValue(key[1:])
         return None if found is None else found[0]
 
     def put(self, key: StateKey, value: bytes) -> None:
-        self.entries.updateValue(key, (value,))
+        self.maps[key[0]].updateValue(key[1:], (value,))
 
     def delete(self, key: StateKey) -> None:
-        self.entries.removeKey(key)
+        self.maps[key[0]].removeKey(key[1:])
 
     def scan(self, kind: str) -> Iterator[tuple[StateKey, bytes]]:
-        for key, value in self.entries.iterator():
-            if key[0] == kind:
-                yield tuple(key), value[0]  # type: ignore[misc]
+        for key, value in self.maps[kind].iterator():
+            yield (kind, *key), value[0]  # type: ignore[misc]
+
+    def keys(self, kind: str) -> Iterator[StateKey]:
+        for key in self.maps[kind].keys():  # noqa: SIM118 (a MapState: it lists its keys)
+            yield (kind, *key)  # type: ignore[misc]
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,7 @@ class ComponentProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         freeze_worker_heap()
-        self.entries = handle.getMapState("entries", _KEY, _VALUE)
+        self.maps = {kind: handle.getMapState(kind, _KEY, _VALUE) for kind in KINDS}
         self.token = handle.getValueState("token", _TOKEN)
 
     def handleInputRows(
@@ -134,6 +140,7 @@ class ComponentProcessor(StatefulProcessor):
             arrivals, quarantine = _arrivals(rows)
             read_s = time.perf_counter() - started
             pipeline, reused = self._pipeline()
+            restore_s = time.perf_counter() - started - read_s
             result = pipeline.process(arrivals)
             pipeline.save()
             evaluated_s = time.perf_counter() - started - read_s
@@ -159,6 +166,7 @@ class ComponentProcessor(StatefulProcessor):
             "keys": pipeline.live_keys(),
             "dropped": pipeline.dropped if not reused else [],
             "reused": reused,
+            "restore_ms": round(restore_s * 1000, 1),
             "read_ms": round(read_s * 1000, 1),
             "evaluate_ms": round(evaluated_s * 1000, 1),
             "write_ms": round((time.perf_counter() - started - read_s - evaluated_s) * 1000, 1),
@@ -178,7 +186,7 @@ class ComponentProcessor(StatefulProcessor):
         """The pipeline this batch starts from, and whether it was still in memory."""
         memo = _PIPELINES.pop(self.memo_id, None)
         saved = self.token.get()
-        store = SparkStore(self.entries)
+        store = SparkStore(self.maps)
         if memo is not None and saved is not None and memo[0] == saved[0]:
             pipeline = memo[1]
             pipeline.store = store

@@ -124,12 +124,13 @@ def test_an_edited_rule_restarts_and_an_unchanged_one_resumes(
         before["edited"] + after["edited"], stamps
     )
     # The state store, read back with Spark's state reader: each stage's saved state.
-    state = (
-        spark.read.format("statestore")
-        .option("stateVarName", "entries")
-        .load(lookout_config.table("_checkpoints/engine-traffic"))
-        .collect()
-    )
-    entries = [row["user_map_key"] for row in state]
-    heads = {key["name"] for key in entries if key["kind"] in ("head", "cstate")}
+    heads = set()
+    for kind in ("head", "cstate"):
+        state = (
+            spark.read.format("statestore")
+            .option("stateVarName", kind)
+            .load(lookout_config.table("_checkpoints/engine-traffic"))
+            .collect()
+        )
+        heads |= {row["user_map_key"]["name"] for row in state}
     assert heads == {"kept", "edited"}

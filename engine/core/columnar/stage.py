@@ -120,7 +120,7 @@ class ColumnarRunner:
             empty = self.empty_rows if part is None else part
             out = self.window(key, state, empty, watermark)
             self._touched.add(key)
-            self._schedule(key, self.wakeup(state))
+            self._schedule(key, self.wakeup(self.states[key]))  # a window may replace it
             if out is not None and out.num_rows:
                 key_index.append(np.full(out.num_rows, len(keys), dtype=np.int64))
                 keys.append(key)

@@ -1,0 +1,114 @@
+"""Active expiration per column, for aggregates that keep only the newest tuple.
+
+``agg(...) OVER (PARTITION BY k RANGE t PRECEDING ACTIVE EXPIRATION)`` where ``agg``
+declares :attr:`~engine.core.aggregates.WindowAggregate.newest_only` (a silence
+detector): each tuple deletes the ones before it, so a tuple expires, at instant
+``ts + t`` and after the tuples of that instant, exactly when no tuple of its key comes
+at or before ``ts + t``. Per key that is a comparison of each event time with the next
+one; the key's newest tuple waits in its state until the next tuple or the watermark
+decides. ``expire`` runs in Python for the tuples that expire only (a silence is rare),
+each alone in its window, and each of its values is an output row: the expiring tuple's
+columns and the value, with event time ``ts + t``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from engine.core.columnar.stage import ColumnarRunner
+from engine.core.plan import AggCall, FrameUnits, OverWindow, Stage
+from engine.core.runners import TS, HasStore, Key
+from engine.core.windows import BufferView
+
+
+def columnar_expiry(window: OverWindow) -> bool:
+    """Whether ``window`` is a RANGE frame with active expiration over one aggregate that
+    declares ``newest_only`` (columnar arguments), and nothing else."""
+    calls = window.aggregates
+    return (
+        window.active_expiration
+        and window.units is FrameUnits.RANGE
+        and window.preceding is not None
+        and not window.lag
+        and window.slide_rows is None
+        and window.slide_ms is None
+        and window.reset_every_ms is None
+        and window.since_ms is None
+        and window.until_ms is None
+        and len(calls) == 1
+        and _newest_only(calls[0])
+    )
+
+
+def _newest_only(call: AggCall) -> bool:
+    factory = call.factory
+    return (
+        factory is not None
+        and bool(getattr(factory, "newest_only", False))
+        and (not call.args or call.vector_args is not None)
+    )
+
+
+class NewestExpiryRunner(ColumnarRunner):
+    """The window of the module docstring; a key keeps its newest tuple (one row)."""
+
+    kind = "columnar-expiry"
+
+    def __init__(self, index: int, stage: Stage, owner: HasStore) -> None:
+        super().__init__(index, stage, owner)
+        window = stage.query.window
+        assert isinstance(window, OverWindow) and window.preceding is not None
+        self.reach = window.preceding
+        self.call = window.aggregates[0]
+        assert self.call.factory is not None
+        self.aggregate = self.call.factory()
+
+    def new_state(self, key: Key) -> pa.Table | None:
+        return None
+
+    def wakeup(self, state: pa.Table | None) -> int | None:
+        if state is None:
+            return None
+        return int(state.column(self.stage.timestamp)[0].as_py()) + self.reach + 1
+
+    def window(self, key: Key, state: Any, rows: pa.Table, watermark: int) -> pa.Table | None:
+        ts_name = self.stage.timestamp
+        whole = (
+            rows if state is None else pa.concat_tables([state, rows], promote_options="permissive")
+        )
+        if not whole.num_rows:
+            return None
+        ts = np.asarray(whole.column(ts_name).to_numpy(zero_copy_only=False), dtype=np.int64)
+        ends = ts + self.reach
+        # A tuple expires when the next one comes after its end; the newest, once the
+        # watermark passes its end.
+        expires = np.concatenate([ts[1:] > ends[:-1], [ends[-1] < watermark]])
+        last = whole.num_rows - 1
+        self.states[key] = None if expires[-1] else whole.slice(last, 1)
+        at = np.flatnonzero(expires)
+        if not len(at):
+            return None
+        gone = whole.take(pa.array(at, pa.int64()))
+        args = self._args(gone)
+        taken: list[int] = []
+        values: list[Any] = []
+        for i, given in enumerate(args):
+            for value in self.aggregate.expire(given, BufferView(deque([(0, given)]))):
+                taken.append(i)
+                values.append(value)
+        if not taken:
+            return None
+        out = gone.take(pa.array(taken, pa.int64()))
+        out = out.append_column(self.call.alias, pa.array(values))
+        return out.append_column(TS, pa.array(ends[at][taken], pa.int64()))
+
+    def _args(self, rows: pa.Table) -> list[tuple[Any, ...]]:
+        if not self.call.args:
+            return [()] * rows.num_rows
+        assert self.call.vector_args is not None
+        columns = [v(rows).to_pylist() for v in self.call.vector_args]
+        return list(zip(*columns, strict=True))
