@@ -29,7 +29,9 @@ class StatelessRunner(ColumnarRunner):
     def new_state(self, key: Key) -> None:
         return None
 
-    def window(self, key: Key, state: None, rows: pa.Table, watermark: int) -> pa.Table | None:
+    def window(
+        self, key: Key, state: None, rows: pa.Table, watermark: int, span: tuple[int, int]
+    ) -> pa.Table | None:
         if not rows.num_rows:
             return None
         return rows.append_column(TS, rows.column(self.stage.timestamp))

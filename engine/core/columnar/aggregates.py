@@ -44,17 +44,21 @@ def columnar_call(call: AggCall) -> bool:
 @dataclass
 class Column:
     """One aggregate's argument over a run of rows: values (NULLs as 0) and validity.
-    ``numeric`` values go through numpy; others (strings) are compared in Python."""
+    ``numeric`` values go through numpy; others (strings) are compared in Python.
+    ``extremes``: whether the aggregate needs the least and greatest (min, max)."""
 
     values: np.ndarray
     valid: np.ndarray
     numeric: bool
+    extremes: bool = True
 
     @staticmethod
     def of(array: pa.Array | pa.ChunkedArray | None, length: int) -> Column:
         """The argument column of ``length`` rows (None: ``count(*)``, no argument)."""
         if array is None:
-            return Column(np.zeros(length, dtype=np.int64), np.ones(length, dtype=bool), True)
+            return Column(
+                np.zeros(length, dtype=np.int64), np.ones(length, dtype=bool), True, False
+            )
         if isinstance(array, pa.ChunkedArray):
             array = array.combine_chunks()
         valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
@@ -71,7 +75,7 @@ class Column:
 
     def take(self, start: int, end: int) -> Column:
         """The rows ``[start, end)``."""
-        return Column(self.values[start:end], self.valid[start:end], self.numeric)
+        return Column(self.values[start:end], self.valid[start:end], self.numeric, self.extremes)
 
 
 @dataclass
@@ -146,7 +150,10 @@ def parts(
 
 
 def extremes(column: Column, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The least and greatest non-NULL value of each range ``[lo, hi)`` of ``column``."""
+    """The least and greatest non-NULL value of each range ``[lo, hi)`` of ``column``
+    (placeholders when its aggregate needs neither)."""
+    if not column.extremes:
+        return identities(len(lo), column, np.minimum), identities(len(lo), column, np.maximum)
     if not column.numeric:
         return _object_extremes(column.values, column.valid, lo, hi)
     return (

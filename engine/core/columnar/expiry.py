@@ -75,7 +75,9 @@ class NewestExpiryRunner(ColumnarRunner):
             return None
         return int(state.column(self.stage.timestamp)[0].as_py()) + self.reach + 1
 
-    def window(self, key: Key, state: Any, rows: pa.Table, watermark: int) -> pa.Table | None:
+    def window(
+        self, key: Key, state: Any, rows: pa.Table, watermark: int, span: tuple[int, int]
+    ) -> pa.Table | None:
         ts_name = self.stage.timestamp
         whole = (
             rows if state is None else pa.concat_tables([state, rows], promote_options="permissive")

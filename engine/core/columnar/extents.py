@@ -96,7 +96,9 @@ class ExtentRunner(ColumnarRunner):
         steps = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
         return np.unique(starts + steps * s)
 
-    def window(self, key: Key, state: Panes, rows: pa.Table, watermark: int) -> pa.Table | None:
+    def window(
+        self, key: Key, state: Panes, rows: pa.Table, watermark: int, span: tuple[int, int]
+    ) -> pa.Table | None:
         n = rows.num_rows
         if n:
             ts = np.asarray(rows.column(self.stage.timestamp).to_numpy(zero_copy_only=False))

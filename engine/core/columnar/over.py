@@ -362,9 +362,11 @@ class OverRunner(ColumnarRunner):
     def wakeup(self, state: OverKey) -> int | None:
         return None if state.closes is None else state.closes + 1
 
-    def window(self, key: Key, state: OverKey, rows: pa.Table, watermark: int) -> pa.Table | None:
+    def window(
+        self, key: Key, state: OverKey, rows: pa.Table, watermark: int, span: tuple[int, int]
+    ) -> pa.Table | None:
         self._loading = key
-        new = self._run(rows, state.totals)
+        new = self._run(span, state.totals)
         emit = self.emit.choose(state, new)
         out: list[pa.Table] = []
         if state.waiting is not None:
@@ -396,16 +398,31 @@ class OverRunner(ColumnarRunner):
             return None
         return pa.concat_tables(out, promote_options="permissive")
 
-    def _run(self, rows: pa.Table, totals: list[tuple[int, int, Any]]) -> Run:
-        n = rows.num_rows
-        ts = np.asarray(
-            rows.column(self.stage.timestamp).to_numpy(zero_copy_only=False), dtype=np.int64
+    def begin(self, final: pa.Table) -> None:
+        """Each aggregate's argument over all the batch's rows, computed once."""
+        n = final.num_rows
+        self._ts = np.asarray(
+            final.column(self.stage.timestamp).to_numpy(zero_copy_only=False), dtype=np.int64
         )
-        columns = [
-            agg.Column.of(call.vector_args[0](rows) if call.args and n else None, n)  # type: ignore[index]
-            for call in self.calls
-        ]
-        prefixes = [agg.Prefix.after(c, start) for c, start in zip(columns, totals, strict=True)]
+        self._columns = []
+        for call in self.calls:
+            column = agg.Column.of(call.vector_args[0](final) if call.args else None, n)  # type: ignore[index]
+            column.extremes = call.name in ("min", "max")
+            self._columns.append(column)
+
+    def _run(self, span: tuple[int, int], totals: list[tuple[int, int, Any]]) -> Run:
+        """The key's rows ``span`` of the batch, their running totals from ``totals``."""
+        start, end = span
+        if start == end:
+            ts = np.zeros(0, dtype=np.int64)
+            columns = [
+                agg.Column(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), True, False)
+                for _ in self.calls
+            ]
+        else:
+            ts = self._ts[start:end]
+            columns = [c.take(start, end) for c in self._columns]
+        prefixes = [agg.Prefix.after(c, t) for c, t in zip(columns, totals, strict=True)]
         return Run(ts, columns, prefixes)
 
     # -- a RANGE frame's slices in the store -------------------------------------------

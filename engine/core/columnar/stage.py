@@ -78,8 +78,15 @@ class ColumnarRunner:
         """A key's state before its first row."""
         raise NotImplementedError
 
-    def window(self, key: Key, state: Any, rows: pa.Table, watermark: int) -> pa.Table | None:
-        """The key's window rows for this advance (``rows``: its final rows, sorted)."""
+    def begin(self, final: pa.Table) -> None:
+        """Called once per advance before the keys, with all keys' final rows (sorted by
+        key, then tie order): what a window computes for all rows at once."""
+
+    def window(
+        self, key: Key, state: Any, rows: pa.Table, watermark: int, span: tuple[int, int]
+    ) -> pa.Table | None:
+        """The key's window rows for this advance (``rows``: its final rows, sorted; they
+        are rows ``span`` of what :meth:`begin` got)."""
         raise NotImplementedError
 
     def wakeup(self, state: Any) -> int | None:
@@ -100,25 +107,27 @@ class ColumnarRunner:
             final, rest = rows.filter(below), rows.filter(pc.invert(below))
             self.pending = [rest] if rest.num_rows else []
         key_names = self.stage.key
-        batches: list[tuple[Key, pa.Table | None]] = []
+        batches: list[tuple[Key, pa.Table | None, tuple[int, int]]] = []
         if final is not None and final.num_rows:
             order = [(k, "ascending") for k in key_names]
             order += [(ts_name, "ascending"), ("source", "ascending"), ("seq", "ascending")]
             final = final.sort_by(order)
+            self.begin(final)
             for start, end in ops.segments(final, key_names):
                 part = final.slice(start, end - start)
-                batches.append((tuple(part.column(k)[0].as_py() for k in key_names), part))
-        seen = {key for key, _ in batches}
-        batches += [(key, None) for key in self._due(watermark) if key not in seen]
+                key = tuple(part.column(k)[0].as_py() for k in key_names)
+                batches.append((key, part, (start, end)))
+        seen = {key for key, _, _ in batches}
+        batches += [(key, None, (0, 0)) for key in self._due(watermark) if key not in seen]
         keys: list[Key] = []
         windows: list[pa.Table] = []
         key_index: list[np.ndarray] = []
-        for key, part in sorted(batches, key=lambda b: key_json(b[0])):
+        for key, part, span in sorted(batches, key=lambda b: key_json(b[0])):
             state = self.states.get(key)
             if state is None:
                 state = self.states[key] = self.new_state(key)
-            empty = self.empty_rows if part is None else part
-            out = self.window(key, state, empty, watermark)
+            rows = self.empty_rows if part is None else part
+            out = self.window(key, state, rows, watermark, span)
             self._touched.add(key)
             self._schedule(key, self.wakeup(self.states[key]))  # a window may replace it
             if out is not None and out.num_rows:
