@@ -37,6 +37,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine.core.held import KIND as HELD
+from engine.core.held import HeldRows
 from engine.core.plan import END_OF_TIME, Plan, Stage, StreamSchema
 from engine.core.planner import runner_for
 from engine.core.runners import (
@@ -198,6 +200,11 @@ class Pipeline:
             self._readers.setdefault(stage.input, []).append(i)
         self.store = store
         self.sequencers = {name: StreamSequencer(s.slack_ms) for name, s in self.sources.items()}
+        self.held = {
+            name: HeldRows(name, s.timestamp)
+            for name, s in self.sources.items()
+            if name in self._readers and s.timestamp is not None
+        }
         self.runners: dict[int, StageRunner] = {
             i: runner_for(i, stage, self) for i, stage in self.stages
         }
@@ -290,16 +297,20 @@ class Pipeline:
             result.conflicts.append(
                 Conflict(stream, row, int(ts[index]), reason, first if first >= 0 else None)
             )
-        if kept.num_rows and stream in self._readers:
+        if kept.num_rows and stream in self.held:
             # What a stage sees of a reading: its columns and its tie order.
-            rows = kept.select([*columns, "source", "seq"])
-            for i in self._readers[stream]:
-                self.runners[i].insert(rows)
+            self.held[stream].add(kept.select([*columns, "source", "seq"]))
 
     # -- advancing -----------------------------------------------------------------------
     def _advance(self, watermarks: dict[str, int], result: BatchResult) -> None:
         """Advance every stage to its input's watermark in dependency order, feeding each
-        derived row to the stages reading it (they come later in that order)."""
+        derived row to the stages reading it (they come later in that order), after the
+        held readings the watermarks have passed."""
+        for stream, held in self.held.items():
+            released = held.release(watermarks[stream])
+            if released is not None:
+                for i in self._readers[stream]:
+                    self.runners[i].insert(released)
         for i, stage in self.stages:
             watermark = watermarks[stage.input]
             for emitted in self.runners[i].advance(watermark):
@@ -328,6 +339,8 @@ class Pipeline:
             for number in dropped:
                 store.delete(("recent", name, "", number))
             store.put(("sequencer", name, "", 0), pickle.dumps(sequencer.state(), _PICKLE))
+        for name, held in self.held.items():
+            held.save(store, self.sequencers[name].clock.watermark)
         for runner in self.runners.values():
             runner.save(store)
 
@@ -340,6 +353,15 @@ class Pipeline:
                 self.sequencers[stream] = StreamSequencer.from_state(
                     self.sources[stream].slack_ms, pickle.loads(data), segments.get(stream, ())
                 )
+        chunks: dict[str, list[tuple[StateKey, bytes]]] = {}
+        for entry, data in store.scan(HELD):
+            chunks.setdefault(entry[1], []).append((entry, data))
+        for stream, found in chunks.items():
+            if stream in self.held:
+                self.held[stream].restore(found, self.sequencers[stream].clock.watermark)
+            else:  # no rule reads the stream any more
+                for entry, _ in found:
+                    store.delete(entry)
         saved: dict[str, dict[str, list[tuple[StateKey, bytes]]]] = {}
         for kind in STAGE_STATE_KINDS:
             for entry, data in store.scan(kind):

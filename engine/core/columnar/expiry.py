@@ -90,7 +90,8 @@ class NewestExpiryRunner(ColumnarRunner):
         # watermark passes its end.
         expires = np.concatenate([ts[1:] > ends[:-1], [ends[-1] < watermark]])
         last = whole.num_rows - 1
-        self.states[key] = None if expires[-1] else whole.slice(last, 1)
+        # A copy, not a slice: a pickled slice carries the whole batch's buffers.
+        self.states[key] = None if expires[-1] else whole.take(pa.array([last], pa.int64()))
         at = np.flatnonzero(expires)
         if not len(at):
             return None

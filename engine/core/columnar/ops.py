@@ -37,7 +37,10 @@ def apply(ops: Sequence[StatelessOp], table: pa.Table) -> tuple[pa.Table, np.nda
     for op in ops:
         if isinstance(op, Filter):
             assert op.vector is not None
-            keep = pc.fill_null(op.vector(table), False)
+            keep = op.vector(table)
+            if pa.types.is_null(keep.type):  # compared with an all-NULL column
+                keep = keep.cast(pa.bool_())
+            keep = pc.fill_null(keep, False)
             table = table.filter(keep)
             parents = parents[np.asarray(keep.to_numpy(zero_copy_only=False), dtype=bool)]
         elif isinstance(op, Project):
@@ -72,9 +75,11 @@ def join(op: LookupJoin, table: pa.Table) -> tuple[pa.Table, np.ndarray]:
     joined = table.take(pa.array(rows, pa.int64()))
     for column in op.columns:
         name = f"{op.label}.{column}"
-        joined = joined.append_column(
-            name, pa.array([None if m is None else m[name] for m in matches])
-        )
+        values = pa.array([None if m is None else m[name] for m in matches])
+        if pa.types.is_null(values.type):  # all NULL here: the type the table's column has
+            at = op.columns.index(column)
+            values = values.cast(pa.array([row[at] for row in op.rows]).type)
+        joined = joined.append_column(name, values)
     return joined, rows
 
 

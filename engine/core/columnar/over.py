@@ -387,7 +387,8 @@ class OverRunner(ColumnarRunner):
                 closes = (new.ts[emit] // slide + 1) * slide - 1
                 ready = closes < watermark
                 if not ready[-1]:  # the last slot is still open: its row waits
-                    state.waiting = values.slice(len(emit) - 1)
+                    # A copy: a pickled slice would carry every emitted row's buffers.
+                    state.waiting = values.take(pa.array([len(emit) - 1], pa.int64()))
                     state.closes = int(closes[-1])
                     values = values.slice(0, len(emit) - 1)
             out.append(values)

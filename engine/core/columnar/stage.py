@@ -64,6 +64,7 @@ class ColumnarRunner:
         self.owner = owner
         self.query = stage.query
         self.pending: list[pa.Table] = []
+        self._pending_saved = True  # whether the store may hold pending rows
         self.states: dict[Key, Any] = {}
         self.emitted: dict[Key, int] = {}  # each key's outputs so far: the next _seq
         self._touched: set[Key] = set()
@@ -232,7 +233,9 @@ class ColumnarRunner:
         for key in sorted(self._touched, key=key_json):
             record = (definition, self.kind, self.emitted.get(key, 0), self.dump(key, store))
             store.put(("cstate", name, key_json(key), 0), pickle.dumps(record, _PICKLE))
-        store.put(("cstate", name, "", -1), pickle.dumps((definition, self.kind, pending)))
+        if pending is not None or self._pending_saved:  # none, and none stored: no write
+            store.put(("cstate", name, "", -1), pickle.dumps((definition, self.kind, pending)))
+            self._pending_saved = pending is not None
         self._touched.clear()
 
     def dump(self, key: Key, store: StateStore) -> Any:
