@@ -1,32 +1,38 @@
-"""The whole pipeline under load, with faults: simulator → mosquitto → ingest → Spark →
-Delta, every part a real process, measured end to end (issue 8).
+"""The whole pipeline under load, with faults: simulators → mosquitto → ingest →
+Spark → Delta, every part a real process, measured end to end.
 
-The simulator publishes traffic at `--rate` readings/s (paced, `--batch` readings per
-message, congestion and silent-detector episodes planted). At random moments of the run
-(seeded) each fault in `--faults` strikes once:
+The traffic simulator publishes at `--rate` readings/s (paced, `--batch` readings per
+message, congestion and silent-detector episodes planted); when the rules (`--rules`,
+files or folders, repeatable) read the RFID stream too, the RFID simulator publishes
+`--rfid-rate` of those readings (thefts and missing items planted) and traffic the rest.
+At random moments of the run (seeded) each fault in `--faults` strikes once:
 
 * `ingest`: kill -9 of `lookout ingest`, restarted 1 s later;
 * `engine`: kill -9 of `lookout engine` (the Spark driver), restarted at once;
 * `broker`: mosquitto restarted (SIGTERM, which saves its persistence, then start);
 * `dashboard`: kill -9 of the Streamlit server, restarted; it must answer again.
 
-Afterwards a heartbeat a day ahead closes every window, and the tables must hold:
-every generated reading in `readings_traffic` or `late_readings` exactly once (the
-late ones exactly those the simulator made late, duplicates removed), and the
-alerts `lookout replay` computes over the same readings (the same seed written to a
-file): same ids, none twice, none missing. It prints those checks and the figures:
-the achieved publish rate, the backlog drained after the last publish, and the
-latency from a reading's publication to the alert row it completes (p50 / p99). The
-simulator starts once every engine query has run its first batch: the latency measured
-is the running pipeline's, not a cold start's (`benchmarks/first_alert.py` times that).
+Afterwards a heartbeat a day ahead on every stream closes every window, and the tables
+must hold: every generated reading in its `readings_<stream>` table or `late_readings`
+exactly once (the late ones exactly those the simulators made late, duplicates
+removed), and the alerts `lookout replay` computes over the same readings (the same
+seeds written to files): same ids, none twice, none missing. It prints those checks and
+the figures: the achieved publish rate, the backlog drained after the last publish, the
+latency from a reading's publication to the alert row it completes (p50 / p99, overall
+and after the last fault), and where the time and the machine went: the engine's batch
+phases (from its /metrics), CPU per reading of every part, the engine's resident memory
+and its watermark lag over the run. The simulators start once every engine query has
+run its first batch: the latency measured is the running pipeline's, not a cold
+start's (`benchmarks/first_alert.py` times that).
 
-    python benchmarks/pipeline_faults.py --rate 20000 --duration 120 \\
-        --faults ingest,engine,broker,dashboard
+    python benchmarks/pipeline_faults.py --rate 20000 --duration 600 \\
+        --rules rules/traffic.sql --rules rules/rfid.sql --json report.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -37,16 +43,25 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import orjson
 import paho.mqtt.publish as mqtt_publish
+import psutil
 from deltalake import DeltaTable
+from prometheus_client.parser import text_string_to_metric_families
 
+from engine.core.pipeline import components, fed_stages
+from engine.core.plan import Plan
 from engine.core.replay import run as replay
+from engine.tables import readings_table
 from ingest.validate import heartbeat_filter
 from lookout.broker import Broker, free_port
 from lookout.demo import Part, lookout_argv, wait_for_parts
@@ -117,52 +132,221 @@ def warm_up_heartbeats(rule_set: RuleSet, broker: Broker) -> None:
             )
 
 
+@dataclass
+class Simulated:
+    """A source stream the run publishes: its simulator's arguments, and the files the
+    undisturbed run (the same seed) is written to."""
+
+    stream: str
+    argv: list[str]
+    recording: Path
+    truth: Path
+
+
+def simulated_streams(rule_set: RuleSet, args: argparse.Namespace, work: Path) -> list[Simulated]:
+    """The streams of the rules a simulator can publish, each with its share of `--rate`."""
+    topics = {s.name: s.topic or "" for s in rule_set.plan.sources()}
+    rfid = [name for name, topic in topics.items() if topic.startswith("lookout/rfid/")]
+    traffic = [name for name, topic in topics.items() if topic.startswith("lookout/traffic/")]
+    common = ["--duration", str(args.duration), "--seed", str(args.seed), "--start", START,
+              "--disorder", "bounded:1", "--late-fraction", "0.002",
+              "--duplicate-fraction", "0.002", "--quiet"]  # fmt: skip
+    rfid_rate = args.rfid_rate if rfid else 0.0
+    found = []
+    if traffic:
+        found.append(Simulated(traffic[0], [
+            "traffic", "--rate", str(args.rate - rfid_rate), "--stations", str(args.stations),
+            "--congestion", "3@10+30,7@20", "--silent", "5@15+20", "--speeding", "2@5", *common,
+        ], work / "traffic.jsonl", work / "traffic-truth.jsonl"))  # fmt: skip
+    if rfid:
+        found.append(Simulated(rfid[0], ["rfid", "--rate", str(rfid_rate), *common],
+                               work / "rfid.jsonl", work / "rfid-truth.jsonl"))  # fmt: skip
+    if not found:
+        raise SystemExit("the rules read no stream a simulator publishes (traffic, rfid)")
+    return found
+
+
+def lines(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines()
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """CPU seconds of a process and all its descendants (live or waited for)."""
+    if pid is None:
+        return 0.0
+    try:
+        root = psutil.Process(pid)
+        total = sum(root.cpu_times()[:4])  # user, system, children_user, children_system
+        for child in root.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                total += sum(child.cpu_times()[:2])
+        return total
+    except psutil.Error:
+        return 0.0
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The engine's /metrics, by (sample name, labels); empty if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return {}
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+class Sampler(threading.Thread):
+    """Every `every_s`: each part's CPU seconds (summed across its restarts) and the
+    engine's metrics."""
+
+    def __init__(self, pids: dict[str, Callable[[], int | None]], metrics_port: int,
+                 every_s: float = 5.0) -> None:  # fmt: skip
+        super().__init__(daemon=True)
+        self.pids, self.metrics_port, self.every_s = pids, metrics_port, every_s
+        self.cpu_s: dict[str, float] = dict.fromkeys(pids, 0.0)
+        self._last: dict[str, tuple[int | None, float]] = {}
+        self.samples: list[dict[str, Any]] = []
+        self.started = time.monotonic()
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.every_s):
+            self.sample()
+
+    def sample(self) -> dict[str, Any]:
+        for part, pid_of in self.pids.items():
+            pid = pid_of()
+            now = process_cpu_s(pid)
+            last_pid, last = self._last.get(part, (None, 0.0))
+            self.cpu_s[part] += now - last if pid == last_pid and now >= last else now
+            self._last[part] = (pid, now)
+        taken = {"t": time.monotonic() - self.started, "cpu_s": dict(self.cpu_s),
+                 "metrics": scrape(self.metrics_port)}  # fmt: skip
+        self.samples.append(taken)
+        return taken
+
+
+def metric(sample: dict[str, Any], name: str, **labels: str) -> float:
+    """The sum of a metric's values whose labels include `labels`."""
+    return sum(
+        value
+        for (found, have), value in sample["metrics"].items()
+        if found == name and set(labels.items()) <= set(have)
+    )
+
+
+def label_values(sample: dict[str, Any], name: str, label: str) -> set[str]:
+    return {dict(have)[label] for (found, have) in sample["metrics"] if found == name}
+
+
+def breakdown(first: dict[str, Any], last: dict[str, Any], readings: int) -> dict[str, Any]:
+    """Where the time and the machine went between two samples: the engine's mean batch
+    phases, and each part's CPU per reading (µs)."""
+    phases = {}
+    for phase in sorted(label_values(last, "lookout_engine_batch_seconds_count", "phase")):
+        count = metric(last, "lookout_engine_batch_seconds_count", phase=phase) - metric(
+            first, "lookout_engine_batch_seconds_count", phase=phase
+        )
+        total = metric(last, "lookout_engine_batch_seconds_sum", phase=phase) - metric(
+            first, "lookout_engine_batch_seconds_sum", phase=phase
+        )
+        if count:
+            phases[phase] = {"mean_s": round(total / count, 3), "batches": int(count)}
+    cpu = {part: round((last["cpu_s"][part] - first["cpu_s"][part]) / max(readings, 1) * 1e6, 1)
+           for part in last["cpu_s"]}  # fmt: skip
+    seconds = last["t"] - first["t"]
+    return {
+        "seconds": round(seconds, 1),
+        "batch_phases": phases,
+        "cpu_us_per_reading": cpu,
+        "cpu_cores_used": round(sum(last["cpu_s"].values()) - sum(first["cpu_s"].values()), 1)
+        / max(seconds, 1e-9),
+    }
+
+
+def memory_mb(sample: dict[str, Any]) -> float:
+    """The engine's resident memory (driver, JVM, Python workers) in MB."""
+    return round(metric(sample, "lookout_engine_resident_bytes") / 2**20, 1)
+
+
+def behind_s(
+    sample: dict[str, Any], published_at: float, start_ms: int, streams: set[str]
+) -> float | None:
+    """How far the slowest published stream's watermark trails the simulators' event
+    time (their start is a few seconds after `published_at`, their own start-up)."""
+    marks = [
+        value
+        for (name, labels), value in sample["metrics"].items()
+        if name == "lookout_stream_watermark_seconds" and dict(labels)["stream"] in streams
+    ]
+    if not marks:
+        return None
+    event_now = start_ms / 1000 + (sample["t"] - published_at)
+    return round(event_now - min(marks), 2)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rate", type=float, default=5000)
+    parser.add_argument("--rate", type=float, default=5000, help="readings per second, all streams")
+    parser.add_argument(
+        "--rfid-rate", type=float, default=None, help="of which RFID (if read; default rate/10)"
+    )
     parser.add_argument("--duration", type=float, default=60)
     parser.add_argument("--batch", type=int, default=20, help="readings per MQTT message")
     parser.add_argument("--stations", type=int, default=40)
     parser.add_argument("--faults", default="", help=f"comma list of {', '.join(FAULTS)}")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--rules", default=str(RULES_DIR / "traffic.sql"))
+    parser.add_argument(
+        "--rules", action="append", default=None, help="rule file or folder (repeatable)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     parser.add_argument("--json", default=None, help="also write the report to this file")
     args = parser.parse_args()
+    args.rules = args.rules or [str(RULES_DIR / "traffic.sql")]
+    if args.rfid_rate is None:
+        args.rfid_rate = args.rate / 10
     faults = [f for f in args.faults.split(",") if f]
     if unknown := set(faults) - set(FAULTS):
-        parser.error(f"unknown faults {sorted(unknown)}; choose from {', '.join(FAULTS)}")
-
+        parser.error(f"unknown faults: {sorted(unknown)}")
     work = Path(tempfile.mkdtemp(prefix="lookout-faults-"))
     lakehouse = work / "lakehouse"
     print(f"machine: {platform.node()}, {os.cpu_count()} cores; work folder {work}")
-    sim = ["traffic", "--rate", str(args.rate), "--duration", str(args.duration),
-           "--seed", str(args.seed), "--stations", str(args.stations), "--start", START,
-           "--congestion", "3@10+30,7@20", "--silent", "5@15+20", "--speeding", "2@5",
-           "--disorder", "bounded:1",
-           "--late-fraction", "0.002", "--duplicate-fraction", "0.002", "--quiet"]  # fmt: skip
+    rule_set = load_rules(args.rules)
+    plan = rule_set.plan
+    streams = simulated_streams(rule_set, args, work)
 
-    # The undisturbed run: the same seed to a file, evaluated by replay.
-    recording, truth = work / "readings.jsonl", work / "truth.jsonl"
+    # The undisturbed run: the same seeds to files, evaluated by replay.
     t0 = time.monotonic()
-    subprocess.run(
-        lookout_argv("simulate", *sim, "--out", str(recording), "--truth", str(truth)), check=True
-    )
-    lines = [orjson.loads(x) for x in recording.read_bytes().splitlines()]
-    truth_lines = [orjson.loads(x) for x in truth.read_bytes().splitlines()]
-    generated = {(r["source"], r["seq"]) for r in lines}
-    rule_set = load_rules([args.rules])
-    want_ids = expected_alert_ids(rule_set, recording)
-    print(f"{len(lines):,} readings generated ({time.monotonic() - t0:.0f} s); replay: "
+    for sim in streams:
+        subprocess.run(lookout_argv("simulate", *sim.argv, "--out", str(sim.recording),
+                                    "--truth", str(sim.truth)), check=True)  # fmt: skip
+    generated = {
+        sim.stream: {(r["source"], r["seq"]) for r in map(orjson.loads, lines(sim.recording))}
+        for sim in streams
+    }
+    made_late = {
+        (t["source"], t["seq"])
+        for sim in streams
+        for t in map(orjson.loads, lines(sim.truth))
+        if t["type"] == "late"
+    }
+    total = sum(len(ids) for ids in generated.values())
+    want_ids = expected_alert_ids(rule_set, streams)
+    print(f"{total:,} readings generated ({time.monotonic() - t0:.0f} s); replay: "
           f"{len(want_ids)} alerts", flush=True)  # fmt: skip
 
     broker = Broker("127.0.0.1", free_port(), work / "broker").start()
-    dash_port = free_port()
+    dash_port, metrics_port = free_port(), free_port()
     env = {**os.environ, "LOOKOUT_LAKEHOUSE_PATH": str(lakehouse),
-           "LOOKOUT_MQTT_PORT": str(broker.port), "LOOKOUT_RULES_PATHS": args.rules,
+           "LOOKOUT_MQTT_PORT": str(broker.port), "LOOKOUT_RULES_PATHS": ",".join(args.rules),
            "LOOKOUT_MQTT_CREDENTIALS_FILE": broker.mqtt_config().credentials_file,
            # The closing heartbeat is a day ahead of the clock: let ingest accept it.
            "LOOKOUT_INGEST_MAX_FUTURE_MS": str(2 * 86_400_000),
+           "LOOKOUT_ENGINE_METRICS_PORT": str(metrics_port),
            "LOOKOUT_DASHBOARD_PORT": str(dash_port)}  # fmt: skip
     logs = work / "logs"
     parts = {
@@ -170,13 +354,26 @@ def main() -> int:
         "engine": Part("engine", lookout_argv("engine"), logs / "engine.log"),
         "dashboard": Part("dashboard", lookout_argv("dashboard"), logs / "dashboard.log"),
     }
-    publisher = Part(
-        "simulator",
-        lookout_argv("simulate", *sim, "--port", str(broker.port), "--batch", str(args.batch),
-                     "--speedup", "1"),
-        logs / "simulator.log",
+    publishers = [
+        Part(f"simulator-{sim.argv[0]}",
+             lookout_argv("simulate", *sim.argv, "--port", str(broker.port),
+                          "--batch", str(args.batch), "--speedup", "1"),
+             logs / f"simulator-{sim.argv[0]}.log")
+        for sim in streams
+    ]  # fmt: skip
+
+    def pid_of(part: Part) -> Callable[[], int | None]:
+        return lambda: part.process.pid if part.process and part.process.poll() is None else None
+
+    sampler = Sampler(
+        {**{p.name: pid_of(p) for p in (*parts.values(), *publishers)},
+         "broker": lambda: broker.process.pid if broker.process else None},
+        metrics_port,
     )  # fmt: skip
-    report: dict = {"rate": args.rate, "duration": args.duration, "faults": faults}
+    report: dict = {"rate": args.rate, "duration": args.duration, "faults": faults,
+                    "rules": args.rules, "streams": {s.stream: len(generated[s.stream])
+                                                      for s in streams}}  # fmt: skip
+    latency: list[float] = []
     try:
         parts["ingest"].start(env)
         wait_for_parts(
@@ -204,11 +401,17 @@ def main() -> int:
 
         rng = random.Random(args.seed)
         schedule = sorted((rng.uniform(0.2, 0.8) * args.duration, f) for f in faults)
-        publisher.start(env)
+        sampler.start()
+        first = sampler.sample()
+        for publisher in publishers:
+            publisher.start(env)
         started = time.monotonic()
+        published_at = first["t"]
+        last_fault_at = None
         for at, fault in schedule:
             time.sleep(max(0.0, started + at - time.monotonic()))
             print(f"{time.monotonic() - started:6.1f} s  fault: {fault}", flush=True)
+            last_fault_at = time.time()
             if fault == "broker":
                 broker.restart()
             else:
@@ -216,25 +419,35 @@ def main() -> int:
                 if fault == "ingest":
                     time.sleep(1.0)
                 parts[fault].start(env)
-        publisher.process.wait()
+        for publisher in publishers:
+            publisher.process.wait()
         published_s = time.monotonic() - started
-        if publisher.process.returncode != 0:
-            raise RuntimeError(f"the simulator failed:\n{publisher.tail()}")
-        report["publish_rate"] = len(lines) / published_s
-        print(f"published {len(lines):,} readings in {published_s:.1f} s "
+        last = sampler.sample()
+        for publisher in publishers:
+            if publisher.process.returncode != 0:
+                raise RuntimeError(f"{publisher.name} failed:\n{publisher.tail()}")
+        report["publish_rate"] = total / published_s
+        print(f"published {total:,} readings in {published_s:.1f} s "
               f"({report['publish_rate']:,.0f}/s)", flush=True)  # fmt: skip
         if "dashboard" in faults:
             wait_for_parts(lambda: dashboard_up(dash_port), "the dashboard after its kill", [], 120)
             report["dashboard_back"] = True
 
-        end = orjson.dumps({"source": "gw", "ts": int(time.time() * 1000) + 86_400_000})
-        publish_one(broker, "lookout/traffic/gw/heartbeat", end)
+        end_ts = int(time.time() * 1000) + 86_400_000
+        for stream in plan.sources():
+            if stream.topic:
+                topic = heartbeat_filter(stream.topic).replace("+", "gw").replace("#", "gw")
+                publish_one(
+                    broker, topic, orjson.dumps({"source": "gw", stream.timestamp or "ts": end_ts})
+                )
 
         def stored() -> int:
-            return count(lakehouse, "readings_traffic") + count(lakehouse, "late_readings")
+            return sum(count(lakehouse, readings_table(s)) for s in generated) + count(
+                lakehouse, "late_readings"
+            )
 
         report["drain_s"] = wait_for_parts(
-            lambda: stored() >= len(generated),
+            lambda: stored() >= total,
             "every reading stored",
             [parts["engine"], parts["ingest"]],
             900,
@@ -246,13 +459,18 @@ def main() -> int:
             600,
         )
         time.sleep(5)  # anything more (a duplicate) would show up now
+        sampler.stopped.set()
 
-        readings = rows(lakehouse, "readings_traffic", ["source", "seq", "ts", "received_at"])
-        late = rows(lakehouse, "late_readings", ["source", "seq"])
-        keys = [(r["source"], r["seq"]) for r in readings + late]
-        report["readings_once"] = len(keys) == len(set(keys)) and set(keys) == generated
-        # Late capture: exactly the readings the simulator made late, none dropped.
-        made_late = {(t["source"], t["seq"]) for t in truth_lines if t["type"] == "late"}
+        readings = {s: rows(lakehouse, readings_table(s), ["source", "seq", "ts", "received_at"])
+                    for s in generated}  # fmt: skip
+        late = rows(lakehouse, "late_readings", ["stream", "source", "seq"])
+        once = True
+        for stream, ids in generated.items():
+            keys = [(r["source"], r["seq"]) for r in readings[stream]]
+            keys += [(r["source"], r["seq"]) for r in late if r["stream"] == stream]
+            once = once and len(keys) == len(set(keys)) and set(keys) == ids
+        report["readings_once"] = once
+        # Late capture: exactly the readings the simulators made late, none dropped.
         report["late_sent"] = len(made_late)
         report["late_equal"] = {(r["source"], r["seq"]) for r in late} == made_late
         alerts = rows(lakehouse, "alerts", ["alert_id", "rule", "key", "event_time",
@@ -267,29 +485,43 @@ def main() -> int:
         ][:10]
         report["alerts_equal"] = len(ids) == len(set(ids)) and set(ids) == want_ids
         report["alerts"] = len(ids)
-        # Publication time of event time t: t + the fastest delivery seen (received - ts).
-        # Only alerts the stream itself completes count: those whose event time the
-        # watermark passed before the end (the rest were closed by the final heartbeat).
-        offset = min((r["received_at"] - r["ts"]).total_seconds() for r in readings)
-        slack_s = rule_set.plan.streams["traffic"].slack_ms / 1000
-        last = max(r["ts"] for r in readings).timestamp() - slack_s
-        latency = [
-            (a["detected_at"] - a["event_time"]).total_seconds() - offset
-            for a in alerts
-            if a["event_time"].timestamp() < last
-        ]
+        latency, after_faults = alert_latency(plan, readings, alerts)
         report["latency_alerts"] = len(latency)
         if latency:
             report["latency_p50_s"] = percentile(latency, 0.5)
             report["latency_p99_s"] = percentile(latency, 0.99)
-        engine_health = read_health(lakehouse, "engine") or {}
-        report["engine"] = {
-            k: engine_health.get(k) for k in ("streams", "late", "batches", "maintenance")
+        if last_fault_at is not None:
+            recovered = [x for at, x in after_faults if at > last_fault_at + 30]
+            if recovered:
+                report["latency_30s_after_last_fault"] = {
+                    "alerts": len(recovered),
+                    "p50_s": percentile(recovered, 0.5),
+                    "p99_s": percentile(recovered, 0.99),
+                }
+        report["breakdown"] = breakdown(first, last, total)
+        during = [x for x in sampler.samples if published_at <= x["t"] <= last["t"]]
+        minute_2 = min(during, key=lambda x: abs(x["t"] - published_at - min(120, published_s / 5)))
+        start_ms = int(datetime.fromisoformat(START).timestamp() * 1000)
+        report["engine_memory_mb"] = {"minute_2": memory_mb(minute_2), "end": memory_mb(last)}
+        report["watermark_behind_s"] = {
+            "minute_2": behind_s(minute_2, published_at, start_ms, set(generated)),
+            "end": behind_s(last, published_at, start_ms, set(generated)),
         }
+        report["timeline"] = [
+            [
+                round(x["t"] - published_at),
+                behind_s(x, published_at, start_ms, set(generated)),
+                memory_mb(x),
+            ]
+            for x in during
+        ]
+        engine_health = read_health(lakehouse, "engine") or {}
+        report["engine"] = {k: engine_health.get(k) for k in ("streams", "maintenance")}
         # Committed landing files leave the folder: what is left is the last batch's.
         report["landing_files_left"] = len(list(Path(lakehouse, "_landing").rglob("part-*")))
     finally:
-        for part in (publisher, *parts.values()):
+        sampler.stopped.set()
+        for part in (*publishers, *parts.values()):
             part.stop()
         broker.stop()
         if not args.keep:
@@ -304,11 +536,42 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def expected_alert_ids(rule_set: RuleSet, recording: Path) -> set[str]:
+def alert_latency(
+    plan: Plan, readings: dict[str, list[dict]], alerts: list[dict]
+) -> tuple[list[float], list[tuple[float, float]]]:
+    """Each alert's latency from the publication of the reading that completes it, and
+    the same with the wall time it was detected at.
+
+    Publication time of event time t: t + the fastest delivery seen on its stream
+    (received - ts). Only alerts the stream itself completes count: those whose event
+    time the watermark passed before the end (the rest were closed by the final
+    heartbeat)."""
+    stream_of = {}
+    for sources in components(plan):
+        for _, stage in fed_stages(plan, sources):
+            for query in (stage.query, *stage.downstream):
+                stream_of[query.sink.name] = sources[0]
+    offset, last = {}, {}
+    for stream, found in readings.items():
+        if found:
+            offset[stream] = min((r["received_at"] - r["ts"]).total_seconds() for r in found)
+            slack_s = plan.streams[stream].slack_ms / 1000
+            last[stream] = max(r["ts"] for r in found).timestamp() - slack_s
+    latency, timed = [], []
+    for a in alerts:
+        stream = stream_of.get(a["rule"])
+        if stream in offset and a["event_time"].timestamp() < last[stream]:
+            value = (a["detected_at"] - a["event_time"]).total_seconds() - offset[stream]
+            latency.append(value)
+            timed.append((a["detected_at"].timestamp(), value))
+    return latency, timed
+
+
+def expected_alert_ids(rule_set: RuleSet, streams: list[Simulated]) -> set[str]:
     """The ids of the alerts an undisturbed run gives (replay of the same readings)."""
     plan = rule_set.plan
-    outputs = replay(plan, read_readings([((plan.streams["traffic"],), recording)])).outputs
-    return set(alert_ids(plan, outputs))
+    inputs = [((plan.streams[sim.stream],), sim.recording) for sim in streams]
+    return set(alert_ids(plan, replay(plan, read_readings(inputs)).outputs))
 
 
 if __name__ == "__main__":

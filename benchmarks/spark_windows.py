@@ -119,9 +119,8 @@ def run_lookout(spark, config: Config, rule_set, sink: str, expected: int) -> fl
     """Seconds from the engine query's start until `sink` holds `expected` rows."""
     job = EngineJob(config, rule_set.plan, {}, spark=spark)
     job.ensure_tables()
-    (component,) = job.components
     t0 = time.perf_counter()
-    query, committer = start_query(spark, config, component)
+    query, committer = start_query(spark, config, job.components)
     seen, since = -1, t0
     try:
         while True:

@@ -177,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    # py4j logs every call between Python and the JVM at INFO (thousands a minute).
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except ConfigError as err:

@@ -91,6 +91,9 @@ class EngineConfig:
     """The Spark job's resources and pace."""
 
     master: str = "local[2]"
+    # The driver JVM's heap; in local mode it runs the executors and their state stores
+    # too. Spark's 1g default ran out at 20k readings/s, sending state to Python workers.
+    driver_memory: str = "4g"
     # One state store task per partition per batch: as many as local[2]'s cores, so a
     # batch is one wave of tasks (a cluster wants about 2x its executor cores).
     shuffle_partitions: int = 2
@@ -107,6 +110,10 @@ class EngineConfig:
     # Spark lists whole every batch (20,000 files: 0.45 s a batch): empty = deleted (their
     # readings are in Delta), a path = moved there, for an archive of the raw input.
     landing_archive: str = ""
+    # Prometheus metrics of `lookout engine` at http://metrics_address:metrics_port/metrics
+    # (0: none).
+    metrics_address: str = "127.0.0.1"
+    metrics_port: int = 9810
 
 
 @dataclass(frozen=True)
@@ -237,10 +244,13 @@ _LIMITS: dict[tuple[str, str], _Limit] = {
     ("ingest", "max_string_chars"): _POSITIVE,
     ("ingest", "quarantine_payload_bytes"): _POSITIVE,
     ("engine", "master"): _NOT_EMPTY,
+    ("engine", "driver_memory"): _NOT_EMPTY,
     ("engine", "shuffle_partitions"): _POSITIVE,
     ("engine", "trigger_seconds"): _NOT_NEGATIVE,  # 0: Spark's "next batch at once"
     ("engine", "compact_every_seconds"): _NOT_NEGATIVE,  # 0: never compact
     ("engine", "compact_min_files"): _POSITIVE,
+    ("engine", "metrics_address"): _NOT_EMPTY,
+    ("engine", "metrics_port"): _Limit(lambda port: 0 <= port <= 65535, "(0: none, or a port)"),
     ("dashboard", "address"): _NOT_EMPTY,
     ("dashboard", "port"): _PORT,
     ("dashboard", "refresh_seconds"): _POSITIVE,

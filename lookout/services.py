@@ -67,6 +67,14 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None) -> int:
         return 2
     stop = threading.Event()
     _stop_on_signals(stop)
+    if config.engine.metrics_port:
+        from engine.spark.metrics import serve
+
+        try:
+            serve(config.engine.metrics_address, config.engine.metrics_port)
+        except OSError as err:  # the engine runs on; only its metrics are missing
+            log.warning("no metrics: %s:%d: %s", config.engine.metrics_address,
+                        config.engine.metrics_port, err)  # fmt: skip
     job = EngineJob(config, rule_set.plan, alert_specs(rule_set))
     try:
         job.run_until(stop)

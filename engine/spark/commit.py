@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -25,6 +25,7 @@ from pyspark.sql import DataFrame
 
 from engine import tables
 from engine.core.plan import Plan
+from engine.spark.metrics import observe_step
 from lookout.config import Config
 
 log = logging.getLogger("lookout.engine")
@@ -41,6 +42,29 @@ def table_schemas(plan: Plan, sources: tuple[str, ...]) -> dict[str, pa.Schema]:
     return schemas
 
 
+_TIMINGS = ("read_ms", "restore_ms", "evaluate_ms", "write_ms")
+
+
+def _timings(figures: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: figures[k] for k in (*_TIMINGS, "reused") if k in figures}
+
+
+def merge_figures(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The figures of several components' steps as one: streams and keys side by side,
+    counts and durations summed (the steps' work), `reused` only if every part's was."""
+    merged: dict[str, Any] = {"streams": {}, "keys": {}, "quarantined": 0, "dropped": []}
+    for part in parts:
+        merged["streams"].update(part.get("streams", {}))
+        merged["keys"].update(part.get("keys", {}))
+        merged["quarantined"] += part.get("quarantined", 0)
+        merged["dropped"] += part.get("dropped", [])
+        merged["reused"] = merged.get("reused", True) and part.get("reused", False)
+        for name in _TIMINGS:
+            if name in part:
+                merged[name] = round(merged.get(name, 0.0) + part[name], 1)
+    return merged
+
+
 class Committer:
     """`foreachBatch` of one engine query (see the module docstring)."""
 
@@ -50,6 +74,7 @@ class Committer:
         self.schemas = dict(schemas)
         self.lock = threading.Lock()
         self.figures: dict[str, Any] = {}
+        self._latest: dict[str, dict[str, Any]] = {}  # per component
         self.totals: Counter[str] = Counter()
         self.batches = 0
         self.last_batch_at = 0.0
@@ -58,12 +83,13 @@ class Committer:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
-        rows = batch.toArrow().to_pylist()
+        rows = batch.toArrow().to_pylist()  # runs the batch's job: read, evaluate, write
+        collected = time.perf_counter()
         files: dict[str, list[tables.DataFile]] = {}
-        figures: dict[str, Any] = {}
+        parts: list[dict[str, Any]] = []  # each component's figures
         for row in rows:
             if row["kind"] == "health":
-                figures = orjson.loads(row["stats"])
+                parts.append(orjson.loads(row["stats"]))
                 continue
             file = tables.DataFile(
                 row["table"],
@@ -88,12 +114,18 @@ class Committer:
         ]
         for job in jobs:
             job.result()  # raises the first failure: the batch fails and runs again
+        commit_s = time.perf_counter() - collected
+        figures = merge_figures(parts)
+        observe_step(self.name, figures, collected - started, commit_s)
         with self.lock:
             self.batches += 1
             self.last_batch_at = time.time()
-            self.commit_ms = (time.perf_counter() - started) * 1000
-            if figures:
-                self.figures = figures
+            self.commit_ms = commit_s * 1000
+            if parts:
+                self._latest.update((part["component"], part) for part in parts)
+                # Streams and keys as each component last reported them; durations this
+                # batch's.
+                self.figures = {**merge_figures(self._latest.values()), **_timings(figures)}
                 for stream, counts in figures.get("streams", {}).items():
                     for what in ("readings", "late", "duplicates", "conflicts", "heartbeats"):
                         self.totals[f"{what}.{stream}"] += counts.get(what, 0)

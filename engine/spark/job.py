@@ -1,5 +1,5 @@
-"""`lookout engine`: one Spark application running an engine query per connected part
-of the rules' stream graph (`engine.spark.query`).
+"""`lookout engine`: one Spark application running the engine query, which evaluates
+every connected part of the rules' stream graph (`engine.spark.query`).
 
 It also writes `<lakehouse>/_health/engine.json` every few seconds (per query: batch,
 rate, durations; per stream: event time, watermark, lag, counts), which the dashboard's
@@ -10,6 +10,7 @@ for a running engine.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -27,7 +28,8 @@ from engine.core.plan import Plan
 from engine.maintenance import TableMaintenance
 from engine.spark.checkpoint_layout import check_checkpoint_layout
 from engine.spark.commit import Committer, table_schemas
-from engine.spark.query import engine_components, start_query
+from engine.spark.metrics import ProgressListener, refresh
+from engine.spark.query import QUERY_NAME, engine_components, start_query
 from engine.spark.rule_changes import record_rule_changes
 from engine.spark.session import build_session
 from lookout.config import Config
@@ -55,6 +57,8 @@ class EngineJob:
         )
         self.queries: list[tuple[StreamingQuery, Committer]] = []
         self.started_at_ms = int(time.time() * 1000)
+        self.listener = ProgressListener({QUERY_NAME})
+        self._logged: tuple[float, dict[str, int]] = (time.monotonic(), {})
         self.maintenance = TableMaintenance(
             [config.table(name) for name in tables.engine_tables(plan)],
             config.engine.compact_every_seconds,
@@ -70,22 +74,23 @@ class EngineJob:
                 tables.ensure_table(self.config.table(name), schema, options)
 
     def start(self) -> None:
-        """Start one query per component, after checking the lakehouse's layout."""
+        """Start the engine query, after checking the lakehouse's layout."""
         check_checkpoint_layout(self.config)
         for change in record_rule_changes(self.config, self.plan):
             log.warning(change)
         self.ensure_tables()
+        self.spark.streams.addListener(self.listener)
+        if self.components:
+            self.queries.append(start_query(self.spark, self.config, self.components))
         for component in self.components:
-            self.queries.append(start_query(self.spark, self.config, component))
             rules = [stage.name for _, stage in fed_stages(self.plan, component.sources)]
             log.info(
-                "query %s: streams %s; rules %s",
-                component.name,
+                "streams %s: rules %s",
                 ", ".join(component.sources),
                 ", ".join(rules) or "none",
             )
         self.maintenance.start()
-        log.info("engine running %d queries", len(self.queries))
+        log.info("engine running (%d parts of the rules)", len(self.components))
 
     def stop(self) -> None:
         """Stop every query (each finishes or abandons its batch; checkpoints stay valid).
@@ -100,6 +105,8 @@ class EngineJob:
         again at the next start (its commits are idempotent), which is one line too."""
         self.maintenance.stop()
         logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
+        with contextlib.suppress(Py4JError):
+            self.spark.streams.removeListener(self.listener)
         for query, committer in self.queries:
             try:
                 if query.isActive and query.status["isTriggerActive"]:
@@ -180,6 +187,7 @@ class EngineJob:
             "updated_at_ms": now_ms,
             "started_at_ms": self.started_at_ms,
             "ready": self.ready(),
+            "memory": refresh(now_ms / 1000),
             "queries": queries,
             "streams": streams,
             "quarantined": quarantined,
@@ -191,12 +199,51 @@ class EngineJob:
         """Write `health()` where the dashboard reads it."""
         write_health(self.config.lakehouse, "engine", self.health(), self.config.s3)
 
-    def run_until(self, stop: threading.Event, health_every_s: float = 2.0) -> None:
-        """Run until `stop` is set or a query fails (then raise)."""
+    def log_progress(self) -> None:
+        """One line per query: its batches, readings and lag since the last line."""
+        since, before = self._logged
+        now = time.monotonic()
+        counts: dict[str, int] = {}
+        for query, committer in self.queries:
+            seen = committer.health()
+            streams = (seen["figures"].get("streams") or {}).items()
+            readings = sum(v for k, v in seen["totals"].items() if k.startswith("readings."))
+            counts[query.name] = readings
+            durations = sorted(self.listener.take_durations(query.name))
+            if not durations:
+                continue
+            lag = ", ".join(
+                f"{name} watermark {(time.time() * 1000 - f['watermark_ms']) / 1000:.1f} s behind"
+                for name, f in streams
+                if f.get("watermark_ms") is not None
+            )
+            log.info(
+                "%s: %d batches in %.0f s, %s readings (%.0f/s); batch median %.2f s, "
+                "longest %.2f s; %s",
+                query.name,
+                len(durations),
+                now - since,
+                f"{readings - before.get(query.name, 0):,}",
+                (readings - before.get(query.name, 0)) / max(now - since, 1e-9),
+                durations[len(durations) // 2],
+                durations[-1],
+                lag or "no readings yet",
+            )
+        self._logged = (now, counts)
+
+    def run_until(
+        self, stop: threading.Event, health_every_s: float = 2.0, log_every_s: float = 30.0
+    ) -> None:
+        """Run until `stop` is set or a query fails (then raise); health every
+        `health_every_s`, a progress line per query every `log_every_s`."""
         self.start()
+        logged = time.monotonic()
         try:
             while not stop.wait(health_every_s):
                 self.write_health()
+                if time.monotonic() - logged >= log_every_s:
+                    logged = time.monotonic()
+                    self.log_progress()
                 error = self.failed()
                 if error:
                     raise RuntimeError(f"a streaming query failed: {error}")

@@ -1,11 +1,12 @@
-"""The streaming source of an engine query: new landing files, read and parsed by the
+"""The streaming source of the engine query: new landing files, read and parsed by the
 executors, one row per file (`engine/landing_offsets.py` says which files a batch
 reads, and why offsets name only the backlog).
 
 A Python data source with partitions: the driver lists the query's stream folders and
 plans a batch (its offsets, split into partitions of a few files); each executor task
 reads its files and parses them with Arrow (`engine.landed_files`), and hands Spark one
-row per file: which stream, the file's name, and its arrivals as an Arrow IPC payload.
+row per file: which component of the rules and which stream it feeds, the file's name,
+and its arrivals as an Arrow IPC payload.
 No reading passes through the driver. Committing an offset deletes the files it names,
 or moves them to the archive folder, once every table the batch wrote holds their rows.
 
@@ -77,20 +78,24 @@ def source_options(
     landing: str,
     archive: str,
     s3: S3Config,
-    component: str,
-    streams: Sequence[StreamSchema],
-    quarantine: bool,
+    components: Mapping[str, Sequence[StreamSchema]],
+    quarantine: str,
 ) -> dict[str, str]:
     """The options `LandingSource` takes: where the landing folder (and the archive) is,
-    how to reach S3 (`secret_key` is among the option names Spark redacts), the
-    component's name, its source streams' schemas, and whether it also reads the
-    quarantine folder."""
+    how to reach S3 (`secret_key` is among the option names Spark redacts), the source
+    streams' schemas with the component each belongs to (`components`: name -> its
+    streams), and the component that also takes the quarantine folder's files (empty:
+    none)."""
+    streams = [
+        {**schema_json(stream), "component": name}
+        for name, schemas in components.items()
+        for stream in schemas
+    ]
     options = {
         "path": landing,
         "archive": archive,
-        "component": component,
-        "streams": orjson.dumps([schema_json(s) for s in streams]).decode(),
-        "quarantine": "true" if quarantine else "false",
+        "streams": orjson.dumps(streams).decode(),
+        "quarantine": quarantine,
     }
     options.update({f"s3.{key}": getattr(s3, key) for key in _S3_OPTIONS})
     return options
@@ -138,10 +143,12 @@ class LandingReader(DataSourceStreamReader):
     def __init__(self, options: Mapping[str, str]) -> None:
         self.landing = options["path"]
         self.archive = options.get("archive", "")
-        self.component = options["component"]
-        self.streams = [schema_from_json(s) for s in orjson.loads(options["streams"])]
+        found = orjson.loads(options["streams"])
+        self.streams = [schema_from_json(s) for s in found]
+        self.component_of = {s["name"]: s["component"] for s in found}
         self.folders = [s.name for s in self.streams]
-        if options.get("quarantine") == "true":
+        if options.get("quarantine"):
+            self.component_of[QUARANTINE_FOLDER] = options["quarantine"]
             self.folders.append(QUARANTINE_FOLDER)
         self.s3 = S3Config(**{key: options.get(f"s3.{key}", "") for key in _S3_OPTIONS})
 
@@ -192,11 +199,11 @@ class LandingReader(DataSourceStreamReader):
                 arrivals, damaged = read_stream_file(schemas[stream], name, data)
                 payload = ipc_bytes(arrivals)
                 if damaged:  # lines that are not landed records go to quarantine
-                    rows["component"].append(self.component)
+                    rows["component"].append(self.component_of[stream])
                     rows["stream"].append(QUARANTINE_FOLDER)
                     rows["file"].append(name)
                     rows["data"].append(orjson.dumps(damaged))
-            rows["component"].append(self.component)
+            rows["component"].append(self.component_of[stream])
             rows["stream"].append(stream)
             rows["file"].append(name)
             rows["data"].append(payload)

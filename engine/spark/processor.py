@@ -1,9 +1,11 @@
-"""The stateful step of an engine query: Spark's `transformWithState` around a
-:class:`~engine.core.pipeline.Pipeline` (the skin; every decision is the pipeline's).
+"""The stateful step of the engine query: Spark's `transformWithState` around a
+:class:`~engine.core.pipeline.Pipeline` per connected part of the rules (the skin;
+every decision is the pipeline's).
 
-Spark groups a batch's landing files by component (one group: the exact, global arrival
-order of each stream meets in one task) and calls `handleInputRows` once per batch with
-one row per file. The processor:
+Spark groups a batch's landing files by component (one group per connected part: the
+exact, global arrival order of each stream meets in one task; parts run in parallel on
+the state store's partitions) and calls `handleInputRows` once per batch and component
+with one row per file. The processor:
 
 1. reads the files' arrivals (Arrow, parsed by the source's executors) in landing order;
 2. runs the pipeline over them, and saves what changed into Spark's state store
@@ -13,7 +15,8 @@ one row per file. The processor:
    file, plus one row of health figures. The driver commits the files
    (`engine.spark.commit`): only file names and figures reach it, never readings.
 
-**A pipeline stays in memory between batches** (`_PIPELINES`, per Python worker):
+**A pipeline stays in memory between batches** (`_PIPELINES`, per Python worker and
+component):
 reading every evaluator back from the state store each batch would cost far more than
 the batch's readings. Each batch stores a fresh token beside the state; a worker uses
 its pipeline only when it last saved exactly the state Spark hands this batch (same
@@ -28,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,13 +72,13 @@ _KEY = T.StructType(
     ]
 )
 _VALUE = T.StructType([T.StructField("data", T.BinaryType())])
-KINDS = ("sequencer", "recent", "head", "chunk", "cstate", "slice")
+KINDS = ("sequencer", "recent", "held", "head", "chunk", "cstate", "slice")
 """The kinds of entries a pipeline saves (engine.core.state), one state variable each:
 listing one kind never reads another's values."""
 _TOKEN = T.StructType([T.StructField("token", T.StringType())])
 
 _PIPELINES: dict[str, tuple[str, Pipeline]] = {}
-"""Per query and group: (the token of the state it saved last, the pipeline)."""
+"""Per query and component: (the token of the state it saved last, the pipeline)."""
 
 
 class SparkStore:
@@ -106,25 +109,25 @@ class SparkStore:
 
 @dataclass(frozen=True)
 class Component:
-    """What one engine query runs: a connected part of the plan's stream graph."""
+    """A connected part of the plan's stream graph: a group of the engine query."""
 
     name: str
     sources: tuple[str, ...]
     plan: Plan
     alerts: Mapping[str, AlertSpec]
-    quarantine: bool
-    """Whether this query also lands the quarantine folder (one query does)."""
 
 
-class ComponentProcessor(StatefulProcessor):
-    """`transformWithState` processor of one component (see the module docstring)."""
+class EngineProcessor(StatefulProcessor):
+    """`transformWithState` processor of the engine query, keyed by component (see the
+    module docstring)."""
 
-    def __init__(self, component: Component, config: Config, memo_id: str) -> None:
-        self.component = component
+    def __init__(self, components: Sequence[Component], config: Config, memo_id: str) -> None:
+        self.components = {c.name: c for c in components}
         self.config = config
-        # Which query's pipeline, in a worker's memo: its checkpoint, and the plan it was
-        # built from (a worker outlives an engine restarted with other rules in-process).
-        plan = hashlib.sha256(cloudpickle.dumps(component.plan)).hexdigest()[:16]
+        # Which pipeline, in a worker's memo: the query's checkpoint, the component, and
+        # the plan it was built from (a worker outlives an engine restarted with other
+        # rules in-process).
+        plan = hashlib.sha256(cloudpickle.dumps(components[0].plan)).hexdigest()[:16]
         self.memo_id = f"{memo_id}#{plan}"
 
     def init(self, handle: StatefulProcessorHandle) -> None:
@@ -136,19 +139,22 @@ class ComponentProcessor(StatefulProcessor):
         self, key: Any, rows: Iterator[Row], timerValues: TimerValues
     ) -> Iterator[Row]:
         started = time.perf_counter()
+        component = self.components[key[0]]
+        memo_id = f"{self.memo_id}#{component.name}"
         with collector_paused():
             arrivals, quarantine = _arrivals(rows)
             read_s = time.perf_counter() - started
-            pipeline, reused = self._pipeline()
+            pipeline, reused = self._pipeline(component, memo_id)
             restore_s = time.perf_counter() - started - read_s
             result = pipeline.process(arrivals)
             pipeline.save()
             evaluated_s = time.perf_counter() - started - read_s
-            written = self._write(result, quarantine)
+            written = self._write(component, result, quarantine)
             token = uuid.uuid4().hex
             self.token.update((token,))
-            _PIPELINES[self.memo_id] = (token, pipeline)
+            _PIPELINES[memo_id] = (token, pipeline)
         figures = {
+            "component": component.name,
             "streams": {
                 name: {
                     "max_event_ms": pipeline.sequencers[name].clock.max_ts,
@@ -182,20 +188,21 @@ class ComponentProcessor(StatefulProcessor):
             stats=orjson.dumps(figures).decode(),
         )
 
-    def _pipeline(self) -> tuple[Pipeline, bool]:
+    def _pipeline(self, component: Component, memo_id: str) -> tuple[Pipeline, bool]:
         """The pipeline this batch starts from, and whether it was still in memory."""
-        memo = _PIPELINES.pop(self.memo_id, None)
+        memo = _PIPELINES.pop(memo_id, None)
         saved = self.token.get()
         store = SparkStore(self.maps)
         if memo is not None and saved is not None and memo[0] == saved[0]:
             pipeline = memo[1]
             pipeline.store = store
             return pipeline, True
-        return Pipeline(self.component.plan, self.component.sources, store), False
+        return Pipeline(component.plan, component.sources, store), False
 
-    def _write(self, result: BatchResult, quarantine: list[dict[str, Any]]) -> list[Row]:
+    def _write(
+        self, component: Component, result: BatchResult, quarantine: list[dict[str, Any]]
+    ) -> list[Row]:
         """Each table's new rows as a Parquet file in its folder; a row per file."""
-        component = self.component
         out = []
         for name, data in batch_tables(
             component.plan, component.alerts, result, quarantine

@@ -1,17 +1,19 @@
-"""One engine query per connected part of the stream graph, from landing files to every
-table it writes:
+"""The engine query, from landing files to every table it writes:
 
-    readStream(lookout_landing)          # the component's stream folders: executors
-                                         # read and parse each new file (Arrow)
-      .groupBy("component")              # one group: each stream's arrival order
-      .transformWithState(ComponentProcessor)   # sequencing and the whole rule DAG
-                                                # (engine.core.pipeline), state in
-                                                # RocksDB, Parquet files written
+    readStream(lookout_landing)          # every source stream's folder: executors read
+                                         # and parse each new file (Arrow)
+      .groupBy("component")              # a group per connected part of the rules:
+                                         # each stream's arrival order meets in one task
+      .transformWithState(EngineProcessor)   # sequencing and the whole rule DAG
+                                             # (engine.core.pipeline), state in RocksDB,
+                                             # Parquet files written
       .foreachBatch(Committer)           # the driver commits each table's files once
 
 Derived streams that feed further rules are evaluated inside the same stateful step,
 as `lookout replay` does in one process: no rule output travels through a Delta table
-to another query on its way to an alert.
+to another query on its way to an alert. One query for every part of the rules pays
+Spark's per-batch costs (planning, the state store's commit, the Delta commits) once
+per batch, not once per part; the parts still run side by side, one task each.
 """
 
 from __future__ import annotations
@@ -26,43 +28,39 @@ from engine.core.pipeline import components
 from engine.core.plan import Plan
 from engine.spark.commit import Committer, table_schemas
 from engine.spark.landing_source import NAME, LandingSource, source_options
-from engine.spark.processor import OUTPUT_SCHEMA, Component, ComponentProcessor
+from engine.spark.processor import OUTPUT_SCHEMA, Component, EngineProcessor
 from lookout.config import Config
 
-
-def query_name(component: Component) -> str:
-    """The streaming query's name (and its checkpoint folder's)."""
-    return f"engine-{component.name}"
+QUERY_NAME = "engine"
+"""The streaming query's name (and its checkpoint folder's)."""
 
 
 def engine_components(plan: Plan, alerts: Mapping[str, AlertSpec]) -> list[Component]:
-    """The plan's connected parts as the engine runs them: named after their source
-    streams; the first also lands the quarantine folder."""
-    found = components(plan)
+    """The plan's connected parts as the engine runs them, named after their source
+    streams."""
     return [
-        Component("+".join(sources), sources, plan, dict(alerts), quarantine=i == 0)
-        for i, sources in enumerate(found)
+        Component("+".join(sources), sources, plan, dict(alerts)) for sources in components(plan)
     ]
 
 
 def start_query(
-    spark: SparkSession, config: Config, component: Component
+    spark: SparkSession, config: Config, parts: list[Component]
 ) -> tuple[StreamingQuery, Committer]:
-    """Start the query of `component` (checkpointed in the lakehouse)."""
+    """Start the engine query over `parts` (checkpointed in the lakehouse); the first
+    part also takes the quarantine folder."""
     spark.dataSource.register(LandingSource)
-    plan = component.plan
+    plan = parts[0].plan
     options = source_options(
         config.landing,
         config.engine.landing_archive,
         config.s3,
-        component.name,
-        [plan.streams[name] for name in component.sources],
-        component.quarantine,
+        {part.name: [plan.streams[name] for name in part.sources] for part in parts},
+        parts[0].name,
     )
-    name = query_name(component)
-    checkpoint = config.table(f"_checkpoints/{name}")
-    processor = ComponentProcessor(component, config, memo_id=checkpoint)
-    committer = Committer(config, name, table_schemas(plan, component.sources))
+    checkpoint = config.table(f"_checkpoints/{QUERY_NAME}")
+    processor = EngineProcessor(parts, config, memo_id=checkpoint)
+    sources = tuple(name for part in parts for name in part.sources)
+    committer = Committer(config, QUERY_NAME, table_schemas(plan, sources))
     query = (
         spark.readStream.format(NAME)
         .options(**options)
@@ -70,7 +68,7 @@ def start_query(
         .groupBy("component")
         .transformWithState(processor, OUTPUT_SCHEMA, "Append", "None")
         .writeStream.foreachBatch(committer)
-        .queryName(name)
+        .queryName(QUERY_NAME)
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime=f"{config.engine.trigger_seconds} seconds")
         .start()

@@ -88,6 +88,7 @@ def build_session(
     builder = (
         SparkSession.builder.master(config.master)
         .appName(app_name)
+        .config("spark.driver.memory", config.driver_memory)
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config(
             "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
@@ -115,6 +116,11 @@ def build_session(
         # Python (`ArrowWriter.sizeInBytes`): 15 % of the JVM's time at a 1 s slide here.
         # Batches stay bounded by `arrow.maxRecordsPerBatch` (10,000 rows).
         .config("spark.sql.execution.arrow.maxBytesPerBatch", str(2**31 - 1))
+        # State goes to the Python worker in messages of this many entries (default
+        # 10,000: a whole map of window slices in one message, megabytes each).
+        .config(
+            "spark.sql.execution.arrow.transformWithStateInPySpark.maxStateRecordsPerBatch", "256"
+        )
     )
     packages = []
     if s3 is not None:

@@ -129,7 +129,7 @@ def test_an_edited_rule_restarts_and_an_unchanged_one_resumes(
         state = (
             spark.read.format("statestore")
             .option("stateVarName", kind)
-            .load(lookout_config.table("_checkpoints/engine-traffic"))
+            .load(lookout_config.table("_checkpoints/engine"))
             .collect()
         )
         heads |= {row["user_map_key"]["name"] for row in state}

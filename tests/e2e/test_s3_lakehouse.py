@@ -89,7 +89,7 @@ def test_the_engine_on_an_s3_lakehouse_gives_the_replay_alerts(
         # files into the bucket.
         executor_logs = list((tmp_path / "cluster").glob("worker-*/app-*/*/stderr"))
         assert len(executor_logs) == 2, "one executor per worker"
-        state = [k for k in s3.keys("lake/_checkpoints/engine-") if "/state/" in k]
+        state = [k for k in s3.keys("lake/_checkpoints/engine/") if "/state/" in k]
         assert state, "the engine query's state store in the bucket"
 
     got = [orjson.loads(a["payload"]) for a in delta_rows(config, "alerts")]
@@ -100,7 +100,7 @@ def test_the_engine_on_an_s3_lakehouse_gives_the_replay_alerts(
     # The engine query read its files from the bucket: its offsets name them, and
     # committed ones left it (only the files of the last batch, named by its offset, stay
     # until a next batch commits them).
-    offsets = s3.objects("lake/_checkpoints/engine-traffic/offsets/")
+    offsets = s3.objects("lake/_checkpoints/engine/offsets/")
     assert b"stream=traffic/part-" in b"".join(offsets.values())
     last = max(
         (k for k in offsets if k.rsplit("/", 1)[1].isdigit()),
@@ -111,7 +111,7 @@ def test_the_engine_on_an_s3_lakehouse_gives_the_replay_alerts(
     left = {k.removeprefix("lake/_landing/") for k in s3.keys("lake/_landing/") if k[-1] != "/"}
     assert left <= set(named)
     assert "lake/_checkpoints/LAYOUT" in keys
-    assert any(k.startswith("lake/_checkpoints/engine-traffic/commits/") for k in keys)
+    assert any(k.startswith("lake/_checkpoints/engine/commits/") for k in keys)
     assert SECRET not in log.read_text()
     # Stopped the way docs/runtime.md says: the queries, then Spark; no error logged.
     assert "terminated with error" not in log.read_text()

@@ -46,7 +46,7 @@ def land(writer: LandingWriter, stream: str, speeds: list[float]) -> list[Path]:
 
 
 def reader(root: Path, archive: Path | None = None) -> LandingReader:
-    options = source_options(str(root), str(archive or ""), S3Config(), "c", [TRAFFIC, RFID], True)
+    options = source_options(str(root), str(archive or ""), S3Config(), {"c": [TRAFFIC, RFID]}, "c")
     return LandingReader(options)
 
 

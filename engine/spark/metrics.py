@@ -1,0 +1,167 @@
+"""The engine's Prometheus metrics, its per-batch progress log, and its memory.
+
+Served at `http://<address>:<metrics_port>/metrics` (`[engine]` in lookout.toml) in
+Prometheus' text format, so a Prometheus or Grafana setup can watch the pipeline beside
+the dashboard's Health page:
+
+* `lookout_engine_batch_seconds{query, phase}`: where a batch's time goes. Spark's own
+  phases come from its progress reports (`trigger` is the whole batch; `plan`,
+  `offsets`, `source`, `add_batch`, `wal`, `commit_offsets` its parts); the stateful
+  step reports `read`, `restore`, `evaluate`, `write` (on the executor), all inside
+  `job` (the batch's Spark job, itself inside `add_batch`), then the driver's Delta
+  commits `commit`;
+* `lookout_stream_*_total{stream}`: readings, late, duplicates, conflicts, heartbeats;
+  `lookout_quarantined_total`;
+* `lookout_stream_event_time_seconds`, `lookout_stream_watermark_seconds`,
+  `lookout_stream_lag_seconds` (wall clock minus the newest event time);
+* `lookout_engine_live_keys{query}`, `lookout_engine_resident_bytes{process}` (the
+  driver's Python, its JVM, the Python workers).
+
+Metrics are process-wide (Prometheus' default registry): one engine per process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import psutil
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from pyspark.sql.streaming import StreamingQueryListener
+
+log = logging.getLogger("lookout.engine")
+
+_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+BATCH_SECONDS = Histogram(
+    "lookout_engine_batch_seconds",
+    "Time a batch spent in each phase",
+    ["query", "phase"],
+    buckets=_BUCKETS,
+)
+INPUT_FILES = Counter(
+    "lookout_engine_input_files_total", "Landing files the engine's batches read", ["query"]
+)
+STREAM_COUNTS = {
+    what: Counter(f"lookout_stream_{what}_total", f"{what.capitalize()} per stream", ["stream"])
+    for what in ("readings", "late", "duplicates", "conflicts", "heartbeats")
+}
+QUARANTINED = Counter("lookout_quarantined_total", "Landed lines the engine quarantined")
+EVENT_TIME = Gauge("lookout_stream_event_time_seconds", "Newest event time seen", ["stream"])
+WATERMARK = Gauge("lookout_stream_watermark_seconds", "The stream's watermark", ["stream"])
+LAG = Gauge("lookout_stream_lag_seconds", "Wall clock minus the newest event time", ["stream"])
+LIVE_KEYS = Gauge("lookout_engine_live_keys", "Keys with state in the rules", ["query"])
+RESIDENT = Gauge("lookout_engine_resident_bytes", "Resident memory", ["process"])
+
+# Spark's progress phases (durationMs keys) under shorter names.
+_SPARK_PHASES = {
+    "triggerExecution": "trigger",
+    "queryPlanning": "plan",
+    "latestOffset": "offsets",
+    "getBatch": "source",
+    "addBatch": "add_batch",
+    "walCommit": "wal",
+    "commitOffsets": "commit_offsets",
+}
+_STEP_PHASES = ("read", "restore", "evaluate", "write")
+
+
+def serve(address: str, port: int) -> None:
+    """Serve /metrics on `address:port` (a thread of this process)."""
+    start_http_server(port, addr=address)
+    log.info("metrics on http://%s:%d/metrics", address, port)
+
+
+def observe_step(query: str, figures: Mapping[str, Any], job_s: float, commit_s: float) -> None:
+    """Count one batch's figures (from the stateful step), the time its job took (the
+    source, the shuffle, the stateful step), and its commit time."""
+    for phase in _STEP_PHASES:
+        if (ms := figures.get(f"{phase}_ms")) is not None:
+            BATCH_SECONDS.labels(query, phase).observe(ms / 1000)
+    BATCH_SECONDS.labels(query, "job").observe(job_s)
+    BATCH_SECONDS.labels(query, "commit").observe(commit_s)
+    for stream, counts in (figures.get("streams") or {}).items():
+        for what, counter in STREAM_COUNTS.items():
+            counter.labels(stream).inc(counts.get(what, 0))
+        if (max_ms := counts.get("max_event_ms")) is not None:
+            EVENT_TIME.labels(stream).set(max_ms / 1000)
+            WATERMARK.labels(stream).set(counts.get("watermark_ms", max_ms) / 1000)
+    QUARANTINED.inc(figures.get("quarantined", 0))
+    if figures.get("keys") is not None:
+        LIVE_KEYS.labels(query).set(sum(figures["keys"].values()))
+
+
+def refresh(now_s: float | None = None) -> dict[str, int]:
+    """Update the gauges that move with the wall clock: lag, and resident memory
+    (returned too, in bytes per process kind)."""
+    now_s = time.time() if now_s is None else now_s
+    for labels, value in _samples(EVENT_TIME):
+        LAG.labels(*labels).set(now_s - value)
+    memory = resident_memory()
+    for process, size in memory.items():
+        RESIDENT.labels(process).set(size)
+    return memory
+
+
+def _samples(gauge: Gauge) -> list[tuple[tuple[str, ...], float]]:
+    return [
+        (tuple(sample.labels.values()), sample.value)
+        for metric in gauge.collect()
+        for sample in metric.samples
+    ]
+
+
+def resident_memory() -> dict[str, int]:
+    """Resident bytes of this process (the driver's Python), its JVM and the Python
+    workers Spark started (the JVM's descendants)."""
+    me = psutil.Process()
+    sizes = {"driver": me.memory_info().rss, "jvm": 0, "python_workers": 0}
+    for child in me.children(recursive=True):
+        try:
+            rss = child.memory_info().rss
+            kind = "jvm" if child.name() == "java" else "python_workers"
+        except psutil.Error:  # it ended meanwhile
+            continue
+        sizes[kind] += rss
+    return sizes
+
+
+class ProgressListener(StreamingQueryListener):
+    """Spark's progress reports into `lookout_engine_batch_seconds`, and each query's
+    batch durations since it was last asked (:meth:`take_durations`), for the log."""
+
+    def __init__(self, queries: set[str]) -> None:
+        self.queries = queries
+        self._durations: dict[str, list[float]] = {}
+        self._lock = threading.Lock()  # Spark calls from its own thread
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        progress = event.progress
+        if progress.name not in self.queries:
+            return
+        durations = progress.durationMs or {}
+        for key, phase in _SPARK_PHASES.items():
+            if key in durations:
+                BATCH_SECONDS.labels(progress.name, phase).observe(durations[key] / 1000)
+        INPUT_FILES.labels(progress.name).inc(progress.numInputRows)
+        if "triggerExecution" in durations and progress.numInputRows:
+            with self._lock:
+                self._durations.setdefault(progress.name, []).append(
+                    durations["triggerExecution"] / 1000
+                )
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+    def take_durations(self, query: str) -> list[float]:
+        """The seconds each batch of `query` with input took since the last call."""
+        with self._lock:
+            return self._durations.pop(query, [])
