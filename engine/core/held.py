@@ -88,4 +88,5 @@ class HeldRows:
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:
-    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    # One chunk per column: the stages' compute runs over it.
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables).combine_chunks()

@@ -42,7 +42,7 @@ def table_schemas(plan: Plan, sources: tuple[str, ...]) -> dict[str, pa.Schema]:
     return schemas
 
 
-_TIMINGS = ("read_ms", "restore_ms", "evaluate_ms", "write_ms")
+_TIMINGS = ("read_ms", "restore_ms", "evaluate_ms", "save_ms", "write_ms")
 
 
 def _timings(figures: Mapping[str, Any]) -> dict[str, Any]:

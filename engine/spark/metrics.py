@@ -7,9 +7,10 @@ the dashboard's Health page:
 * `lookout_engine_batch_seconds{query, phase}`: where a batch's time goes. Spark's own
   phases come from its progress reports (`trigger` is the whole batch; `plan`,
   `offsets`, `source`, `add_batch`, `wal`, `commit_offsets` its parts); the stateful
-  step reports `read`, `restore`, `evaluate`, `write` (on the executor), all inside
-  `job` (the batch's Spark job, itself inside `add_batch`), then the driver's Delta
-  commits `commit`;
+  step reports `read`, `restore`, `evaluate` (which includes `save`: the state
+  written to the state store), `write` (on the executor), and the state store its
+  `state_commit`, all inside `job` (the batch's Spark job, itself inside `add_batch`);
+  then the driver's Delta commits take `commit`;
 * `lookout_stream_*_total{stream}`: readings, late, duplicates, conflicts, heartbeats;
   `lookout_quarantined_total`;
 * `lookout_stream_event_time_seconds`, `lookout_stream_watermark_seconds`,
@@ -65,7 +66,7 @@ _SPARK_PHASES = {
     "walCommit": "wal",
     "commitOffsets": "commit_offsets",
 }
-_STEP_PHASES = ("read", "restore", "evaluate", "write")
+_STEP_PHASES = ("read", "restore", "evaluate", "save", "write")
 
 
 def serve(address: str, port: int) -> None:
@@ -148,6 +149,11 @@ class ProgressListener(StreamingQueryListener):
         for key, phase in _SPARK_PHASES.items():
             if key in durations:
                 BATCH_SECONDS.labels(progress.name, phase).observe(durations[key] / 1000)
+        for operator in progress.stateOperators or ():
+            # The state store's commit (RocksDB's write batch, flush, changelog).
+            BATCH_SECONDS.labels(progress.name, "state_commit").observe(
+                operator.commitTimeMs / 1000
+            )
         INPUT_FILES.labels(progress.name).inc(progress.numInputRows)
         if "triggerExecution" in durations and progress.numInputRows:
             with self._lock:
