@@ -9,7 +9,9 @@ with one row per file. The processor:
 
 1. reads the files' arrivals (Arrow, parsed by the source's executors) in landing order;
 2. runs the pipeline over them, and saves what changed into Spark's state store
-   (`SparkStore`: one map of bytes, so a batch writes only the evaluators it touched);
+   (`SparkStore`: a map of bytes per kind of entry, so a batch writes only the
+   evaluators it touched, through a `JournaledStore`: one write per batch, as each
+   write is a round trip to the JVM);
 3. writes every table's new rows as Parquet files into the table's folder
    (`engine.outputs`, `engine.tables.write_data_file`) and yields one small row per
    file, plus one row of health figures. The driver commits the files
@@ -51,7 +53,7 @@ from engine import tables
 from engine.alerts import AlertSpec
 from engine.core.pipeline import BatchResult, Pipeline
 from engine.core.plan import Plan
-from engine.core.state import StateKey
+from engine.core.state import JOURNAL, JournaledStore, StateKey
 from engine.ipc import read_ipc
 from engine.landed_files import QUARANTINE_FOLDER
 from engine.outputs import batch_tables
@@ -72,7 +74,7 @@ _KEY = T.StructType(
     ]
 )
 _VALUE = T.StructType([T.StructField("data", T.BinaryType())])
-KINDS = ("sequencer", "recent", "held", "head", "chunk", "cstate", "slice")
+KINDS = ("sequencer", "recent", "held", "head", "chunk", "cstate", "slice", JOURNAL)
 """The kinds of entries a pipeline saves (engine.core.state), one state variable each:
 listing one kind never reads another's values."""
 _TOKEN = T.StructType([T.StructField("token", T.StringType())])
@@ -144,11 +146,12 @@ class EngineProcessor(StatefulProcessor):
         with collector_paused():
             arrivals, quarantine = _arrivals(rows)
             read_s = time.perf_counter() - started
-            pipeline, reused = self._pipeline(component, memo_id)
+            pipeline, journal, reused = self._pipeline(component, memo_id)
             restore_s = time.perf_counter() - started - read_s
             result = pipeline.process(arrivals)
             saving = time.perf_counter()
             pipeline.save()
+            journal.commit()
             save_s = time.perf_counter() - saving
             evaluated_s = time.perf_counter() - started - read_s
             written = self._write(component, result, quarantine)
@@ -191,16 +194,21 @@ class EngineProcessor(StatefulProcessor):
             stats=orjson.dumps(figures).decode(),
         )
 
-    def _pipeline(self, component: Component, memo_id: str) -> tuple[Pipeline, bool]:
-        """The pipeline this batch starts from, and whether it was still in memory."""
+    def _pipeline(
+        self, component: Component, memo_id: str
+    ) -> tuple[Pipeline, JournaledStore, bool]:
+        """The pipeline this batch starts from, its store, and whether it was still in
+        memory."""
         memo = _PIPELINES.pop(memo_id, None)
         saved = self.token.get()
         store = SparkStore(self.maps)
         if memo is not None and saved is not None and memo[0] == saved[0]:
             pipeline = memo[1]
-            pipeline.store = store
-            return pipeline, True
-        return Pipeline(component.plan, component.sources, store), False
+            assert isinstance(pipeline.store, JournaledStore)
+            pipeline.store.inner = store
+            return pipeline, pipeline.store, True
+        journal = JournaledStore.open(store)
+        return Pipeline(component.plan, component.sources, journal), journal, False
 
     def _write(
         self, component: Component, result: BatchResult, quarantine: list[dict[str, Any]]
