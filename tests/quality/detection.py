@@ -30,7 +30,7 @@ import shutil
 import tempfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -421,11 +421,18 @@ def due_times(sim: SimRun, reference: Evaluation) -> dict[int, int]:
     return due
 
 
+@lru_cache(maxsize=8)
+def replayed(spec: RunSpec, slack_ms: int) -> tuple[SimRun, Evaluation]:
+    """``spec`` simulated and evaluated at ``slack_ms``, kept for the next caller (an
+    in-order reference run is often a test's own run too): not to be modified."""
+    sim = simulate(spec)
+    return sim, evaluate(rules_plan(spec.kind, slack_ms), sim)
+
+
 @cache
 def reference_due(kind: str, seed: int, duration_s: int, rate: float) -> dict[int, int]:
     """:func:`due_times` of a run, from its in-order replay (1 ms slack, heartbeats)."""
-    sim = simulate(RunSpec(kind, seed, duration_s, rate))
-    return due_times(sim, evaluate(rules_plan(kind, 1), sim))
+    return due_times(*replayed(RunSpec(kind, seed, duration_s, rate), 1))
 
 
 def score(sim: SimRun, ev: Evaluation, due: dict[int, int]) -> dict[str, Score]:

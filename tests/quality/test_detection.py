@@ -27,6 +27,7 @@ from tests.quality.detection import (
     evaluate,
     late_truth,
     reference_due,
+    replayed,
     rules_plan,
     score,
     simulate,
@@ -44,8 +45,7 @@ def _run(
     kind: str, seed: int, disorder: str, slack_ms: int, heartbeats: bool = True
 ) -> tuple[SimRun, Evaluation, dict[str, Score]]:
     """Simulate one hour, replay it at ``slack_ms`` and score it."""
-    sim = simulate(RunSpec(kind, seed, HOUR, RATE, disorder, heartbeats))
-    ev = evaluate(rules_plan(kind, slack_ms), sim)
+    sim, ev = replayed(RunSpec(kind, seed, HOUR, RATE, disorder, heartbeats), slack_ms)
     return sim, ev, score(sim, ev, reference_due(kind, seed, HOUR, RATE))
 
 
