@@ -12,10 +12,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from lookout.broker import Broker, free_port
 from lookout.config import Config, EngineConfig
 from tests.s3server import S3Server
+
+# The fast lane's profile: a fifth of every property test's examples (`tests/examples.py`).
+settings.register_profile("dev", max_examples=20)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run that deselects the slow tests is the edit-test loop: it draws the `dev`
+    profile's examples unless a profile is named; the full suite keeps the full count."""
+    markexpr = config.getoption("markexpr") or ""
+    if "not slow" in markexpr and not config.getoption("hypothesis_profile"):
+        settings.load_profile("dev")
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from lookout.cli import main
 from lookout.config import Config, ConfigError, StreamClock, load_config
+from tests.examples import examples
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -177,7 +178,7 @@ def test_each_default_written_in_a_file_loads_as_the_default(key: Key) -> None:
     assert loaded == Config()
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), suppress_health_check=[HealthCheck.too_slow])
 @given(key=st.sampled_from(KEYS), value=TOML_VALUES)
 def test_a_value_of_the_wrong_type_names_file_line_key_value_and_what_was_expected(
     key: Key, value: Any
@@ -283,7 +284,7 @@ NOT_A_NUMBER = st.from_regex(r"[A-Za-z]{1,8}", fullmatch=True)  # inf and nan ar
 NUMERIC_KEYS = [key for key in KEYS if key.kind in (int, float, bool)]
 
 
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 @given(key=st.sampled_from(NUMERIC_KEYS), text=NOT_A_NUMBER | st.just("2.5") | st.just(""))
 def test_a_wrong_environment_value_names_the_variable(key: Key, text: str) -> None:
     if key.kind is bool and text.lower() in {"true", "false", "yes", "no", "on", "off"}:

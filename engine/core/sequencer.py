@@ -310,20 +310,6 @@ class StreamSequencer:
         """How many (source, epoch) pairs are remembered."""
         return len(self._seen)
 
-    # -- one reading at a time (tests that judge message by message) -----------------------
-    def admit(self, source: str, seq: int, ts: int, epoch: str = "", content: int = 0) -> Verdict:
-        """Judge one arriving reading (:meth:`judge` of a batch of one)."""
-        judged = self.judge(
-            np.array([ts], dtype=np.int64), np.zeros(1, dtype=bool), [source], [epoch],
-            np.array([seq], dtype=np.int64), np.array([content], dtype=np.uint64),
-        )  # fmt: skip
-        return Verdict(int(judged.verdicts[0]))
-
-    def heartbeat(self, ts: int) -> None:
-        """A heartbeat moves event time like a reading does."""
-        if self.clock.max_ts is None or ts > self.clock.max_ts:
-            self.clock.max_ts = ts
-
     # -- state -------------------------------------------------------------------------------
     def seal(self) -> tuple[tuple[int, Any] | None, list[int]]:
         """Close the segment of values remembered since the last seal: returns it

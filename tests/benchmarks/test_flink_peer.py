@@ -15,6 +15,8 @@ from flink_windows import window_count
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.examples import examples
+
 
 def brute_force_count(station: list[int], ts_ms: list[int], slide_ms: int, range_ms: int) -> int:
     """Every grid end from before the first reading to past the last, tried one by one."""
@@ -26,7 +28,7 @@ def brute_force_count(station: list[int], ts_ms: list[int], slide_ms: int, range
     return count
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     readings=st.lists(st.tuples(st.integers(1, 3), st.integers(0, 400)), min_size=1, max_size=30),
     slide_ms=st.sampled_from([1, 3, 5, 15, 30, 60]),

@@ -27,6 +27,7 @@ from engine.core.plan import (
 from engine.core.replay import run
 from rules.udas import Silence
 from tests.engine.helpers import col, over_plan
+from tests.examples import examples
 
 SECOND = 1_000
 
@@ -36,7 +37,7 @@ def order(row: dict) -> tuple:
     return (row["ts"], row["source"], row["seq"])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     raw=st.lists(
         st.tuples(st.integers(0, 40), st.sampled_from("ab"), st.integers(-9, 9)), max_size=30
@@ -221,7 +222,7 @@ class WindowMax(WindowAggregate):
         return (rest[0][0] if rest else None,)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     raw=st.lists(
         st.tuples(st.integers(0, 40), st.integers(-9, 9)), max_size=30, unique_by=lambda t: t[0]
@@ -277,7 +278,7 @@ def tag_rows(raw: list[tuple[int, str, int]], step_ms: int) -> list[dict]:
     ]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     raw=st.lists(
         st.tuples(st.integers(0, 30), st.sampled_from(["item", "ap"]), st.integers(0, 1)),
@@ -324,7 +325,7 @@ def test_theft_alarm_is_order_and_restore_independent(
     assert alarms(arrival, restore_at) == alarms(list(range(len(rows))), set())
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     raw=st.lists(
         st.tuples(st.integers(0, 60), st.sampled_from(["item", "ap"]), st.integers(0, 1)),

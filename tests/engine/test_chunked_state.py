@@ -15,6 +15,7 @@ from engine.core import chunks
 from engine.core.evaluator import END_OF_TIME, KeyedEvaluator, Output
 from engine.core.plan import AggCall, FrameUnits, OverWindow, Stage
 from tests.engine.helpers import col, over_plan
+from tests.examples import examples
 
 
 class Store:
@@ -62,7 +63,7 @@ def batches(rows: list[dict], cuts: list[int], slack: int) -> list[tuple[list[di
     return out
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     raw=st.lists(st.tuples(st.integers(0, 400), st.integers(-9, 9)), min_size=10, max_size=60),
     delays=st.lists(st.integers(0, 30), min_size=60, max_size=60),

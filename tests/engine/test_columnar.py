@@ -31,6 +31,7 @@ from engine.core.replay import arrival_table
 from engine.core.runners import emitted_outputs
 from engine.core.state import MemoryStore
 from rules.language.loader import load_rules
+from tests.examples import examples
 
 STREAM = """CREATE STREAM traffic (station INT, lane INT, speed DOUBLE, name STRING, ts TIMESTAMP)
   ORDER BY ts SLACK 2 SECONDS SOURCE 'lookout/traffic/+/readings';
@@ -200,7 +201,9 @@ def per_row(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
 
 
 @settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(200),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     rule=st.one_of(over_rule(), extent_rule(), silence_rule, st.just(STATELESS)),

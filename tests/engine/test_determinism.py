@@ -26,6 +26,7 @@ from engine.core.plan import (
 )
 from engine.core.replay import run
 from tests.engine.helpers import TRAFFIC, col, extent_plan, over_plan
+from tests.examples import examples
 
 SLACK = 20
 
@@ -124,7 +125,7 @@ def disordered(draw: Any) -> tuple[list[dict], list[dict]]:
     return rows, [rows[i] for i in arrival]
 
 
-SETTINGS = settings(max_examples=200, deadline=None)
+SETTINGS = settings(max_examples=examples(200), deadline=None)
 
 
 @SETTINGS

@@ -35,6 +35,7 @@ from engine.core.plan import (
 )
 from engine.core.windows import ExtentOperator, PaneExtentOperator
 from tests.engine.helpers import TRAFFIC, col, extent_plan
+from tests.examples import examples
 
 AGGS = (
     AggCall("count", (), "n"),
@@ -69,7 +70,7 @@ def oracle(rows: list[dict], r: int, s: int) -> list[tuple]:
     return sorted(out)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     raw=st.lists(
         st.tuples(st.integers(-50, 150), st.integers(0, 2), st.integers(-20, 20)), max_size=40
@@ -159,7 +160,7 @@ def relation_oracle(rows: list[dict], r: int, s: int, r2s: R2S) -> list[tuple]:
     return sorted(out)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     raw=st.lists(st.tuples(st.integers(0, 100), st.integers(0, 1), st.integers(0, 2)), max_size=30),
     r=st.integers(1, 30),
@@ -184,7 +185,7 @@ def test_istream_and_dstream_follow_cql(raw: list, r: int, s: int, r2s: R2S) -> 
     assert got == relation_oracle(rows, r, s, r2s)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     raw=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 1), st.integers(0, 2)), max_size=30),
     n=st.integers(1, 4),
@@ -228,7 +229,7 @@ def test_cql_partition_rows_relation(raw: list, n: int, r2s: R2S) -> None:
     assert got == sorted(want)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     raw=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 1), st.integers(0, 2)), max_size=30),
     r=st.integers(0, 10),
@@ -270,7 +271,7 @@ def test_cql_range_relation(raw: list, r: int, r2s: R2S) -> None:
     assert got == sorted(want)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(r=st.integers(1, 90), s=st.integers(1, 90), step=st.integers(1, 7))
 def test_extent_panes_hold_one_partial_per_pane_of_the_extent(r: int, s: int, step: int) -> None:
     # Panes of gcd(r, s) ms: at most r / gcd(r, s) panes of the next extent, the back
@@ -296,7 +297,7 @@ def test_extent_panes_only_for_algebraic_aggregates_and_bounded_panes() -> None:
     assert type(KeyedEvaluator(stage).operator) is ExtentOperator
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     raw=st.lists(st.tuples(st.integers(0, 100), st.integers(0, 10)), max_size=40),
     r=st.integers(1, 30),

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.landing_offsets import batch_files, committed_files, initial_offset, next_offset
+from tests.examples import examples
 
 # Where a step may stop: after logging its offset, after removing `removed` of the
 # previous batch's files, or after reading its files but before the commit log.
@@ -112,7 +113,7 @@ def run_script(script: list, max_new: int, crashes: bool = True) -> tuple[Engine
     return engine, landed
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(steps, bounds)
 def test_every_landed_file_is_read_by_exactly_one_batch(script, max_new: int) -> None:
     engine, landed = run_script(script, max_new)
@@ -124,7 +125,7 @@ def test_every_landed_file_is_read_by_exactly_one_batch(script, max_new: int) ->
     assert set(engine.reads) == engine.commit_log
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(steps, bounds)
 def test_a_batch_admits_at_most_the_bound_and_the_oldest_first(script, max_new: int) -> None:
     """However big the backlog, a batch admits at most `max_new` new files, and none it
@@ -138,7 +139,7 @@ def test_a_batch_admits_at_most_the_bound_and_the_oldest_first(script, max_new: 
             assert max(map(landing_order, admitted)) < min(map(landing_order, left))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(steps, bounds)
 def test_offsets_name_only_the_backlog(script, max_new: int) -> None:
     """Committed files leave the folder and the offsets: once a later batch has started,

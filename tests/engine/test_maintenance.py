@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from engine.maintenance import TableMaintenance, clean_log, compact
 from engine.tables import append_once, ensure_table
+from tests.examples import examples
 
 SCHEMA = pa.schema([("station", pa.int64()), ("speed", pa.float64())])
 
@@ -137,7 +138,7 @@ def log_versions(path: str, suffix: str) -> list[int]:
     return sorted(int(p.name[:20]) for p in Path(path, "_delta_log").glob(f"*{suffix}"))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(appends=st.integers(3, 24), checkpoint_every=st.integers(1, 8))
 def test_log_cleanup_keeps_every_version_from_the_newest_checkpoint(
     tmp_path_factory, appends: int, checkpoint_every: int

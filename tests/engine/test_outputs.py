@@ -33,6 +33,7 @@ from engine.core.plan import (
 from engine.core.runners import SinkRows, key_json, outputs_table
 from engine.outputs import batch_tables
 from tests.engine.helpers import TRAFFIC, select
+from tests.examples import examples
 
 WINDOWS = StreamSchema(
     "windows",
@@ -82,7 +83,7 @@ outputs_strategy = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(emitted=outputs_strategy, ts=st.integers(0, 10**12))
 def test_each_table_gets_exactly_its_outputs(
     emitted: list[tuple[str, list[dict]]], ts: int

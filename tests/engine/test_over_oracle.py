@@ -20,6 +20,7 @@ from engine.core.evaluator import KeyedEvaluator
 from engine.core.plan import END_OF_TIME, AggCall, FrameUnits, OverWindow
 from engine.core.windows import PaneOperator, pane_eligible
 from tests.engine.helpers import col, over_plan
+from tests.examples import examples
 
 SQL_NAME = {
     "count": "count",
@@ -121,7 +122,7 @@ def window(agg: str, units: FrameUnits, preceding: int | None, **kw: Any) -> Ove
     return OverWindow((AggCall(name, args, "v"),), units, preceding, ("station",), **kw)
 
 
-SETTINGS = settings(max_examples=30, deadline=None)
+SETTINGS = settings(max_examples=examples(30), deadline=None)
 
 
 @pytest.mark.parametrize("agg", ["count(*)", *PEER_SAFE])

@@ -33,6 +33,7 @@ from engine.core.plan import (
 )
 from engine.core.replay import run
 from tests.engine.helpers import TRAFFIC, col
+from tests.examples import examples
 
 Row = dict[str, Any]
 
@@ -135,7 +136,7 @@ def streams(draw: Any) -> list[Row]:
     ]
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(
     rows=streams(),
     window=windows(),
@@ -175,7 +176,7 @@ def test_relation_to_stream_matches_the_definitions(
     assert sorted((o.ts, (o.row["station"], o.row["speed"])) for o in got) == want
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(rows=streams(), window=windows(), r2s=st.sampled_from(list(R2S)))
 def test_each_evaluator_emits_in_event_time_order_and_restores(
     rows: list[Row], window: RelationWindow, r2s: R2S

@@ -27,6 +27,7 @@ from engine.core.state import MemoryStore
 from engine.landed_files import read_quarantine_file, read_stream_file
 from ingest.landing import LandingWriter
 from tests.engine.helpers import select
+from tests.examples import examples
 
 SLACK = 2_000
 BASE = 1_000_000
@@ -130,7 +131,7 @@ def judged(files: list[Path], batches: int, seed: int) -> tuple[list[tuple], lis
     return verdicts, stamps
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(entries_strategy, st.integers(1, 7), st.integers(0, 6), st.integers(0, 10**6))
 def test_verdicts_match_the_pins(tmp_path_factory, entries, per_file, batches, seed):
     files = land(tmp_path_factory.mktemp("landing"), entries, per_file)
@@ -144,7 +145,7 @@ def test_verdicts_match_the_pins(tmp_path_factory, entries, per_file, batches, s
     assert sorted(verdicts) == want
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(entries_strategy, st.integers(1, 7), st.integers(0, 6), st.integers(0, 10**6))
 def test_each_reading_carries_the_watermark_no_later_reading_is_below(
     tmp_path_factory, entries, per_file, batches, seed

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ingest.validate import Validator
+from tests.examples import examples
 from tests.fuzz.payloads import (
     NOW_MS,
     Message,
@@ -28,7 +29,7 @@ from tests.fuzz.payloads import (
     topic_for,
 )
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
 
 
 @cache
@@ -47,7 +48,7 @@ def test_validate_accounts_for_every_element(data: st.DataObject) -> None:
     check_message(v, message, v.validate(message.topic, message.payload, NOW_MS))
 
 
-@settings(FUZZ, max_examples=100)
+@settings(FUZZ, max_examples=examples(100))
 @given(st.data())
 def test_landing_round_trip_loses_nothing(data: st.DataObject) -> None:
     """A run of messages landed and split: every reading, heartbeat and rejection is back."""
@@ -59,7 +60,7 @@ def test_landing_round_trip_loses_nothing(data: st.DataObject) -> None:
     check_landing(v, results)
 
 
-@settings(FUZZ, max_examples=100)
+@settings(FUZZ, max_examples=examples(100))
 @given(st.data())
 def test_well_formed_readings_are_accepted(data: st.DataObject) -> None:
     """The generator's intact readings are accepted (the fuzzer is not only rejecting)."""

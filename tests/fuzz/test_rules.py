@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.examples import examples
 from tests.fuzz.rule_text import (
     LIBRARY,
     check_rule_bytes,
@@ -26,7 +27,7 @@ from tests.fuzz.rule_text import (
     semantic_mutations,
 )
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
 
 
 def test_library_is_clean(tmp_path: Path) -> None:
@@ -44,7 +45,7 @@ def test_mutated_library_files(case: tuple[str, str]) -> None:
         check_rule_file(Path(folder) / name, text)
 
 
-@settings(FUZZ, max_examples=200)
+@settings(FUZZ, max_examples=examples(200))
 @given(semantic_mutations())
 def test_renamed_library_files(case: tuple[str, str]) -> None:
     """Names and numbers changed or swapped: the checker and compiler see most of these."""
@@ -53,7 +54,7 @@ def test_renamed_library_files(case: tuple[str, str]) -> None:
         check_rule_file(Path(folder) / name, text)
 
 
-@settings(FUZZ, max_examples=50)
+@settings(FUZZ, max_examples=examples(50))
 @given(non_utf8_library())
 def test_non_utf8_library_files(case: tuple[str, bytes]) -> None:
     """A library file with non-UTF-8 bytes: one located error, never a traceback."""
@@ -72,7 +73,7 @@ def test_non_utf8_file_regression(tmp_path: Path) -> None:
     assert error.format().endswith("\n        ^")
 
 
-@settings(FUZZ, max_examples=100)
+@settings(FUZZ, max_examples=examples(100))
 @given(grammar_text())
 def test_grammar_generated_text(text: str) -> None:
     """Text from the grammar: located errors, or a clean check that compiles."""
@@ -80,7 +81,7 @@ def test_grammar_generated_text(text: str) -> None:
         check_rule_file(Path(folder) / "generated.sql", text)
 
 
-@settings(FUZZ, max_examples=100)
+@settings(FUZZ, max_examples=examples(100))
 @given(st.text(max_size=200))
 def test_arbitrary_text(text: str) -> None:
     """Any text at all."""

@@ -25,6 +25,7 @@ from ingest.validate import (
     split_array,
     topic_matches,
 )
+from tests.examples import examples
 from tests.fuzz.payloads import Message, library_streams, messages
 
 NOW = 1_764_000_000_000
@@ -96,7 +97,7 @@ def test_a_batch_keeps_its_good_readings_in_order(
         assert orjson.loads(rejection.payload) == item
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(payload=st.binary(max_size=200), topic=st.sampled_from([TOPIC, RFID_TOPIC, "x/y"]))
 def test_arbitrary_bytes_never_raise(validator: Validator, payload: bytes, topic: str) -> None:
     result = validator.validate(topic, payload, NOW)
@@ -281,7 +282,7 @@ def near_normal_payloads(draw: st.DrawFn) -> bytes:
     return orjson.dumps(items if len(items) > 1 or draw(st.booleans()) else items[0])
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_the_typed_decoder_agrees_with_the_per_reading_path(data: st.DataObject) -> None:
     """Oracle: with the msgspec fast path switched off, every payload (the fuzz

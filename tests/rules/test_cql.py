@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from engine.core.replay import run
 from rules.language.loader import RuleCheckError, load_rules
+from tests.examples import examples
 from tests.rules.helpers import TRAFFIC
 
 S = 1_000
@@ -111,7 +112,9 @@ def test_cql_forms_the_engine_refuses(tmp_path: Path, query: str, reason: str) -
 
 
 @settings(
-    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(100),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     raw=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 60)), max_size=25),

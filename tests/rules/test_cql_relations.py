@@ -16,6 +16,7 @@ from engine.core.plan import R2S, FrameUnits, RelationWindow
 from engine.core.replay import run
 from rules.language.loader import RuleCheckError, load_rules
 from tests.engine.test_relations import oracle
+from tests.examples import examples
 from tests.rules.helpers import TRAFFIC
 
 S = 1_000
@@ -80,7 +81,9 @@ def forms(draw: Any) -> tuple[str, RelationWindow]:
 
 
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(300),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     form=forms(),

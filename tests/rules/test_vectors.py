@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from rules.language import ast
 from rules.language.compiler import compile_expr
 from rules.language.vectors import compile_vector
+from tests.examples import examples
 
 P = ast.Pos(1, 1)
 COLUMNS = {
@@ -152,7 +153,7 @@ def same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(
     st.sampled_from(["INT", "DOUBLE", "BOOLEAN", "STRING", "TIMESTAMP"]).flatmap(expr),
     rows_strategy,
