@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from engine.core.held import KIND, HeldRows
 from engine.core.state import MemoryStore
+from tests.examples import examples
 
 # A batch: the readings' event times (arrival order), the watermark after them, and
 # whether the pipeline restarts from the store before the next batch.
@@ -29,7 +30,7 @@ def restored(store: MemoryStore, watermark: int) -> HeldRows:
     return held
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(batches)
 def test_each_reading_is_released_once_when_the_watermark_passes_it(batches) -> None:
     store = MemoryStore()

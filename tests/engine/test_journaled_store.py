@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.state import JOURNAL, JournaledStore, MemoryStore
+from tests.examples import examples
 
 KEYS = st.tuples(st.sampled_from(["head", "slice"]), st.sampled_from(["a", "b"]),
                  st.just(""), st.integers(0, 3))  # fmt: skip
@@ -28,7 +29,7 @@ def view(store: JournaledStore, kind: str) -> dict:
     return scanned
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(OPS, st.integers(1, 4))
 def test_reads_and_reopening_match_a_dict(ops, fold_after) -> None:
     inner = MemoryStore()
