@@ -464,6 +464,16 @@ _read_any = msgspec.json.Decoder().decode
 _read_elements = msgspec.json.Decoder(list[msgspec.Raw]).decode
 
 
+def _is_utf8(data: bytes) -> bool:
+    if data.isascii():  # what sensors send: checked at memory speed
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _read_json(data: bytes) -> Any:
     """The JSON document `data` holds; raises _Unreadable saying what is wrong."""
     try:
@@ -607,7 +617,9 @@ class Validator:
             if is_heartbeat
             else _typed_decoder(target, self.non_negative, self.max_string_chars)
         )
-        readings = typed(payload, low, high) if typed else None
+        # msgspec skips unknown fields unread, invalid UTF-8 in them included: such a
+        # payload takes the path that reads (and rejects) all of it.
+        readings = typed(payload, low, high) if typed and _is_utf8(payload) else None
         if readings is not None:  # all normal: the common case, nothing to reject
             result.readings = readings
             return result

@@ -15,6 +15,8 @@ the dashboard's Health page:
   `lookout_quarantined_total`;
 * `lookout_stream_event_time_seconds`, `lookout_stream_watermark_seconds`,
   `lookout_stream_lag_seconds` (wall clock minus the newest event time);
+* `lookout_engine_state_restores_total{query}`: batches that rebuilt their pipeline
+  from the state store (another Python worker ran the one before);
 * `lookout_engine_live_keys{query}`, `lookout_engine_resident_bytes{process}` (the
   driver's Python, its JVM, the Python workers).
 
@@ -53,6 +55,11 @@ QUARANTINED = Counter("lookout_quarantined_total", "Landed lines the engine quar
 EVENT_TIME = Gauge("lookout_stream_event_time_seconds", "Newest event time seen", ["stream"])
 WATERMARK = Gauge("lookout_stream_watermark_seconds", "The stream's watermark", ["stream"])
 LAG = Gauge("lookout_stream_lag_seconds", "Wall clock minus the newest event time", ["stream"])
+RESTORES = Counter(
+    "lookout_engine_state_restores_total",
+    "Batches whose pipeline was rebuilt from the state store (not in the worker's memory)",
+    ["query"],
+)
 LIVE_KEYS = Gauge("lookout_engine_live_keys", "Keys with state in the rules", ["query"])
 RESIDENT = Gauge("lookout_engine_resident_bytes", "Resident memory", ["process"])
 
@@ -90,6 +97,8 @@ def observe_step(query: str, figures: Mapping[str, Any], job_s: float, commit_s:
             EVENT_TIME.labels(stream).set(max_ms / 1000)
             WATERMARK.labels(stream).set(counts.get("watermark_ms", max_ms) / 1000)
     QUARANTINED.inc(figures.get("quarantined", 0))
+    if figures.get("reused") is False:
+        RESTORES.labels(query).inc()
     if figures.get("keys") is not None:
         LIVE_KEYS.labels(query).set(sum(figures["keys"].values()))
 
