@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -184,19 +185,25 @@ def test_incidents_equal_the_brute_force(
     assert got == expected(in_order, form, pending, keep, quiet, watermark)
 
 
-def test_a_timeline() -> None:
-    """One key, FOR 1 ms and KEEP FIRING FOR 2 ms; s: a row with v > 0 (a report),
-    f: a row without (the default form observes every row).
+@pytest.mark.parametrize(
+    ("pending", "keep", "want"),
+    [
+        (0, 0, {(3, 2, 5, 3, 4), (3, 6, 7, 1, 6)}),
+        (2, 0, {(3, 4, 5, 3, 4)}),
+        (2, 2, {(3, 4, 9, 4, 6)}),
+    ],
+)
+def test_the_timeline_of_the_docs(pending: int, keep: int, want: set) -> None:
+    """docs/rules.md's picture (minutes there, ms here): x a report, . a row without.
 
-        t           0  1  2  3  4  5  6  7  8
-        rows        f     s  s  f  s  f     f
-        condition         ======    ===
-        phase             P  F  R  F  R  R  -      P pending, F firing, R recovering
-        incident             [3 ------------ 8)    3 reports (2, 3, 5), the last at 5
+    t           1  2  3  4  5  6  7  8  9
+    rows        .  x  x  x  .  x  .  .  .
+    condition      [=======)  [=)
     """
+    marks = ".xxx.x..."
     rows = [
-        {"k": 3, "v": v, "ts": ts, "source": "g", "seq": i}
-        for i, (ts, v) in enumerate([(0, -1), (2, 1), (3, 1), (4, -1), (5, 1), (6, -1), (8, -1)])
+        {"k": 3, "v": 1 if mark == "x" else -1, "ts": t, "source": "g", "seq": t}
+        for t, mark in enumerate(marks, start=1)
     ]
-    got, _ = incidents(rule("default", 1, 2, 0), rows, None, [], False)
-    assert got == {(3, 3, 8, 3, 5)}
+    got, _ = incidents(rule("default", pending, keep, 0), rows, None, [], False)
+    assert got == want
