@@ -241,6 +241,8 @@ class IncidentTracker:
         state.waiting = later
         observed = {t for t in state.observed if t < watermark}
         state.observed -= observed
+        if state.phase == IDLE and not reports:
+            return  # rows that stop a condition that does not hold change nothing
         instants = sorted(reports.keys() | observed)
         i = 0
         while True:
