@@ -1,9 +1,11 @@
-"""Alert records: deterministic ids and messages (pure; shared by the live job and replay).
+"""Alert and incident records: deterministic ids and messages (pure; shared by the live
+job and replay).
 
 An alert's id is a hash of what it is — rule, key, event time, the row the rule
 selected and its place in the emitting evaluator's output — never of when or where it
-was computed, so re-running the same input, or
-restarting the job mid-stream, gives the same ids (DESIGN §2).
+was computed, so re-running the same input, or restarting the job mid-stream, gives the
+same ids. An incident's id is a hash of its rule, key and opening instant (a key has
+one incident open at a time).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from engine.core.incidents import IncidentUpdate
+from engine.core.plan import Plan
 from engine.tables import to_timestamp
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -93,3 +97,37 @@ def alert_rows(spec: AlertSpec, records: list[dict[str, Any]]) -> list[dict[str,
             }
         )
     return rows
+
+
+def alert_keys(plan: Plan) -> dict[str, tuple[str, ...]]:
+    """Each alert's key columns: those of the stage that emits it (the first, for a
+    UNION ALL)."""
+    keys: dict[str, tuple[str, ...]] = {}
+    for stage in plan.stages():
+        for query in (stage.query, *stage.downstream):
+            keys.setdefault(query.sink.name, stage.key)
+    return keys
+
+
+def incident_id(rule: str, key: str, opened_ms: int) -> str:
+    """A stable id for one incident (hex, 24 characters)."""
+    return hashlib.sha256(f"{rule}\x1f{key}\x1f{opened_ms}".encode()).hexdigest()[:24]
+
+
+def incident_record(
+    spec: AlertSpec, key_names: tuple[str, ...], update: IncidentUpdate
+) -> dict[str, Any]:
+    """An incident's state as the `incidents` table and replay keep it (times in epoch
+    ms; the operators' columns left out)."""
+    key = format_key(key_names, tuple(orjson.loads(update.key)))
+    return {
+        "incident_id": incident_id(spec.name, key, update.opened_at),
+        "rule": spec.name,
+        "key": key,
+        "severity": spec.severity,
+        "message": render_message(spec, update.row),
+        "opened_at": update.opened_at,
+        "last_report_at": update.last_report_at,
+        "resolved_at": update.resolved_at,
+        "reports": update.reports,
+    }

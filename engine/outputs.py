@@ -3,7 +3,8 @@
 :func:`batch_tables` turns a :class:`~engine.core.pipeline.BatchResult` into one Arrow
 table per Delta table, typed as that table is (timestamps in microseconds): the
 accepted readings of each source stream, late readings, conflicts, quarantined lines,
-alerts, and each derived stream's rows with the (source, seq) tie order that stages
+alerts, the incidents the batch changed (each in its new state), and each derived
+stream's rows with the (source, seq) tie order that stages
 reading it use. Columns are built whole where the pipeline hands them over as columns
 (readings, extents' results), so a batch of many thousand rows costs no Python object
 per value there.
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine import tables
-from engine.alerts import AlertSpec, alert_rows, format_key
+from engine.alerts import AlertSpec, alert_keys, alert_rows, format_key, incident_record
 from engine.core.pipeline import ARRIVAL_WATERMARK, BatchResult, Conflict, LateReading
 from engine.core.plan import ColumnType, Plan, SinkKind, StreamSchema
 from engine.core.runners import SEQ, SOURCE, SinkRows, emitted_outputs
@@ -177,4 +178,11 @@ def batch_tables(
         alert_records += alert_rows(spec, records)
     if alert_records:
         out["alerts"] = pa.Table.from_pylist(alert_records, schema=tables.ALERTS)
+    if result.incidents:
+        keys = alert_keys(plan)
+        records = [
+            incident_record(alerts.get(u.alert, AlertSpec(u.alert, "warning")), keys[u.alert], u)
+            for u in result.incidents
+        ]
+        out["incidents"] = tables.ms_table(records, tables.INCIDENTS)
     return out

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction
 
 from engine.core.plan import ColumnType, Plan, StreamSchema
@@ -102,13 +102,39 @@ ALERTS = pa.schema(
     ]
 )
 
+INCIDENTS = pa.schema(
+    [
+        ("incident_id", pa.string()),
+        ("rule", pa.string()),
+        ("key", pa.string()),
+        ("severity", pa.string()),
+        ("message", pa.string()),
+        ("opened_at", TIMESTAMP),
+        ("last_report_at", TIMESTAMP),
+        ("resolved_at", TIMESTAMP),
+        ("reports", pa.int64()),
+        # Written by operators (the engine inserts them empty and never updates them).
+        ("acknowledged_by", pa.string()),
+        ("acknowledged_at", TIMESTAMP),
+        ("ack_note", pa.string()),
+        ("silenced_by", pa.string()),
+    ]
+)
+"""One row per incident in its latest state (`engine.core.incidents`), merged by id."""
+INCIDENT_STATE = tuple(INCIDENTS.names[1:9])
+"""The columns the engine keeps up to date (the others are the operators')."""
+
 # The tables every engine writes, whatever the rules, with their schemas.
 SHARED = {
     "late_readings": LATE_READINGS,
     "conflicts": CONFLICTS,
     "quarantine": QUARANTINE,
     "alerts": ALERTS,
+    "incidents": INCIDENTS,
 }
+MERGED = {"incidents": ("incident_id", INCIDENT_STATE)}
+"""Tables whose batches update rows by a key column (a merge) instead of appending: the
+key, and the columns a batch's row sets in the row it updates."""
 
 _TABLE_PROPERTIES = {
     "delta.enableDeletionVectors": "false",
@@ -314,3 +340,64 @@ def commit_files(
         ),
     )
     return True
+
+
+MERGE_ATTEMPTS = 5
+"""How often a merge is tried when another writer (compaction, an operator) committed
+first: the batch fails only after that."""
+
+
+def merge_files(
+    location: str,
+    schema: pa.Schema,
+    files: Sequence[DataFile],
+    key: str,
+    update: Sequence[str],
+    writer_id: str,
+    batch_id: int,
+    s3: S3Config = DEFAULT_S3,
+) -> bool:
+    """Merge the rows of `files` (written by :func:`write_data_file`, each row a whole
+    state, at most one per `key`) into the table at `location` by `key`, exactly once
+    for (writer_id, batch_id): new keys are inserted, known ones get the columns
+    `update` (the table's other columns are left as they are). The
+    merge and the writer's version are one commit, so a batch run again after a crash
+    finds it done; the files are deleted either way (they are never part of the table).
+    Returns whether it merged."""
+    if not files:
+        return False
+    fs, root = filesystem(location, s3)
+    paths = [f"{root.rstrip('/')}/{file.path}" for file in files]
+    options = delta_options(location, s3)
+    try:
+        source = pa.concat_tables(pq.read_table(p, filesystem=fs, schema=schema) for p in paths)
+        for attempt in range(MERGE_ATTEMPTS):
+            table = DeltaTable(location, storage_options=options)
+            done = table.transaction_version(writer_id)
+            if done is not None and done >= batch_id:
+                return False
+            try:
+                (
+                    table.merge(
+                        source,
+                        f"t.{key} = s.{key}",
+                        source_alias="s",
+                        target_alias="t",
+                        commit_properties=CommitProperties(
+                            app_transactions=[Transaction(app_id=writer_id, version=batch_id)]
+                        ),
+                    )
+                    .when_matched_update({c: f"s.{c}" for c in update})
+                    .when_not_matched_insert({c: f"s.{c}" for c in schema.names})
+                    .execute()
+                )
+                return True
+            except CommitFailedError:
+                if attempt == MERGE_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        return False
+    finally:
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_file(path)

@@ -16,12 +16,13 @@ from typing import Any
 
 import orjson
 
-from engine.alerts import alert_id, format_key, iso_utc
+from engine.alerts import alert_id, alert_keys, format_key, incident_record, iso_utc
 from engine.core.evaluator import Output
 from engine.core.plan import ColumnType, Plan, SinkKind, StreamSchema
-from engine.core.replay import run
+from engine.core.replay import ReplayResult, run
 from ingest.validate import normalize_reading
-from rules.language.loader import RuleCheckError, load_rules
+from lookout.services import alert_specs
+from rules.language.loader import RuleCheckError, RuleSet, load_rules
 
 
 class ReplayInputError(Exception):
@@ -115,6 +116,20 @@ def alert_ids(plan: Plan, outputs: Iterable[Output]) -> list[str]:
     return ids
 
 
+def incident_lines(rule_set: RuleSet, result: ReplayResult) -> list[dict[str, Any]]:
+    """Every incident in its final state, as `DIR/incidents.jsonl` holds it (times as
+    ISO-8601 UTC text; a firing incident's `resolved_at` null)."""
+    specs, keys = alert_specs(rule_set), alert_keys(rule_set.plan)
+    records = []
+    for update in result.incidents:
+        record = incident_record(specs[update.alert], keys[update.alert], update)
+        for name in ("opened_at", "last_report_at", "resolved_at"):
+            if record[name] is not None:
+                record[name] = iso_utc(record[name])
+        records.append(record)
+    return records
+
+
 def run_replay(rule_paths: Sequence[str], input_specs: Sequence[str], out: str) -> int:
     """Evaluate the rules over the inputs and write DIR/<sink>.jsonl files."""
     try:
@@ -142,10 +157,12 @@ def run_replay(rule_paths: Sequence[str], input_specs: Sequence[str], out: str) 
         )
     for query in plan.queries:
         lines.setdefault(query.sink.name, [])
+    lines["incidents"] = [orjson.dumps(record) for record in incident_lines(rule_set, result)]
     for name, rows in lines.items():
         (folder / f"{name}.jsonl").write_bytes(b"".join(row + b"\n" for row in rows))
     print(
-        f"replay: {len(result.outputs)} output rows, {len(result.late)} late readings, "
+        f"replay: {len(result.outputs)} output rows, {len(result.incidents)} incidents, "
+        f"{len(result.late)} late readings, "
         f"{sum(result.duplicates.values())} duplicates removed -> {folder}",
         file=sys.stderr,
     )

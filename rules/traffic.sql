@@ -13,6 +13,9 @@ CREATE STREAM station_speed AS
   FROM traffic;
 
 -- congestion (PIPES §2.2): a station whose 15-minute average speed is below 15 m/s.
+-- An incident per station: it opens at the first station_speed row under 15 m/s and
+-- resolves at the station's first row that is not (the default for an alert without
+-- a window: its input rows are its condition).
 CREATE ALERT congestion SEVERITY warning
   MESSAGE 'station {station}: {avg_speed} m/s over 15 minutes'
   AS SELECT station, ts, avg_speed FROM station_speed WHERE avg_speed < 15;
@@ -38,16 +41,20 @@ CREATE STREAM station_volume AS
 -- silent_detector: a station that sent no reading for 5 minutes. Active expiration
 -- (ESL §5.2): the station's newest reading expires 5 minutes after its timestamp even
 -- if no reading of that station ever follows; silence() emits its timestamp then.
+-- The incident resolves at the station's next reading, whatever it is.
 CREATE AGGREGATE silence(ts TIMESTAMP) RETURNS TIMESTAMP
   LANGUAGE PYTHON AS 'rules.udas:Silence';
 CREATE ALERT silent_detector SEVERITY warning
   MESSAGE 'station {station}: no reading since {last_reading}'
+  RESOLVE WHEN TRUE
   AS SELECT station,
             silence(ts) OVER (PARTITION BY station RANGE 5 MINUTES PRECEDING ACTIVE EXPIRATION) AS last_reading
      FROM traffic;
 
 -- stopped_vehicle (Linear Road style): four consecutive reports of a lane all below
 -- 1 m/s mean a vehicle standing on the detector: a stopped vehicle or an accident.
+-- An incident per lane; it resolves at the lane's first report that is not stopped
+-- (a vehicle moving over the detector again: the default).
 CREATE STREAM lane_reports AS
   SELECT station, lane, ts,
          max(speed) OVER (PARTITION BY station, lane ROWS 3 PRECEDING) AS max_speed,
@@ -62,7 +69,8 @@ CREATE ALERT stopped_vehicle SEVERITY critical
 -- every 30 s; a vehicle is stopped when its last four reports are at one position, and
 -- two stopped vehicles at one position are an accident. A 30-second tumble holds one
 -- report of each vehicle, so its count is the number of vehicles stopped there: one
--- alert per 30 s while the accident lasts.
+-- alert per 30 s while the accident lasts. The incident resolves at the end of the first
+-- 30 s without one (an alert comes at every 30 s boundary while the accident lasts).
 CREATE STREAM positions (vid BIGINT, speed DOUBLE, xway INT, lane INT, dir INT, seg INT,
                          pos INT, ts TIMESTAMP)
   ORDER BY ts SLACK 2 SECONDS SOURCE 'lookout/positions/+/readings';
@@ -77,6 +85,7 @@ CREATE STREAM stopped_vehicles AS
   WHERE reports = 4 AND first_pos = last_pos;
 CREATE ALERT accident SEVERITY critical
   MESSAGE 'accident on expressway {xway} segment {seg} at {pos}: {vehicles} vehicles stopped'
+  RESOLVE AFTER 30 SECONDS
   AS SELECT xway, dir, seg, pos, window_end, count(*) AS vehicles
      FROM stopped_vehicles [RANGE 30 SECONDS]
      GROUP BY xway, dir, seg, pos HAVING count(*) >= 2;
@@ -84,11 +93,14 @@ CREATE ALERT accident SEVERITY critical
 -- speeding: a reading faster than its station's limit, from the station registry
 -- (a reference table: rules/stations.csv, one row per station with its road segment
 -- and speed limit in m/s; 36.1 m/s = 130 km/h). A stream-table join: each reading
--- looks its station up; a station missing from the registry is never speeding.
+-- looks its station up; a station missing from the registry is never speeding. One
+-- incident for the whole road (the rule has no key): it lasts while speeding readings
+-- come at most 5 minutes apart.
 CREATE TABLE stations (station INT, segment STRING, speed_limit DOUBLE)
   FROM CSV 'stations.csv';
 CREATE ALERT speeding SEVERITY warning
   MESSAGE 'station {station} ({segment}) lane {lane}: {speed} m/s, limit {speed_limit} m/s'
+  RESOLVE AFTER 5 MINUTES
   AS SELECT t.station, s.segment, t.lane, t.ts, t.speed, s.speed_limit
      FROM traffic t JOIN stations s ON t.station = s.station
      WHERE t.speed > s.speed_limit;

@@ -39,9 +39,11 @@ import pyarrow.compute as pc
 
 from engine.core.held import KIND as HELD
 from engine.core.held import HeldRows
+from engine.core.incidents import IncidentTracker, IncidentUpdate
 from engine.core.plan import END_OF_TIME, Plan, Stage, StreamSchema
 from engine.core.planner import runner_for
 from engine.core.runners import (
+    KEY,
     STAGE_PIECE_KINDS,
     STAGE_STATE_KINDS,
     SinkRows,
@@ -101,6 +103,8 @@ class BatchResult:
     duplicates: dict[str, int] = field(default_factory=dict)
     heartbeats: dict[str, int] = field(default_factory=dict)
     outputs: list[SinkRows] = field(default_factory=list)
+    incidents: list[IncidentUpdate] = field(default_factory=list)
+    """The incidents the batch changed, each in its state after the batch."""
     watermarks: dict[str, int] = field(default_factory=dict)
     """Each source stream's watermark after the batch."""
 
@@ -208,11 +212,32 @@ class Pipeline:
         self.runners: dict[int, StageRunner] = {
             i: runner_for(i, stage, self) for i, stage in self.stages
         }
+        self.trackers = self._trackers()
+        self._observers: dict[str, list[IncidentTracker]] = {}
+        for tracker in self.trackers.values():
+            if tracker.spec.observe is not None:
+                self._observers.setdefault(tracker.spec.observe, []).append(tracker)
         self._arrivals = 0  # identity of readings that carry none (replay): arrival index
         self.dropped: list[str] = []
         """Stages whose saved state was dropped at restore (edited or removed rules)."""
         if store is not None:
             self._restore(store)
+
+    def _trackers(self) -> dict[str, IncidentTracker]:
+        """An incident tracker per alert this pipeline's stages emit. Observed rows carry
+        the alert's key (``_key``) when the alert is a query fed inside another stage
+        (the observed stream is produced in that stage); otherwise the key is the
+        alert's stage's key columns of each observed row."""
+        trackers = {}
+        for spec in self.plan.incidents:
+            stage = next((s for _, s in self.stages if spec.alert in _sinks(s)), None)
+            if stage is None:
+                continue
+            own = stage.query.sink.name == spec.alert
+            observed = self.plan.streams.get(spec.observe or "")
+            timestamp = observed.timestamp if observed and observed.timestamp else "ts"
+            trackers[spec.alert] = IncidentTracker(spec, stage.key if own else None, timestamp)
+        return trackers
 
     # -- arrivals ------------------------------------------------------------------------
     def process(self, arrivals: Mapping[str, pa.Table]) -> BatchResult:
@@ -300,6 +325,9 @@ class Pipeline:
         if kept.num_rows and stream in self.held:
             # What a stage sees of a reading: its columns and its tie order.
             self.held[stream].add(kept.select([*columns, "source", "seq"]))
+        if kept.num_rows:
+            for tracker in self._observers.get(stream, ()):
+                tracker.observe(kept)
 
     # -- advancing -----------------------------------------------------------------------
     def _advance(self, watermarks: dict[str, int], result: BatchResult) -> None:
@@ -316,11 +344,27 @@ class Pipeline:
             for emitted in self.runners[i].advance(watermark):
                 result.outputs.append(emitted)
                 for j in self._readers.get(emitted.sink, ()):
-                    self.runners[j].insert(input_rows(self.stage(j), emitted.table))
+                    self.runners[j].insert(input_rows(self.stage(j).timestamp, emitted.table))
+                self._to_trackers(emitted)
             # What the stage emits from now on has ts >= watermark: its sinks' watermark,
             # the lowest of their producers' for a UNION ALL.
             for sink in _sinks(stage):
                 watermarks[sink] = min(watermarks.get(sink, watermark), watermark)
+        for alert, tracker in self.trackers.items():
+            # Every report and observation below both watermarks is in.
+            watermark = min(watermarks[alert], watermarks[tracker.spec.observe or alert])
+            result.incidents += tracker.advance(watermark)
+
+    def _to_trackers(self, emitted: SinkRows) -> None:
+        """An alert's rows are its tracker's reports; a stream's rows are observations
+        of the trackers observing it."""
+        tracker = self.trackers.get(emitted.sink)
+        if tracker is not None:
+            tracker.report(emitted.table)
+        for tracker in self._observers.get(emitted.sink, ()):
+            rows = input_rows(tracker.timestamp, emitted.table)
+            own = tracker.key_columns is None
+            tracker.observe(rows, emitted.table.column(KEY).to_pylist() if own else None)
 
     def stage(self, i: int) -> Stage:
         """The stage with plan index ``i``."""
@@ -343,6 +387,8 @@ class Pipeline:
             held.save(store, self.sequencers[name].clock.watermark)
         for runner in self.runners.values():
             runner.save(store)
+        for tracker in self.trackers.values():
+            tracker.save(store)
 
     def _restore(self, store: StateStore) -> None:
         segments: dict[str, list[tuple[int, list[tuple[Any, ...]]]]] = {}
@@ -369,15 +415,18 @@ class Pipeline:
         for kind in STAGE_PIECE_KINDS:
             for entry in store.keys(kind):
                 saved.setdefault(entry[1], {}).setdefault(kind, []).append((entry, b""))
-        by_name = {stage.name: i for i, stage in self.stages}
+        owners: dict[str, StageRunner | IncidentTracker] = {
+            stage.name: self.runners[i] for i, stage in self.stages
+        }
+        owners.update({tracker.name: tracker for tracker in self.trackers.values()})
         doomed: list[StateKey] = []
         dropped: set[str] = set()
         for name, entries in saved.items():
-            i = by_name.get(name)
+            owner = owners.get(name)
             stale = (
                 [e for found in entries.values() for e, _ in found]
-                if i is None
-                else self.runners[i].restore(entries)
+                if owner is None
+                else owner.restore(entries)
             )
             if stale:
                 dropped.add(name)
@@ -389,4 +438,6 @@ class Pipeline:
     # -- health --------------------------------------------------------------------------
     def live_keys(self) -> dict[str, int]:
         """How many keys each stage holds state for."""
-        return {stage.name: self.runners[i].live_keys() for i, stage in self.stages}
+        live = {stage.name: self.runners[i].live_keys() for i, stage in self.stages}
+        live.update({t.name: t.live_keys() for t in self.trackers.values()})
+        return live

@@ -441,11 +441,45 @@ class Stage:
 
 
 @dataclass(frozen=True)
+class Incidents:
+    """How an alert's reports become incidents, (alert, key) episodes in event time
+    (``engine.core.incidents`` runs them; ``CREATE ALERT ... [FOR d] [RESOLVE WHEN c |
+    RESOLVE AFTER d] [KEEP FIRING FOR d]``).
+
+    The condition of a key holds at an instant with a report (a row of the alert with
+    that event time); it stops at an instant with an observation and no report, or, with
+    ``quiet_ms``, at ``quiet_ms`` after the key's latest report. Observations are the
+    rows of ``observe`` (the alert's input stream; None: none) that come out of
+    ``clear`` (the query's joins and the RESOLVE WHEN filter; empty by default: every
+    input row of the key, so the first row whose WHERE fails ends the condition).
+    ``pending_ms`` is FOR (the condition must hold that long before the incident
+    opens), ``keep_firing_ms`` KEEP FIRING FOR (it stays open that long after the
+    condition stopped, and carries on if it holds again by then).
+    """
+
+    alert: str
+    observe: str | None
+    clear: tuple[StatelessOp, ...] = ()
+    quiet_ms: int | None = None
+    pending_ms: int = 0
+    keep_firing_ms: int = 0
+    definition: str = field(default="", compare=False)
+    """A digest of the alert's query and clauses: saved state of another one is dropped."""
+
+    @property
+    def name(self) -> str:
+        """What the tracker's saved state is filed under (no query is named so)."""
+        return f"{self.alert}!incidents"
+
+
+@dataclass(frozen=True)
 class Plan:
     """All streams (sources and derived) and all compiled queries of a rule set."""
 
     streams: Mapping[str, StreamSchema] = field(default_factory=dict)
     queries: tuple[Query, ...] = ()
+    incidents: tuple[Incidents, ...] = ()
+    """One per alert: how its reports become incidents."""
 
     def sources(self) -> Iterator[StreamSchema]:
         """The streams fed from outside (those no query writes)."""

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from engine.core.evaluator import Output
+from engine.core.incidents import IncidentUpdate
 from engine.core.pipeline import (
     HEARTBEAT,
     BatchResult,
@@ -37,10 +38,12 @@ __all__ = ["LateReading", "ReplayResult", "arrival_table", "run"]
 
 @dataclass
 class ReplayResult:
-    """What :func:`run` produced: output rows, late readings, conflicts and duplicate
-    counts per stream, all deterministic."""
+    """What :func:`run` produced: output rows, incidents, late readings, conflicts and
+    duplicate counts per stream, all deterministic."""
 
     outputs: list[Output] = field(default_factory=list)
+    incidents: list[IncidentUpdate] = field(default_factory=list)
+    """Every incident in its final state, by opening time, alert and key."""
     late: list[LateReading] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)
     duplicates: dict[str, int] = field(default_factory=dict)
@@ -76,7 +79,11 @@ def run(plan: Plan, readings: Iterable[tuple[str, Row]], batch: int = 10_000) ->
     result = ReplayResult()
     produced: list[tuple[int, int, str, int, Output]] = []
 
+    incidents: dict[tuple[str, str, int], IncidentUpdate] = {}
+
     def collect(step: BatchResult) -> None:
+        for update in step.incidents:
+            incidents[(update.alert, update.key, update.opened_at)] = update
         result.late += step.late
         result.conflicts += step.conflicts
         for stream, count in step.duplicates.items():
@@ -109,4 +116,5 @@ def run(plan: Plan, readings: Iterable[tuple[str, Row]], batch: int = 10_000) ->
     collect(pipeline.finish())
     produced.sort(key=lambda p: p[:4])
     result.outputs = [p[4] for p in produced]
+    result.incidents = [incidents[k] for k in sorted(incidents, key=lambda k: (k[2], k[0], k[1]))]
     return result

@@ -96,12 +96,12 @@ class StageRunner(Protocol):
         ...
 
 
-def input_rows(stage: Stage, table: pa.Table) -> pa.Table:
+def input_rows(timestamp: str, table: pa.Table) -> pa.Table:
     """A derived stream's emitted rows as the input of a stage reading it: the event
-    time under the stage's timestamp column, the tie order as ``source`` and ``seq``."""
-    keep = [c for c in table.column_names if c not in (TS, SOURCE, SEQ, KEY, stage.timestamp)]
+    time under the stream's timestamp column, the tie order as ``source`` and ``seq``."""
+    keep = [c for c in table.column_names if c not in (TS, SOURCE, SEQ, KEY, timestamp)]
     columns = {c: table.column(c) for c in keep}
-    columns[stage.timestamp] = table.column(TS)
+    columns[timestamp] = table.column(TS)
     columns["source"] = table.column(SOURCE)
     columns["seq"] = table.column(SEQ)
     return pa.table(columns)

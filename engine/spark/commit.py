@@ -5,7 +5,9 @@ and returns only their names and sizes (`engine.spark.processor`). `Committer` i
 query's `foreachBatch`: it adds each table's files in one Delta commit tagged with the
 query's writer id and the batch id (Delta's transaction identifiers), so a batch that
 runs again after a crash finds its commits done and deletes the copies it wrote
-instead. Tables commit side by side (delta-rs works outside the GIL). It also keeps
+instead. The incidents table is merged by incident id in the same way (one commit with
+the writer's version): its rows are whole states, so the table holds each incident's
+latest. Tables commit side by side (delta-rs works outside the GIL). It also keeps
 the batch's health figures for the engine's health record and metrics.
 """
 
@@ -101,15 +103,7 @@ class Committer:
             )
             files.setdefault(file.table, []).append(file)
         jobs = [
-            self._pool.submit(
-                tables.commit_files,
-                self.config.table(table),
-                self.schemas[table],
-                found,
-                f"lookout-{self.name}-{table}",
-                batch_id,
-                self.config.s3,
-            )
+            self._pool.submit(self._commit, table, found, batch_id)
             for table, found in sorted(files.items())
         ]
         for job in jobs:
@@ -137,6 +131,18 @@ class Committer:
                         self.name,
                         name,
                     )
+
+    def _commit(self, table: str, files: list[tables.DataFile], batch_id: int) -> bool:
+        """Add the batch's files to `table`, or merge them into it (incidents)."""
+        location, writer = self.config.table(table), f"lookout-{self.name}-{table}"
+        if table in tables.MERGED:
+            key, update = tables.MERGED[table]
+            return tables.merge_files(
+                location, self.schemas[table], files, key, update, writer, batch_id, self.config.s3
+            )
+        return tables.commit_files(
+            location, self.schemas[table], files, writer, batch_id, self.config.s3
+        )
 
     def health(self) -> dict[str, Any]:
         """The latest batch's figures and the totals since this engine started."""

@@ -260,8 +260,20 @@ class CreateAggregate:
 
 
 @dataclass(frozen=True)
+class IncidentClauses:
+    """How an alert's reports become incidents: `[FOR d] [RESOLVE WHEN cond | RESOLVE
+    AFTER d] [KEEP FIRING FOR d]` (durations in ms; none given: the defaults)."""
+
+    pending_ms: int = 0
+    resolve_when: Expr | None = None
+    resolve_after_ms: int | None = None
+    keep_firing_ms: int = 0
+    resolve_pos: Pos | None = None
+
+
+@dataclass(frozen=True)
 class CreateAlert:
-    """`CREATE ALERT a SEVERITY s [MESSAGE '...{col}...'] AS SELECT ...`."""
+    """`CREATE ALERT a SEVERITY s [MESSAGE '...{col}...'] [incident clauses] AS SELECT ...`."""
 
     name: Ident
     severity: Severity
@@ -270,6 +282,7 @@ class CreateAlert:
     query: Query
     pos: Pos
     file: str = field(default="<string>", compare=False)
+    incidents: IncidentClauses = IncidentClauses()
 
 
 Statement = CreateStream | CreateDerived | CreateTable | CreateAggregate | CreateAlert

@@ -107,6 +107,8 @@ class SelectInfo:
     aggregates: list[AggUse] = field(default_factory=list)
     outputs: list[tuple[str, str, ast.Expr]] = field(default_factory=list)
     timestamp: str | None = None
+    scope: list[tuple[ast.SourceRef, Relation]] = field(default_factory=list)
+    """The FROM items the block's expressions may read (an alert's RESOLVE WHEN too)."""
 
 
 @dataclass
@@ -340,6 +342,8 @@ class Checker:
         first = selects[0]
         if isinstance(stmt, ast.CreateAlert) and stmt.message is not None:
             self._message(stmt, {name for name, _, _ in first.outputs})
+        if isinstance(stmt, ast.CreateAlert):
+            self._incidents(stmt, selects)
         if not self._claim(stmt, "stream"):
             return
         self.catalog.queries.append(QueryInfo(stmt, selects))
@@ -387,6 +391,44 @@ class Checker:
                         f"ALL, so here it must be this branch's timestamp column"
                         + (f" '{other.timestamp}'" if other.timestamp else ""),
                     )
+
+    def _incidents(self, stmt: ast.CreateAlert, selects: list[SelectInfo]) -> None:
+        """The incident clauses: RESOLVE WHEN is a condition on the alert's input rows;
+        an alert whose rows are not its input rows (a window, aggregates, a union) must
+        say how its incidents resolve."""
+        clauses, first = stmt.incidents, selects[0]
+        where = clauses.resolve_pos or stmt.name.pos
+        if clauses.resolve_when is not None:
+            if len(selects) > 1:
+                self.error(
+                    stmt.file,
+                    where,
+                    "RESOLVE WHEN reads the alert's input rows, and a UNION ALL has several "
+                    "inputs: use RESOLVE AFTER a quiet interval",
+                )
+            elif first.stream is not None:
+                ctx = _Ctx(self, stmt.file, first.scope, pseudo=False)
+                ctx.clause = "RESOLVE WHEN"
+                ctx.expect_boolean(clauses.resolve_when, "RESOLVE WHEN")
+        elif clauses.resolve_after_ms is not None:
+            if clauses.resolve_after_ms <= 0:
+                self.error(stmt.file, where, "RESOLVE AFTER needs a positive duration")
+        elif len(selects) > 1:
+            self.error(
+                stmt.file,
+                where,
+                f"alert '{stmt.name.name}' reports from a UNION ALL of several inputs: say "
+                "how its incidents resolve (RESOLVE AFTER a quiet interval)",
+            )
+        elif first.window is not None or first.aggregates:
+            self.error(
+                stmt.file,
+                where,
+                f"alert '{stmt.name.name}' reports from a window, so a row its WHERE drops "
+                "does not mean its condition stopped: say how its incidents resolve "
+                "(RESOLVE WHEN condition on its input rows, or RESOLVE AFTER a quiet "
+                "interval)",
+            )
 
     def _message(self, stmt: ast.CreateAlert, columns: set[str]) -> None:
         assert stmt.message is not None and stmt.message_pos is not None
@@ -460,6 +502,7 @@ class Checker:
             self._window(file, info.window, info.stream)
         pseudo = info.window is not None and info.window.kind in ("range", "now")
 
+        info.scope = scope
         ctx = _Ctx(self, file, scope, pseudo)
         for src, on in zip(sel.sources, sel.joins, strict=True):
             if on is not None:

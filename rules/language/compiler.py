@@ -615,13 +615,7 @@ def _compile_select(
             preceding=None,
             partition_by=group_by,
         )
-    pre: list[plan.StatelessOp] = []
-    joined = {select.sources[0].label}
-    tables_used = iter(sel.tables)
-    for src, on, left in zip(select.sources[1:], select.joins[1:], select.left[1:], strict=True):
-        table = next(tables_used)
-        pre.append(_lookup_join(src, on, left, table, tables.get(table.name, ()), keys, joined))
-        joined.add(src.label)
+    pre: list[plan.StatelessOp] = list(_joins(sel, tables, keys))
     if isinstance(window, plan.OverWindow) and sel.window is not None:
         pre.extend(_band_filter(sel.window, sel.stream.timestamp))
     if select.where is not None:
@@ -655,6 +649,50 @@ def _compile_select(
         r2s=_r2s(select, window),
         branch=branch,
         definition=_definition(sel, names),
+    )
+
+
+def _joins(
+    sel: SelectInfo, tables: Mapping[str, tuple[tuple[Any, ...], ...]], keys: RowKeys
+) -> list[plan.LookupJoin]:
+    """The SELECT block's joins with reference tables, in FROM order."""
+    select = sel.select
+    joins = []
+    joined = {select.sources[0].label}
+    tables_used = iter(sel.tables)
+    for src, on, left in zip(select.sources[1:], select.joins[1:], select.left[1:], strict=True):
+        table = next(tables_used)
+        joins.append(_lookup_join(src, on, left, table, tables.get(table.name, ()), keys, joined))
+        joined.add(src.label)
+    return joins
+
+
+def compile_incidents(
+    info: QueryInfo, first: plan.Query, tables: Mapping[str, tuple[tuple[Any, ...], ...]]
+) -> plan.Incidents:
+    """How the alert of `info` (compiled: `first`, its first branch) forms incidents:
+    observing its input rows (all of them by default; with RESOLVE WHEN those the joins
+    and the condition keep) unless it resolves after a quiet interval."""
+    stmt = info.statement
+    assert isinstance(stmt, ast.CreateAlert)
+    clauses = stmt.incidents
+    observe: str | None = None
+    clear: tuple[plan.StatelessOp, ...] = ()
+    if clauses.resolve_after_ms is None:
+        observe = first.input
+        if clauses.resolve_when is not None:
+            sel = info.selects[0]
+            keys = _row_keys(sel)
+            clear = (*_joins(sel, tables, keys), _filter(clauses.resolve_when, None, keys))
+    digest = repr((first.definition, ast.without_positions(clauses)))
+    return plan.Incidents(
+        alert=stmt.name.name,
+        observe=observe,
+        clear=clear,
+        quiet_ms=clauses.resolve_after_ms,
+        pending_ms=clauses.pending_ms,
+        keep_firing_ms=clauses.keep_firing_ms,
+        definition=hashlib.sha256(digest.encode()).hexdigest()[:16],
     )
 
 
@@ -715,9 +753,13 @@ def compile_catalog(
                 text, where = texts.get(stmt.file, ""), stmt.path_pos or stmt.pos
                 message = f"cannot load table '{rel.name}': {exc}"
                 errors.append(make_error(stmt.file, text, where, message))
+    incidents: list[plan.Incidents] = []
     for info in catalog.queries:
         try:
-            queries.extend(compile_query(info, tables))
+            compiled = compile_query(info, tables)
+            queries.extend(compiled)
+            if isinstance(info.statement, ast.CreateAlert):
+                incidents.append(compile_incidents(info, compiled[0], tables))
         except Unsupported as exc:
             file = info.statement.file
             errors.append(
@@ -725,4 +767,5 @@ def compile_catalog(
                     file, texts.get(file, ""), exc.pos, f"the engine cannot run {exc.what} yet"
                 )
             )
-    return plan.Plan(streams=streams, queries=tuple(queries)), errors
+    compiled_plan = plan.Plan(streams, tuple(queries), tuple(incidents))
+    return compiled_plan, errors

@@ -206,6 +206,28 @@ def _select_lines(catalog: Catalog, sel: SelectInfo) -> list[str]:
     return lines
 
 
+def _incident_line(stmt: ast.CreateAlert, first: SelectInfo) -> str:
+    """How the alert's incidents open and resolve (docs/rules.md, Incidents)."""
+    clauses = stmt.incidents
+    source = first.stream.name if first.stream else "its input"
+    if clauses.resolve_after_ms is not None:
+        resolve = f"{duration_words(clauses.resolve_after_ms)} after the key's last report"
+    elif clauses.resolve_when is not None:
+        resolve = f"at the key's first row of {source} where RESOLVE WHEN holds"
+    else:
+        resolve = f"at the key's first row of {source} where WHERE does not hold"
+    line = "incidents: per key, open "
+    line += (
+        f"once its condition held for {duration_words(clauses.pending_ms)}"
+        if clauses.pending_ms
+        else "at its first report"
+    )
+    line += f", resolved {resolve}"
+    if clauses.keep_firing_ms:
+        line += f", kept open {duration_words(clauses.keep_firing_ms)} longer"
+    return line
+
+
 def explain(catalog: Catalog, name: str) -> str | None:
     """The explanation of the stream, alert, table or aggregate `name` (None if unknown)."""
     info: QueryInfo | None = next(
@@ -226,6 +248,8 @@ def explain(catalog: Catalog, name: str) -> str | None:
         first = info.selects[0]
         lines.append("outputs: " + ", ".join(f"{n} {t}" for n, t, _ in first.outputs))
         lines.append(f"event time: {first.timestamp or 'carried by the engine'}")
+        if isinstance(stmt, ast.CreateAlert):
+            lines.append(_incident_line(stmt, first))
         return "\n".join(lines)
     rel = catalog.relations.get(name)
     if rel is not None:

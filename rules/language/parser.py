@@ -165,6 +165,14 @@ class _R2S(NamedTuple):
     items: tuple[ast.SelectItem, ...]
 
 
+class _Clause(NamedTuple):
+    """One incident clause of `CREATE ALERT`, on its way into `ast.IncidentClauses`."""
+
+    field: str
+    value: Any
+    pos: Pos
+
+
 class _Build(Transformer[Token, Any]):
     """Bottom-up conversion of lark's parse tree into `ast` nodes."""
 
@@ -250,17 +258,39 @@ class _Build(Transformer[Token, Any]):
     @v_args(meta=True)
     def create_alert(self, meta: Any, children: list[Any]) -> ast.CreateAlert:
         parts = _strip(children)
-        name, severity = parts[0], parts[1]
-        message = parts[2] if len(parts) == 4 else None
+        name, severity, query, middle = parts[0], parts[1], parts[-1], parts[2:-1]
+        message = next((p for p in middle if isinstance(p, Token)), None)
+        clauses: dict[str, Any] = {}
+        for part in middle:
+            if isinstance(part, _Clause):
+                clauses[part.field] = part.value
+                if part.field in ("resolve_when", "resolve_after_ms"):
+                    clauses["resolve_pos"] = part.pos
         return ast.CreateAlert(
             name,
             severity,
             _unquote(message) if message is not None else None,
             _pos(message) if message is not None else None,
-            parts[-1],
+            query,
             Pos(meta.line, meta.column),
             self.file,
+            ast.IncidentClauses(**clauses),
         )
+
+    def pending(self, children: list[Any]) -> _Clause:
+        ms, pos = children[1]
+        return _Clause("pending_ms", ms, pos)
+
+    def keep_firing(self, children: list[Any]) -> _Clause:
+        ms, pos = children[3]
+        return _Clause("keep_firing_ms", ms, pos)
+
+    def resolve_when(self, children: list[Any]) -> _Clause:
+        return _Clause("resolve_when", children[2], _pos(children[0]))
+
+    def resolve_after(self, children: list[Any]) -> _Clause:
+        ms, _ = children[2]
+        return _Clause("resolve_after_ms", ms, _pos(children[0]))
 
     # -- queries
     @v_args(meta=True)

@@ -70,7 +70,7 @@ KEYED = """CREATE STREAM s (site INT, lane INT, x INT, ts TIMESTAMP)
 CREATE STREAM per_site AS
   SELECT site, ts, avg(x) OVER (PARTITION BY site RANGE 1 MINUTE PRECEDING) AS m FROM s;
 CREATE ALERT high SEVERITY info AS SELECT site, ts, m FROM per_site WHERE m > 3;
-CREATE ALERT lane_high SEVERITY info AS
+CREATE ALERT lane_high SEVERITY info RESOLVE AFTER 1 MINUTE AS
   SELECT site, lane, ts, max(x) OVER (PARTITION BY site, lane ROWS 3 PRECEDING) AS top FROM s;
 CREATE ALERT any_high SEVERITY info AS SELECT x, ts FROM s WHERE x > 9;
 """

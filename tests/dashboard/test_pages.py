@@ -172,7 +172,7 @@ def test_rules_list_text_explanation_and_alert_count(lakehouse: Path, open_page:
     assert summary.loc["larceny", "alerts"] == 1
     app.selectbox(key="rule_shown").select("congestion").run()
     code = texts(app)
-    assert "alert **congestion** (traffic.sql:16) — 37 alerts" in code
+    assert "alert **congestion** (traffic.sql:19) — 37 alerts" in code
     assert "CREATE ALERT congestion SEVERITY warning" in code
     assert "reads stream: station_speed" in code  # the explanation
     app.selectbox(key="rule_shown").select("station_speed").run()

@@ -6,7 +6,8 @@ are published; once some alerts are in Delta the engine is killed with SIGKILL (
 chance to finish a batch or close anything), restarted, and the rest of the readings
 and a closing heartbeat follow. The tables must then hold what `lookout replay` computes
 for the same readings: every reading stored once, every alert once (same ids), the late
-readings once.
+readings once, every incident in the state replay ends with (the incidents table is
+merged once per batch).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import orjson
@@ -60,6 +62,22 @@ def stop_engine(engine: subprocess.Popen, timeout: float = 120) -> None:
     assert stop_process(engine, timeout), f"lookout engine did not stop within {timeout} s"
 
 
+def ms(value: str | datetime | None) -> int | None:
+    """An ISO-8601 text (replay) or a datetime (Delta) as epoch ms."""
+    if value is None:
+        return None
+    when = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return round(when.timestamp() * 1000)
+
+
+def incidents(rows: list[dict]) -> list[tuple]:
+    """The incidents table's rows as comparable with replay's lines."""
+    return sorted(
+        (r["incident_id"], r["key"], ms(r["opened_at"]), ms(r["resolved_at"]), r["reports"])
+        for r in rows
+    )
+
+
 def test_engine_kill_9_and_restart_gives_the_uninterrupted_tables(
     spark, mosquitto, lookout_config, tmp_path
 ):
@@ -72,6 +90,11 @@ def test_engine_kill_9_and_restart_gives_the_uninterrupted_tables(
     rules_file, rule_set, want_alerts = replayed.rules_file, replayed.rule_set, replayed.alerts
     want_late = replayed.rows("late_readings")
     assert want_late
+    want_incidents = sorted(
+        (r["incident_id"], r["key"], ms(r["opened_at"]), ms(r["resolved_at"]), r["reports"])
+        for r in map(orjson.loads, replayed.rows("incidents"))
+    )
+    assert want_incidents
 
     log = tmp_path / "engine.log"
     with running_ingest(lookout_config, rule_set):
@@ -100,6 +123,11 @@ def test_engine_kill_9_and_restart_gives_the_uninterrupted_tables(
                 ),
                 120,
                 "every reading stored",
+            )
+            wait_for(
+                lambda: incidents(table_rows(spark, lookout_config, "incidents")) == want_incidents,
+                60,
+                "the incidents replay gives",
             )
         finally:
             stop_engine(engine)

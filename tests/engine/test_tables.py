@@ -35,3 +35,46 @@ def test_a_table_without_a_column_lookout_writes_is_refused(tmp_path):
     refused = r"readings_traffic has no column 'arrival_watermark'"
     with pytest.raises(tables.TableSchemaError, match=refused):
         tables.ensure_table(path, schema)
+
+
+def _incident(opened: int, resolved: int | None, reports: int) -> dict:
+    return {
+        "incident_id": f"id-{opened}",
+        "rule": "congestion",
+        "key": "station=3",
+        "severity": "warning",
+        "message": f"{reports} reports",
+        "opened_at": opened,
+        "last_report_at": opened + reports,
+        "resolved_at": resolved,
+        "reports": reports,
+    }
+
+
+def _merge(path: str, rows: list[dict], batch: int, staged: list[str]) -> bool:
+    data = tables.ms_table(rows, tables.INCIDENTS)
+    file = tables.write_data_file("incidents", path, data)
+    staged.append(file.path)
+    key, update = tables.MERGED["incidents"]
+    return tables.merge_files(path, tables.INCIDENTS, [file], key, update, "w", batch)
+
+
+def test_incidents_merge_by_id_once_per_batch_and_keep_the_operators_columns(tmp_path):
+    """Batch 1 opens two incidents, batch 2 updates one and resolves it; batch 1 run
+    again after a crash changes nothing; an acknowledgement written between batches
+    survives the engine's update; the staged files never stay in the folder."""
+    path = str(tmp_path / "incidents")
+    tables.ensure_table(path, tables.INCIDENTS)
+    staged: list[str] = []
+    assert _merge(path, [_incident(10, None, 1), _incident(50, None, 2)], 1, staged)
+    DeltaTable(path).update({"acknowledged_by": "'ann'"}, predicate="incident_id = 'id-10'")
+    assert _merge(path, [_incident(10, 40, 3)], 2, staged)
+    assert not _merge(path, [_incident(10, None, 1), _incident(50, None, 2)], 1, staged)
+    rows = sorted(DeltaTable(path).to_pyarrow_table().to_pylist(), key=lambda r: r["opened_at"])
+    assert [(r["incident_id"], r["reports"], r["acknowledged_by"]) for r in rows] == [
+        ("id-10", 3, "ann"),
+        ("id-50", 2, None),
+    ]
+    assert rows[0]["resolved_at"] is not None and rows[1]["resolved_at"] is None
+    assert DeltaTable(path).transaction_version("w") == 2
+    assert not {p.name for p in tmp_path.joinpath("incidents").glob("*.parquet")} & set(staged)

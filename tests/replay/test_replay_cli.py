@@ -48,3 +48,40 @@ def test_a_bare_file_is_split_by_columns_and_a_named_stream_refuses_the_others(
     assert run_replay([rules], [f"traffic={recording}"], str(tmp_path / "named")) == 2
     first = next(i for i, r in enumerate(lines, start=1) if "vid" in r)
     assert f"{recording}:{first}: missing field 'station'" in capsys.readouterr().err
+
+
+def test_congestion_that_stops_resolves_at_the_first_row_above_the_limit(tmp_path: Path) -> None:
+    """Station 3 is slow (10 m/s) for 30 minutes, then fast (30 m/s): its congestion
+    incident opens at the first station_speed row below 15 m/s and resolves at the first
+    one that is not, both read from the replay's own station_speed rows; it stands for
+    every congestion alert of the station. Station 4 is never slow: no incident."""
+    readings = [
+        {"station": station, "lane": 1, "speed": speed, "length": 4.0, "ts": ts}
+        for ts in range(0, 60 * 60_000, 10_000)
+        for station, speed in ((3, 10.0 if ts < 30 * 60_000 else 30.0), (4, 30.0))
+    ]
+    recording = tmp_path / "traffic.jsonl"
+    recording.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in readings))
+    out = tmp_path / "out"
+    assert run_replay([str(RULES_DIR / "traffic.sql")], [f"traffic={recording}"], str(out)) == 0
+
+    def lines(name: str) -> list[dict]:
+        return [orjson.loads(x) for x in (out / f"{name}.jsonl").read_bytes().splitlines()]
+
+    speeds = [r for r in lines("station_speed") if r["station"] == 3]
+    opened = next(i for i, r in enumerate(speeds) if r["avg_speed"] < 15)
+    resolved = next(i for i, r in enumerate(speeds) if i > opened and r["avg_speed"] >= 15)
+    congestion = [r for r in lines("incidents") if r["rule"] == "congestion"]
+    assert congestion == [
+        {
+            "incident_id": congestion[0]["incident_id"],
+            "rule": "congestion",
+            "key": "station=3",
+            "severity": "warning",
+            "message": f"station 3: {speeds[resolved - 1]['avg_speed']:.2f} m/s over 15 minutes",
+            "opened_at": speeds[opened]["ts"],
+            "last_report_at": speeds[resolved - 1]["ts"],
+            "resolved_at": speeds[resolved]["ts"],
+            "reports": len(lines("congestion")),
+        }
+    ]

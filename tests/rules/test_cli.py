@@ -57,6 +57,21 @@ def test_explain_domain_window(capsys: pytest.CaptureFixture[str]) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("alert", "says"),
+    [
+        ("congestion", "resolved at the key's first row of station_speed where WHERE does not"),
+        ("silent_detector", "resolved at the key's first row of traffic where RESOLVE WHEN holds"),
+        ("accident", "resolved 30 seconds after the key's last report"),
+    ],
+)
+def test_explain_says_how_incidents_resolve(
+    alert: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _run(["rules", "explain", alert]) == 0
+    assert f"incidents: per key, open at its first report, {says}" in capsys.readouterr().out
+
+
 def test_explain_unknown_name(capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(["rules", "explain", "nope"]) == 1
     assert "no stream, alert, table or aggregate named 'nope'" in capsys.readouterr().err

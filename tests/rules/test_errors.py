@@ -99,6 +99,51 @@ CASES = [
         id="unknown-partition-column",
     ),
     pytest.param(
+        TRAFFIC + "CREATE ALERT quiet SEVERITY info AS SELECT station, count(*) OVER "
+        "(PARTITION BY station RANGE 1 MINUTE PRECEDING) AS n FROM traffic;",
+        "3:14",
+        "alert 'quiet' reports from a window, so a row its WHERE drops does not mean its "
+        "condition stopped: say how its incidents resolve (RESOLVE WHEN condition on its "
+        "input rows, or RESOLVE AFTER a quiet interval)",
+        id="incidents-of-a-window-unstated",
+    ),
+    pytest.param(
+        TRAFFIC + "CREATE ALERT slow SEVERITY info RESOLVE WHEN speed AS SELECT station, ts "
+        "FROM traffic WHERE speed < 3;",
+        "3:46",
+        "type mismatch: RESOLVE WHEN needs a true/false condition, not a DOUBLE value",
+        id="resolve-when-not-a-condition",
+    ),
+    pytest.param(
+        TRAFFIC + "CREATE ALERT slow SEVERITY info RESOLVE WHEN max(speed) > 3 AS SELECT "
+        "station, ts FROM traffic WHERE speed < 3;",
+        "3:46",
+        "aggregate 'max' is not allowed in RESOLVE WHEN",
+        id="resolve-when-aggregate",
+    ),
+    pytest.param(
+        TRAFFIC + "CREATE ALERT slow SEVERITY info RESOLVE AFTER 0 SECONDS AS SELECT "
+        "station, ts FROM traffic WHERE speed < 3;",
+        "3:33",
+        "RESOLVE AFTER needs a positive duration",
+        id="resolve-after-zero",
+    ),
+    pytest.param(
+        TRAFFIC + "CREATE ALERT slow SEVERITY info RESOLVE WHEN speed > 5 AS SELECT station, "
+        "ts FROM traffic WHERE speed < 3 UNION ALL SELECT station, ts FROM traffic WHERE "
+        "lane = 9;",
+        "3:33",
+        "RESOLVE WHEN reads the alert's input rows, and a UNION ALL has several inputs",
+        id="resolve-when-union",
+    ),
+    pytest.param(
+        TRAFFIC + "CREATE ALERT slow SEVERITY info KEEP FIRING FOR 1 MINUTE FOR 2 MINUTES "
+        "AS SELECT station, ts FROM traffic WHERE speed < 3;",
+        "3:58",
+        "syntax error: unexpected 'FOR'",
+        id="incident-clauses-in-order",
+    ),
+    pytest.param(
         TRAFFIC + "CREATE STREAM traffic AS SELECT station FROM traffic;",
         "3:15",
         "duplicate name 'traffic': already defined at ",

@@ -82,7 +82,8 @@ def test_a_stateless_query_over_the_union_reads_every_branch(tmp_path: Path) -> 
 def test_an_alert_can_be_a_union(tmp_path: Path) -> None:
     rule_set = load(
         tmp_path,
-        "CREATE ALERT slow SEVERITY info AS SELECT station, ts FROM north WHERE speed < 15 "
+        "CREATE ALERT slow SEVERITY info RESOLVE AFTER 1 MINUTE AS "
+        "SELECT station, ts FROM north WHERE speed < 15 "
         "UNION ALL SELECT detector AS station, at FROM south WHERE velocity < 0;",
     )
     assert sink(rule_set, "slow") == [

@@ -1,0 +1,331 @@
+"""Incidents: an alert's reports as (alert, key) episodes that open and resolve in event
+time, composed after the stage that emits the alert.
+
+An alert's condition is a relation, the keys whose condition holds (CQL): its ISTREAM
+opens incidents, its DSTREAM resolves them. An :class:`IncidentTracker` computes it per
+key of the alert (the key its ``alerts`` rows carry) from two feeds, as
+:class:`~engine.core.plan.Incidents` says:
+
+* **reports**: the alert's own rows. The condition holds at every instant with one.
+* **observations**: rows of the alert's input stream (every row of the key by default;
+  with ``RESOLVE WHEN c``, those where ``c`` holds). At an instant with observations and
+  no report the condition stops. With ``RESOLVE AFTER d`` there are none: the
+  condition stops ``d`` after the key's latest report, unless a report comes by then.
+
+Per key the tracker runs Prometheus' alert states, in event time: inactive → pending
+(``FOR``: the condition must hold that long) → firing (the incident is open) →
+recovering (``KEEP FIRING FOR``: still open, waiting for the condition to return) →
+resolved. All that is known of an instant is taken at once, observations before
+timers (the rule the windows follow for tuples and expirations): so an instant's rows
+decide the condition there whatever their order, and a report exactly at a deadline
+keeps the incident. An instant is final once the watermark has passed it, so the
+incidents depend on the readings only, never on how they were cut into batches: the
+live engine and replay give the same ones.
+
+Every incident an advance changed (opened, reported, resolved) comes out as an
+:class:`IncidentUpdate` holding its whole state, so the last update of an incident is
+the incident. State per key is one record in the store (kind ``head``, under
+:attr:`~engine.core.plan.Incidents.name`); a key with no incident, pending episode or
+unprocessed row keeps none.
+"""
+
+from __future__ import annotations
+
+import heapq
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from engine.core.columnar import ops
+from engine.core.plan import Incidents, compile_ops
+from engine.core.runners import KEY, SEQ, SOURCE, TS, Saved, key_json
+from engine.core.state import StateKey, StateStore
+
+IDLE, PENDING, FIRING, RECOVERING = 0, 1, 2, 3
+"""A key's phase: no incident; the condition holds, FOR not yet over; an incident is
+open; it is open but its condition stopped, KEEP FIRING FOR not yet over."""
+
+_PICKLE = pickle.HIGHEST_PROTOCOL
+
+
+@dataclass(frozen=True)
+class IncidentUpdate:
+    """An incident's whole state after an advance (times in epoch ms)."""
+
+    alert: str
+    key: str
+    """The alert's key values as JSON (the ``_key`` of its emitted rows)."""
+    opened_at: int
+    last_report_at: int
+    resolved_at: int | None
+    reports: int
+    """The alert's rows for the key from the start of the episode (FOR included) on."""
+    row: dict[str, Any]
+    """The latest report's row (its message)."""
+
+
+@dataclass
+class KeyState:
+    """One key of one alert: plain data, pickled as is."""
+
+    phase: int = IDLE
+    since: int = 0
+    """PENDING: when the condition began to hold; RECOVERING: when it stopped."""
+    opened: int = 0
+    holds: bool = False
+    last_report: int = 0
+    reports: int = 0
+    row: dict[str, Any] = field(default_factory=dict)
+    waiting: list[tuple[int, str, int, dict[str, Any]]] = field(default_factory=list)
+    """Reports not processed yet: (ts, source, seq, row)."""
+    observed: set[int] = field(default_factory=set)
+    """Instants with observations not processed yet."""
+
+    def idle(self) -> bool:
+        """Nothing to keep: no episode and nothing waiting."""
+        return self.phase == IDLE and not self.waiting and not self.observed
+
+
+class IncidentTracker:
+    """The incidents of one alert, every key (see the module docstring).
+
+    ``key_columns``: the columns of an observed row that make its key, or None when the
+    observed rows come from the alert's own stage and carry its key (``_key``).
+    ``timestamp`` is the observed stream's timestamp column.
+    """
+
+    kind = "incidents"
+
+    def __init__(
+        self, spec: Incidents, key_columns: tuple[str, ...] | None, timestamp: str
+    ) -> None:
+        self.spec = spec
+        self.key_columns = key_columns
+        self.timestamp = timestamp
+        self.keys: dict[str, KeyState] = {}
+        self._clear = compile_ops(spec.clear) if spec.clear else None
+        self._vector = bool(spec.clear) and ops.vectorised(spec.clear)
+        self._heap: list[tuple[int, str]] = []
+        self._wakeups: dict[str, int] = {}
+        self._fed: set[str] = set()
+        self._touched: set[str] = set()
+        self._gone: set[str] = set()
+
+    @property
+    def name(self) -> str:
+        """The name its state is filed under."""
+        return self.spec.name
+
+    # -- feeds -----------------------------------------------------------------------------
+    def observe(self, rows: pa.Table, keys: Sequence[str] | None = None) -> None:
+        """Rows of the observed stream (its columns with the timestamp, ``source`` and
+        ``seq``); ``keys``: each row's key as JSON when the rows carry the alert's key
+        (``key_columns`` None)."""
+        if not rows.num_rows:
+            return
+        ts = rows.column(self.timestamp).to_numpy(zero_copy_only=False)
+        if keys is None:
+            columns = [rows.column(c).to_pylist() for c in self.key_columns or ()]
+            keys = (
+                [key_json(tuple(k)) for k in zip(*columns, strict=True)]
+                if columns
+                else [key_json(())] * rows.num_rows
+            )
+        if self._clear is not None:
+            kept = self._cleared(rows)
+            ts, keys = ts[kept], [keys[i] for i in kept]
+        for key, instant in zip(keys, ts.tolist(), strict=True):
+            self._state(key).observed.add(instant)
+            self._fed.add(key)
+
+    def _cleared(self, rows: pa.Table) -> np.ndarray:
+        """The indexes of the rows that come out of the clear steps (each once)."""
+        if self._vector:
+            _, parents = ops.apply(self.spec.clear, rows)
+            return np.unique(parents)
+        assert self._clear is not None
+        clear = self._clear
+        return np.array([i for i, row in enumerate(rows.to_pylist()) if clear(row)], np.int64)
+
+    def report(self, emitted: pa.Table) -> None:
+        """The alert's emitted rows (:class:`~engine.core.runners.SinkRows` columns)."""
+        names = [n for n in emitted.column_names if n not in (TS, SOURCE, SEQ, KEY)]
+        for row, key, ts, source, seq in zip(
+            emitted.select(names).to_pylist(),
+            emitted.column(KEY).to_pylist(),
+            emitted.column(TS).to_pylist(),
+            emitted.column(SOURCE).to_pylist(),
+            emitted.column(SEQ).to_pylist(),
+            strict=True,
+        ):
+            self._state(key).waiting.append((ts, source, seq, row))
+            self._fed.add(key)
+
+    def _state(self, key: str) -> KeyState:
+        found = self.keys.get(key)
+        if found is None:
+            found = self.keys[key] = KeyState()
+            self._gone.discard(key)
+        return found
+
+    # -- time ------------------------------------------------------------------------------
+    def advance(self, watermark: int) -> list[IncidentUpdate]:
+        """Process every instant below ``watermark`` of the keys with new rows or a due
+        timer; the incidents that changed, in their final state."""
+        due = self._fed
+        self._fed = set()
+        while self._heap and self._heap[0][0] <= watermark:
+            wakeup, key = heapq.heappop(self._heap)
+            if self._wakeups.get(key) == wakeup:
+                del self._wakeups[key]
+                due.add(key)
+        changed: dict[tuple[str, int], IncidentUpdate] = {}
+        for key in sorted(due):
+            state = self.keys[key]
+            self._run(key, state, watermark, changed)
+            self._touched.add(key)
+            if state.idle():
+                del self.keys[key]
+                self._gone.add(key)
+                self._wakeups.pop(key, None)
+            else:
+                self._schedule(key, self._wakeup(state))
+        return list(changed.values())
+
+    def _timer(self, state: KeyState) -> int | None:
+        """The next instant at which time alone changes the key (FOR, KEEP FIRING FOR,
+        RESOLVE AFTER), or None."""
+        spec, found = self.spec, []
+        if state.phase == PENDING:
+            found.append(state.since + spec.pending_ms)
+        if state.phase == RECOVERING:
+            found.append(state.since + spec.keep_firing_ms)
+        if spec.quiet_ms is not None and state.holds:
+            found.append(state.last_report + spec.quiet_ms)
+        return min(found, default=None)
+
+    def _wakeup(self, state: KeyState) -> int | None:
+        """The lowest watermark at which an advance can change the key."""
+        found = [t + 1 for t in (self._timer(state),) if t is not None]
+        found += [min(state.observed) + 1] if state.observed else []
+        found += [min(w[0] for w in state.waiting) + 1] if state.waiting else []
+        return min(found, default=None)
+
+    def _schedule(self, key: str, wakeup: int | None) -> None:
+        if wakeup is None:
+            self._wakeups.pop(key, None)
+        elif self._wakeups.get(key) != wakeup:
+            self._wakeups[key] = wakeup
+            heapq.heappush(self._heap, (wakeup, key))
+
+    def _run(
+        self,
+        key: str,
+        state: KeyState,
+        watermark: int,
+        changed: dict[tuple[str, int], IncidentUpdate],
+    ) -> None:
+        """The key's instants below ``watermark``, one after the other."""
+        spec = self.spec
+        reports: dict[int, list[tuple[int, str, int, dict[str, Any]]]] = {}
+        later = []
+        for item in state.waiting:
+            if item[0] < watermark:
+                reports.setdefault(item[0], []).append(item)
+            else:
+                later.append(item)
+        state.waiting = later
+        observed = {t for t in state.observed if t < watermark}
+        state.observed -= observed
+        if state.phase == IDLE and not reports:
+            return  # rows that stop a condition that does not hold change nothing
+        instants = sorted(reports.keys() | observed)
+        i = 0
+        while True:
+            candidates = [self._timer(state), instants[i] if i < len(instants) else None]
+            now = min((t for t in candidates if t is not None), default=None)
+            if now is None or now >= watermark:
+                return
+            if i < len(instants) and instants[i] == now:
+                i += 1
+            here = reports.get(now)
+            opened_before = state.phase in (FIRING, RECOVERING)
+            # What the instant's rows say, then what its timers say.
+            if here:
+                if state.phase == IDLE:
+                    state.reports = 0  # a new episode
+                state.reports += len(here)
+                state.last_report = now
+                state.row = max(here, key=lambda r: (r[1], r[2]))[3]
+                state.holds = True
+            elif now in observed:
+                state.holds = False
+            elif spec.quiet_ms is not None and state.holds:
+                state.holds = now < state.last_report + spec.quiet_ms
+            resolved = self._step(state, now)
+            open_now = state.phase in (FIRING, RECOVERING)
+            if resolved is not None or (open_now and (here or not opened_before)):
+                changed[(key, state.opened)] = IncidentUpdate(
+                    spec.alert,
+                    key,
+                    state.opened,
+                    state.last_report,
+                    resolved,
+                    state.reports,
+                    state.row,
+                )
+            if resolved is not None:
+                state.phase = IDLE
+
+    def _step(self, state: KeyState, now: int) -> int | None:
+        """Move the key's phase at instant ``now`` (the condition already taken); the
+        resolution instant if its incident resolves here."""
+        spec = self.spec
+        if state.holds:
+            if state.phase == IDLE:
+                state.phase, state.since = PENDING, now
+            elif state.phase == RECOVERING:
+                state.phase = FIRING
+        elif state.phase == PENDING:
+            state.phase = IDLE
+        elif state.phase == FIRING:
+            state.phase, state.since = RECOVERING, now
+        if state.phase == PENDING and now >= state.since + spec.pending_ms:
+            state.phase, state.opened = FIRING, state.since + spec.pending_ms
+        if state.phase == RECOVERING and now >= state.since + spec.keep_firing_ms:
+            return state.since + spec.keep_firing_ms
+        return None
+
+    # -- state -----------------------------------------------------------------------------
+    def save(self, store: StateStore) -> None:
+        """Write the keys changed since the last save; forget the ones gone idle."""
+        for key in sorted(self._touched):
+            entry: StateKey = ("head", self.name, key, 0)
+            state = self.keys.get(key)
+            if state is None:
+                store.delete(entry)
+                continue
+            record = (self.spec.definition, self.kind, self._wakeups.get(key), state)
+            store.put(entry, pickle.dumps(record, _PICKLE))
+        self._touched.clear()
+
+    def restore(self, saved: Saved) -> list[StateKey]:
+        """Take up the saved keys; returns the entries of another definition or kind."""
+        stale = []
+        for entry, data in saved.get("head", []):
+            definition, kind, wakeup, state = pickle.loads(data)
+            if definition != self.spec.definition or kind != self.kind:
+                stale.append(entry)
+                continue
+            self.keys[entry[2]] = state
+            self._schedule(entry[2], wakeup)
+        others = [e for kind, entries in saved.items() if kind != "head" for e, _ in entries]
+        return stale + others
+
+    def live_keys(self) -> int:
+        """How many keys hold state."""
+        return len(self.keys)
