@@ -3,7 +3,7 @@
 An alert's id is a hash of what it is — rule, key, event time, the row the rule
 selected and its place in the emitting evaluator's output — never of when or where it
 was computed, so re-running the same input, or
-restarting the job mid-stream, gives the same ids (DESIGN §2).
+restarting the job mid-stream, gives the same ids.
 """
 
 from __future__ import annotations
