@@ -1,7 +1,7 @@
 """Alarm latency of the live runtime: from the moment the watermark passes an expiry to
 the alarm in the `alerts` table.
 
-The engine (`lookout engine`'s landing and rules queries, one SparkSession) runs a keyed
+The engine (`lookout engine`'s query, one SparkSession) runs a keyed
 active-expiration rule: an alarm when a station sends nothing for 5 seconds (slack 2 s).
 This script plays ingest: every `--tick` seconds it lands one file of readings (with
 ingest's own `LandingWriter`) from `--stations` stations whose event clocks are the wall
@@ -117,7 +117,7 @@ def passed_at(landed: list[tuple[int, int]], instant: int) -> int | None:
 
 def landing_commits(config: Config) -> list[tuple[int, int]]:
     """(written at, stream watermark after it) per file of `readings_traffic`: when the
-    engine's landing decided the readings (one file per landing batch)."""
+    engine wrote the readings (one file per batch, written before the batch commits)."""
     files = pa.table(DeltaTable(config.table("readings_traffic")).get_add_actions(flatten=True))
     return [
         (_ms(row["modification_time"]), _ms(row["max.arrival_watermark"]))

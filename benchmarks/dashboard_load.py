@@ -20,7 +20,7 @@ alerts in 10 appends, plus the small RFID, quarantine and health tables of
    new commit (served from the version-keyed cache) and a rerun after a new commit to
    `readings_traffic` and `alerts` (every query over them runs again).
 
-Targets (issue 7): first paint <= 3 s, refresh <= 1 s. Figures go in docs/dashboard.md.
+Targets: first paint <= 3 s, refresh <= 1 s. Figures go in benchmarks/README.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Detection quality of the rule library (issue 8): precision, recall, late readings and
+"""Detection quality of the rule library: precision, recall, late readings and
 detection latency over slack, per disorder model, with and without heartbeats.
 
     .venv/bin/python benchmarks/detection_quality.py [--quick] [--no-doc]

@@ -18,10 +18,10 @@ Prints four tables (CPU time of this process, so a busy machine skews them less)
    comparison. State after 80,000 readings and throughput.
 5. CQL relations of raw tuples: ISTREAM / DSTREAM / RSTREAM over ``[RANGE 10 SECONDS]``
    and ``[PARTITION BY station ROWS 10]``, one reading per 100 ms.
-6. The issue-3 target: sliding ``avg OVER (PARTITION BY station RANGE 15 MINUTES
+6. The congestion rule's window: sliding ``avg OVER (PARTITION BY station RANGE 15 MINUTES
    PRECEDING SLIDE 1 MINUTE)`` (the congestion rule) through ``KeyedEvaluator``.
 
-Numbers are recorded in docs/engine.md.
+Numbers are recorded in benchmarks/README.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Sliding windows on Flink: PyFlink SQL's HOP window TVF over the Spark benchmark's rows.
 
-The peer that issue 9 quotes: "average speed per station over 15 minutes" as Flink SQL in
+The peer for "average speed per station over 15 minutes" as Flink SQL in
 streaming mode, event time with a 2-second watermark, parallelism 2 (Spark gets
 `local[2]`), over the Parquet file that `benchmarks/spark_windows.py` writes (columns
 `station` INT, `speed` DOUBLE, `ts` TIMESTAMP(us, UTC)):

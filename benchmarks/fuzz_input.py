@@ -1,4 +1,4 @@
-"""Long fuzzing run over bad input (issue 8): payloads and rule text.
+"""Long fuzzing run over bad input: payloads and rule text.
 
     .venv/bin/python benchmarks/fuzz_input.py [--payloads N] [--batches N] [--rules N]
         [--renamed N] [--grammar N] [--bytes N] [--text N] [--seed S]

@@ -1,6 +1,6 @@
 """Sliding windows on Spark: Lookout's runtime against Spark's own `window()`, one run.
 
-The input (issue 9): readings of `--stations` stations, `--rows` in all, 50 ms apart
+The input: readings of `--stations` stations, `--rows` in all, 50 ms apart
 in event time. Each window is "average speed per station over 15 minutes", as
 
 * Spark: `groupBy(window(ts, '15 minutes', slide), station).avg(speed)`, a batch job

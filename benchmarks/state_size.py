@@ -1,18 +1,17 @@
-"""What a rules batch pays for state, as the windows fill: per stage of the traffic
-library, what the state store holds and what each batch reads and writes of it.
+"""What the per-row runner's state costs as the windows fill: per stage of the traffic
+library, what the store holds and what each batch reads and writes of it.
 
-The Spark runtime keeps each (stage, key) evaluator in the state store between batches
-(the Python worker that runs a partition changes between batches, so nothing stays in
-memory): a batch that touches a key loads it, advances it and saves it. A RANGE window
-holds every tuple of its range; `KeyedEvaluator.save` keeps those in chunks, so a batch
-reads and writes the window's ends only (`engine.core.chunks`). This script runs the
-engine core alone (no Spark) the way the runtime does, with a dict as the store:
-`--rate` readings/s of `--stations` stations, five lanes each, in event-time order, in
-batches of `--batch` seconds, the garbage collector paused as the runtime pauses it.
-Every `--every` minutes it prints per stage: the bytes stored, the bytes a batch read
-and wrote and its load + save time (averaged over the last minute's batches), and, for
-comparison, what writing and reading every key's whole snapshot takes (the runtime's
-way before the chunks).
+A `KeyedEvaluator` saves what changed since its last save: a RANGE window holds every
+tuple of its range, kept in chunks, so a batch reads and writes the window's ends only
+(`engine.core.chunks`). This script runs the engine core alone (no Spark), every
+(stage, key) evaluator loaded, advanced and saved in each batch, with a dict as the
+store (the live engine keeps its pipeline in memory between batches and reads the store
+only to rebuild it): `--rate` readings/s of `--stations` stations, five lanes each, in
+event-time order, in batches of `--batch` seconds, the garbage collector paused as the
+runtime pauses it. Every `--every` minutes it prints per stage: the bytes stored, the
+bytes a batch read and wrote and its load + save time (averaged over the last minute's
+batches), and, for comparison, what writing and reading every key's whole snapshot
+takes.
 
     python benchmarks/state_size.py [--rate 5000] [--minutes 15] [--every 5] [--batch 1]
 """

@@ -1,4 +1,4 @@
-"""Which landing files each landing batch reads, as offsets that stay the size of the
+"""Which landing files each engine batch reads, as offsets that stay the size of the
 backlog (pure; the Spark source in `engine/spark/landing_source.py` does the I/O).
 
 Spark's own file source remembers every file it ever read: its checkpoint record grows

@@ -1,6 +1,6 @@
 """Heartbeats ingest emits for a silent stream, from a bounded-delay assumption.
 
-Event time in the engine only moves when something arrives (DESIGN §7): a stream whose
+Event time in the engine only moves when something arrives: a stream whose
 sources fall silent leaves its windows open and its expirations unfired. A source can
 publish heartbeats itself; when it does not, `lookout ingest --heartbeat-after S` makes
 ingest do it under one assumption, stated here once:

@@ -4,7 +4,7 @@ One `Ingester` is one paho client with a persistent session (clean_session=False
 stable client id that only this installation knows: `lookout.mqtt_auth`) and manual
 acknowledgement: a QoS 1 message is PUBACKed only after the landing file holding its
 readings (or its quarantine record) has been fsynced and renamed into place. If the
-process dies before that, the broker redelivers it (DESIGN §7); the engine removes the
+process dies before that, the broker redelivers it; the engine removes the
 duplicates that this can create.
 
 Retained messages: over MQTT 3.1.1 the broker sends every retained message again at

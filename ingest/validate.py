@@ -46,7 +46,7 @@ import msgspec
 
 from engine.core.plan import Column, ColumnType, StreamSchema
 
-#: Fields every reading carries besides its stream's own columns (DESIGN §2).
+#: Fields every reading carries besides its stream's own columns.
 IDENTITY_COLUMNS = (Column("source", ColumnType.STRING), Column("seq", ColumnType.BIGINT))
 
 #: A source's run (boot) id, optional in a payload: a restarted source starts its `seq`
@@ -126,7 +126,7 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
 
 
 def heartbeat_filter(source_filter: str) -> str:
-    """The heartbeat topic filter that goes with a readings filter (DESIGN §2).
+    """The heartbeat topic filter that goes with a readings filter.
 
     `lookout/traffic/+/readings` -> `lookout/traffic/+/heartbeat`.
     """

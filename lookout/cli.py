@@ -1,4 +1,4 @@
-"""The `lookout` console command (DESIGN §5): one entry point for every part."""
+"""The `lookout` console command: one entry point for every part."""
 
 from __future__ import annotations
 

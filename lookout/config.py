@@ -97,17 +97,16 @@ class EngineConfig:
     # One state store task per partition per batch: as many as local[2]'s cores, so a
     # batch is one wave of tasks (a cluster wants about 2x its executor cores).
     shuffle_partitions: int = 2
-    # An expiration alarm needs two rules batches after its readings land (Spark's
-    # timers fire on the previous batch's watermark); at 0.5 s they run nearly back to
-    # back. Alarm latency median 2.5 s at 1 s / 4 partitions -> 1.4-1.8 s (docs/runtime.md).
+    # A batch every so often when there are new landing files: a reading waits up to
+    # this long before its batch starts.
     trigger_seconds: float = 0.5
     # Each batch appends a small file per table, and a table's appends slow down with
     # its files (engine/maintenance.py): compact every table this often (0: never), when
     # it holds at least this many files.
     compact_every_seconds: float = 300.0
     compact_min_files: int = 64
-    # Landing files the landing query has committed leave the landing folder, which
-    # Spark lists whole every batch (20,000 files: 0.45 s a batch): empty = deleted (their
+    # Landing files the engine has committed leave the landing folder, which its
+    # source lists whole every batch (20,000 files: 0.45 s a batch): empty = deleted (their
     # readings are in Delta), a path = moved there, for an archive of the raw input.
     landing_archive: str = ""
     # Prometheus metrics of `lookout engine` at http://metrics_address:metrics_port/metrics

@@ -1,4 +1,4 @@
-"""`lookout replay`: the rules over recorded JSON-lines readings (DESIGN §5).
+"""`lookout replay`: the rules over recorded JSON-lines readings.
 
 The readings go through the same validation as live ingest and the same engine core as
 the live job (`engine.core.replay.run`), so the rows written here are the rows the live

@@ -254,7 +254,7 @@ class OverWindow:
       after all tuples at that instant, and its ``expire`` may emit.
     * ``lag``: the frame is delayed by ``lag`` rows/ms behind the current tuple (0: none):
       ROWS n LAG d is rows ``[i - d - n, i - d]``, RANGE t LAG d is ``[ts - d - t, ts - d]``
-      (paper 000's scope with lag δ). Incremental aggregates only; no ACTIVE EXPIRATION.
+      (Patroumpas & Sellis's scope with lag δ). Incremental aggregates only; no ACTIVE EXPIRATION.
     * ``reset_every_ms``: landmark with periodic reset: the window restarts empty (fresh
       aggregates, ESL INITIALIZE) at every multiple of it from the epoch (1 day:
       midnight UTC), i.e. the frame never reaches before ``ts // d * d``.

@@ -10,7 +10,8 @@ the query's ``post`` ops. ``next_timer`` is the next instant at which ``fire`` m
 expiry, lagged tuples entering) in the same order relative to the arrivals, and lets
 idle partitions drop state no future tuple can need.
 
-Window pieces, after the ESL paper §4-5 and paper 000's scopes:
+Window pieces, after the ESL paper §4-5 and the scopes of Patroumpas & Sellis, "Window
+Specification over Data Streams":
 
 * the frame decides which tuples enter and leave: ROWS n (overflow of n+1 rows, on
   arrival), RANGE r (tuple at ``t`` leaves at instant ``t + r``), UNBOUNDED (never), a

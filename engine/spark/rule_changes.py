@@ -1,8 +1,8 @@
 """Which rules changed since the engine last started on a lakehouse, said at start.
 
-A rules query resumes each stage's state from its checkpoint, and its stateful step
-deletes an evaluator whose stage has been removed from the rules, or whose rule has
-been edited since the evaluator was saved (`Query.definition`): that state was built by
+The engine query resumes each stage's state from its checkpoint, and its stateful step
+drops the state of a stage that has been removed from the rules, or whose rule has
+been edited since the state was saved (`Query.definition`): that state was built by
 another rule, and a stage that comes back has missed the readings in between. This
 happens inside Spark's Python workers, where nobody reads it, so the engine records the
 stages' definitions at every start (`<lakehouse>/_checkpoints/RULES.json`) and logs what
@@ -23,7 +23,7 @@ from lookout.storage import filesystem
 
 
 def rule_changes(last: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
-    """What the rules queries do differently from the last start, one message per
+    """What the engine does differently from the last start, one message per
     stage edited or removed (stage name -> definition, as `definitions` gives)."""
     messages = [
         f"rule {name!r} has been edited since the last start: its state from before "

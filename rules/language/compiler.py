@@ -280,7 +280,7 @@ def _from_window(
     """A CQL window in FROM (``S [...]``).
 
     Without a relation-to-stream operator, ``[RANGE r [SLIDE s]]`` is the WID extent
-    window (no SLIDE: a tumble), each extent's result emitted once (DESIGN §4). Under
+    window (no SLIDE: a tumble), each extent's result emitted once. Under
     ISTREAM / DSTREAM / RSTREAM the query's result is CQL's relation at every instant
     (CQL §5-6), computed by an OVER window read as a relation (plan.R2S):
     ``[RANGE r]`` tuples in ``[t - r, t]`` (leaving by active expiration at ``t + r``),

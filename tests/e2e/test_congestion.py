@@ -132,7 +132,7 @@ def replay_congestion(tmp_path: Path, stream: list[dict]) -> Replayed:
 
 
 def oracle_alerts(readings: list[dict]) -> list[tuple[int, int, float]]:
-    """(station, ts, avg_speed) by DuckDB window functions (the DESIGN §4 pins)."""
+    """(station, ts, avg_speed) by DuckDB window functions (the semantics in docs/engine.md)."""
     con = duckdb.connect()
     con.execute("CREATE TABLE r (station INT, speed DOUBLE, ts BIGINT, source VARCHAR, seq BIGINT)")
     con.executemany(

@@ -1,4 +1,4 @@
-"""Fault injection on the whole pipeline, every part a real process (issue 8): while
+"""Fault injection on the whole pipeline, every part a real process: while
 the simulator publishes, ingest and the engine are killed with SIGKILL, mosquitto is
 restarted and the dashboard is killed, each at a seeded random moment and restarted.
 Afterwards every generated reading must be stored exactly once and the alerts must be

@@ -3,7 +3,7 @@
 The landing source lists the whole landing folder in every batch, so it deletes a
 committed batch's files, or moves them to `[engine] landing_archive`, and the folder
 holds only the backlog. Readings go through a real mosquitto, the
-real ingest and the landing query in three rounds, each waited for in Delta, so each
+real ingest and the engine in three rounds, each waited for in Delta, so each
 lands in a batch of its own. A batch's files go when the next batch starts: the first
 round's files must then be gone from the landing folder (and, with an archive, be in
 it byte for byte), while every reading is in `readings_traffic` exactly once.

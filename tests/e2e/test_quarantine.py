@@ -1,7 +1,7 @@
 """Bad payloads end in the Delta `quarantine` table with a reason; nothing else is lost.
 
 Good readings (singly and in a batch that also holds bad elements) and one payload of
-every bad kind go through a real mosquitto, the real ingest and the Spark landing
+every bad kind go through a real mosquitto, the real ingest and the Spark engine
 query. Afterwards: every good reading is in `readings_traffic` exactly once, every bad
 payload (or bad batch element) is in `quarantine` with a reason that names the problem,
 and a redelivered duplicate is not stored twice.

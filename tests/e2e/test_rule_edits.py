@@ -7,7 +7,7 @@ moves down its file under a comment, `edited` gains a WHERE clause that keeps ev
 reading, `gone` is removed. The second run, on the same lakehouse, must give for
 `kept` what `lookout replay` gives over all the readings (its counts go on), and for
 `edited` what replay of the new rule gives over the second half alone (its state was
-built by another rule, so it restarts at 1); the rules query's state must hold no
+built by another rule, so it restarts at 1); the engine query's state must hold no
 evaluator of `gone` any more.
 """
 

@@ -56,7 +56,7 @@ TRAFFIC = StreamSchema(
 
 
 def congestion_plan() -> Plan:
-    """DESIGN §3: station_speed (avg over 15 min sliding by 1 min) and the congestion alert."""
+    """The congestion rule: station_speed (avg over 15 min sliding by 1 min) and its alert."""
     station_speed = StreamSchema(
         "station_speed",
         (

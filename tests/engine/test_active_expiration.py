@@ -1,4 +1,4 @@
-"""ACTIVE EXPIRATION (ESL §5.2, DESIGN §4) and Python UDAs with ``inwindow``.
+"""ACTIVE EXPIRATION (ESL §5.2) and Python UDAs with ``inwindow``.
 
 Brute-force oracle for built-ins: tuple τ at t expires at instant t + r, after every
 tuple at t + r; its output carries τ's columns and the aggregate over the tuples that

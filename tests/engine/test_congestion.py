@@ -1,4 +1,4 @@
-"""DESIGN §3's congestion rule end to end in the core (plan -> evaluator -> replay)."""
+"""The congestion rule end to end in the core (plan -> evaluator -> replay)."""
 
 from __future__ import annotations
 

@@ -188,7 +188,7 @@ def test_time_slide_keeps_last_tuple_of_each_slot(
 @SETTINGS
 @given(rows=streams(), size=st.integers(0, 20), lag=st.integers(1, 15), rows_frame=st.booleans())
 def test_lagged_frames(agg: str, rows: list, size: int, lag: int, rows_frame: bool) -> None:
-    # Paper 000's lag δ: RANGE t LAG d is [ts - d - t, ts - d], ROWS n LAG d is the rows
+    # Patroumpas & Sellis's lag δ: RANGE t LAG d is [ts - d - t, ts - d], ROWS n LAG d is the rows
     # d + n .. d before; SQL spells both as BETWEEN ... PRECEDING AND d PRECEDING.
     if rows_frame:
         n, d = size % 6, lag % 4

@@ -1,4 +1,4 @@
-"""Hypothesis strategies and property checks for fuzzing MQTT payloads (issue 8, bad input).
+"""Hypothesis strategies and property checks for fuzzing MQTT payloads (bad input).
 
 Shared by `tests/fuzz/test_payloads.py` (a moderate run in the normal suite) and
 `benchmarks/fuzz_input.py` (the long run). The strategies generate structured-but-wrong

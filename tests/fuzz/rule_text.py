@@ -1,4 +1,4 @@
-"""Hypothesis strategies and property checks for fuzzing rule text (issue 8, bad input).
+"""Hypothesis strategies and property checks for fuzzing rule text (bad input).
 
 Shared by `tests/fuzz/test_rules.py` and `benchmarks/fuzz_input.py`. Rule text comes
 from mutating the real library files (`rules/*.sql`: tokens deleted, duplicated, swapped

@@ -1,4 +1,4 @@
-"""Fuzz ingest's validation and the landing split with bad payloads (issue 8, bad input).
+"""Fuzz ingest's validation and the landing split with bad payloads.
 
 Properties (see `tests/fuzz/payloads.py`): `Validator.validate` never raises; each
 message yields readings, heartbeats and rejections covering every element; a rejection

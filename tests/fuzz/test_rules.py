@@ -1,5 +1,5 @@
 """Fuzz the rule language with mutated library files and grammar-generated text
-(issue 8, bad input): `parse_text` and `check_paths` never raise, every error is
+(bad input): `parse_text` and `check_paths` never raise, every error is
 located with a caret, and what checks clean compiles. `lookout rules check` on a few
 nasty files exits 1 with located errors and no traceback. The long run is
 `benchmarks/fuzz_input.py`.

@@ -28,7 +28,7 @@ T0 = 1_764_000_000_000  # readings' event times start here (close enough to "now
 
 
 def traffic(seq: int, source: str = "loop-1", station: int = 1) -> dict[str, Any]:
-    """One well-formed traffic reading (DESIGN §2) with a unique (source, seq)."""
+    """One well-formed traffic reading with a unique (source, seq)."""
     return {
         "station": station,
         "lane": seq % 3,

@@ -1,6 +1,6 @@
 """Detection quality: simulate, replay the rule library in arrival order, score against the truth.
 
-Shared by `tests/quality/` and `benchmarks/detection_quality.py` (issue 8).
+Shared by `tests/quality/` and `benchmarks/detection_quality.py`.
 
 The model of the live job is the pure engine replayed in arrival order: every message of
 a simulator run goes, in the order it was sent, through ingest's `Validator` and one

@@ -1,4 +1,4 @@
-"""Detection quality of the rule library against the simulators' ground truth (issue 8).
+"""Detection quality of the rule library against the simulators' ground truth.
 
 Replays simulator runs through the pure engine in arrival order (the model of the live
 job, see `tests/quality/detection.py`) and checks the targets: with disorder within the
