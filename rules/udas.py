@@ -8,6 +8,7 @@ values to emit, like ESL's `INSERT INTO RETURN`.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,25 +25,35 @@ class ItemAlarm(WindowAggregate):
     """
 
     def __init__(self) -> None:
-        # (tagid, tagtime) of items read while an authorised person was in the window.
-        self.covered: list[tuple[Any, Any]] = []
+        # (tagid, tagtime) of items read while an authorised person was in the window,
+        # and how many authorised persons' readings the window holds: counted as they
+        # come and expire, not searched for at every item (a busy door's window holds
+        # thousands of readings).
+        self.covered: Counter[tuple[Any, Any]] = Counter()
+        self.persons = 0
 
     def iterate(self, args: tuple[Any, ...], inwindow: InWindow) -> Iterable[Any]:
         """A reading arrives: clear or cover items."""
         tagid, tagtype, tagtime = args
         if tagtype == "ap":
+            self.persons += 1
             inwindow.delete(lambda t: t[1] == "item")
-        elif tagtype == "item" and any(t[1] == "ap" for t in inwindow):
-            self.covered.append((tagid, tagtime))
+        elif tagtype == "item" and self.persons:
+            self.covered[(tagid, tagtime)] += 1
         return ()
 
     def expire(self, args: tuple[Any, ...], inwindow: InWindow) -> Iterable[Any]:
         """A reading leaves the window: an item neither cleared nor covered alarms."""
         tagid, tagtype, tagtime = args
+        if tagtype == "ap":
+            self.persons -= 1
+            return ()
         if tagtype != "item":
             return ()
-        if (tagid, tagtime) in self.covered:
-            self.covered.remove((tagid, tagtime))
+        if self.covered[(tagid, tagtime)]:
+            self.covered[(tagid, tagtime)] -= 1
+            if not self.covered[(tagid, tagtime)]:
+                del self.covered[(tagid, tagtime)]
             return ()
         return ("larceny alarm",)
 
