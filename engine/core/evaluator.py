@@ -243,6 +243,23 @@ class KeyedEvaluator:
             for kept in self._pre(row):
                 self.pending.append((ts, source, seq, next(tiebreak), kept))
 
+    def insert_prepared(
+        self, key: tuple[Any, ...], entries: Sequence[tuple[int, str, int, Row]]
+    ) -> None:
+        """Buffer tuples of ``key`` the query's pre steps have already made, each as
+        (event time, source, seq of the input tuple it came from, the row), in arrival
+        order."""
+        if not entries:
+            return
+        if (oldest := min(e[0] for e in entries)) < self.watermark:
+            raise ValueError(
+                f"late tuple: ts {oldest} < watermark {self.watermark} (the runtime must divert it)"
+            )
+        if not self.source:
+            self.source = derived_source(self.stage.name, key)
+        tiebreak = self._tiebreak
+        self.pending += [(ts, source, seq, next(tiebreak), row) for ts, source, seq, row in entries]
+
     def advance(self, watermark: int) -> list[Output]:
         """Process every buffered tuple and timer strictly below ``watermark``."""
         return output_rows(self.advance_columns(watermark))

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import orjson
 import pyarrow as pa
 
+from engine.core.columnar import ops
 from engine.core.evaluator import KeyedEvaluator, Output, output_rows
 from engine.core.plan import Stage
 from engine.core.state import StateKey, StateStore
@@ -154,9 +155,16 @@ class RowRunner:
         self._wakeups: dict[Key, int] = {}
         self._fed: set[Key] = set()
         self._touched: set[Key] = set()
+        # The query's steps before its window (joins, WHERE) run over the batch's
+        # columns when they can: row by row, a lookup join builds a dict per match.
+        pre = stage.query.pre
+        self._columnar_pre = bool(pre) and ops.vectorised(pre)
 
     def insert(self, rows: pa.Table) -> None:
         if not rows.num_rows:
+            return
+        if self._columnar_pre:
+            self._insert_through_pre(rows)
             return
         key_columns = self.stage.key
         by_key: dict[Key, list[dict[str, Any]]] = {}
@@ -164,6 +172,24 @@ class RowRunner:
             by_key.setdefault(tuple(row.get(c) for c in key_columns), []).append(row)
         for key, mine in by_key.items():
             self._evaluator(key).insert_many(mine)
+            self._fed.add(key)
+
+    def _insert_through_pre(self, rows: pa.Table) -> None:
+        """:meth:`insert` with the pre steps run over columns: each kept row keeps the
+        key, event time and tie order of the input row it came from."""
+        kept, parents = ops.apply(self.stage.query.pre, rows)
+        if not kept.num_rows:
+            return
+        columns = [rows.column(c).to_pylist() for c in self.stage.key]
+        keys = list(zip(*columns, strict=True)) if columns else [()] * rows.num_rows
+        ts = rows.column(self.stage.timestamp).to_pylist()
+        sources, seqs = rows.column("source").to_pylist(), rows.column("seq").to_pylist()
+        by_key: dict[Key, list[tuple[int, str, int, dict[str, Any]]]] = {}
+        for parent, row in zip(parents.tolist(), kept.to_pylist(), strict=True):
+            entry = (ts[parent], sources[parent], seqs[parent], row)
+            by_key.setdefault(keys[parent], []).append(entry)
+        for key, entries in by_key.items():
+            self._evaluator(key).insert_prepared(key, entries)
             self._fed.add(key)
 
     def advance(self, watermark: int) -> list[SinkRows]:

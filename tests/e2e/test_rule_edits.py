@@ -13,9 +13,12 @@ evaluator of `gone` any more.
 
 from __future__ import annotations
 
+import pickle
+
 import orjson
 import pytest
 
+from engine.core.state import JOURNAL
 from lookout.replay import run_replay
 from rules.language.loader import load_rules
 from tests.e2e.test_live_equals_replay import normalised
@@ -123,14 +126,23 @@ def test_an_edited_rule_restarts_and_an_unchanged_one_resumes(
     assert normalised(live(spark, lookout_config, "edited"), stamps) == normalised(
         before["edited"] + after["edited"], stamps
     )
-    # The state store, read back with Spark's state reader: each stage's saved state.
-    heads = set()
-    for kind in ("head", "cstate"):
-        state = (
+
+    # The state store, read back with Spark's state reader: each stage's saved state,
+    # in its own entries or in the journal of the batches since the last fold.
+    def entries(kind: str) -> list:
+        return (
             spark.read.format("statestore")
             .option("stateVarName", kind)
             .load(lookout_config.table("_checkpoints/engine"))
             .collect()
         )
-        heads |= {row["user_map_key"]["name"] for row in state}
-    assert heads == {"kept", "edited"}
+
+    stored = {
+        (kind, *(row["user_map_key"][f] for f in ("name", "key", "number")))
+        for kind in ("head", "cstate")
+        for row in entries(kind)
+    }
+    for row in sorted(entries(JOURNAL), key=lambda r: r["user_map_key"]["number"]):
+        for key, value in pickle.loads(row["user_map_value"]["data"]).items():
+            (stored.add if value is not None else stored.discard)(key)
+    assert {key[1] for key in stored if key[0] in ("head", "cstate")} == {"kept", "edited"}
