@@ -127,20 +127,33 @@ class IncidentTracker:
         (``key_columns`` None)."""
         if not rows.num_rows:
             return
-        ts = rows.column(self.timestamp).to_numpy(zero_copy_only=False)
-        if keys is None:
-            columns = [rows.column(c).to_pylist() for c in self.key_columns or ()]
-            keys = (
-                [key_json(tuple(k)) for k in zip(*columns, strict=True)]
-                if columns
-                else [key_json(())] * rows.num_rows
-            )
         if self._clear is not None:
             kept = self._cleared(rows)
-            ts, keys = ts[kept], [keys[i] for i in kept]
-        for key, instant in zip(keys, ts.tolist(), strict=True):
-            self._state(key).observed.add(instant)
-            self._fed.add(key)
+            rows = rows.take(pa.array(kept, pa.int64()))
+            keys = None if keys is None else [keys[i] for i in kept]
+            if not rows.num_rows:
+                return
+        # Per key, not per row: a stream observed row by row (a reading each) has
+        # few keys a batch.
+        ts = rows.column(self.timestamp)
+        if keys is not None:
+            table = pa.table({"k": pa.array(keys, pa.string()), "t": ts})
+            names = ["k"]
+        else:
+            names = list(self.key_columns or ())
+            table = rows.select(names).append_column("t", ts) if names else pa.table({"t": ts})
+        if not names:
+            self._observe(key_json(()), table.column("t").to_pylist())
+            return
+        grouped = table.group_by(names, use_threads=False).aggregate([("t", "list")])
+        instants = grouped.column("t_list").to_pylist()
+        columns = [grouped.column(n).to_pylist() for n in names]
+        for values, times in zip(zip(*columns, strict=True), instants, strict=True):
+            self._observe(values[0] if keys is not None else key_json(values), times)
+
+    def _observe(self, key: str, instants: list[int]) -> None:
+        self._state(key).observed.update(instants)
+        self._fed.add(key)
 
     def _cleared(self, rows: pa.Table) -> np.ndarray:
         """The indexes of the rows that come out of the clear steps (each once)."""
