@@ -135,6 +135,25 @@ class DashboardConfig:
 
 
 @dataclass(frozen=True)
+class AlertmanagerConfig:
+    """Where incidents are routed: an Alertmanager's v2 API, fed by `lookout notify`."""
+
+    enabled: bool = True
+    # `lookout demo` starts its own Alertmanager here when nothing listens yet.
+    url: str = "http://127.0.0.1:9820"
+    # The notifier reads the incidents table this often, and posts firing incidents
+    # again every resend_seconds (Prometheus' resend delay); each says it ends 4
+    # resends later, so Alertmanager resolves an incident whose notifier has gone.
+    poll_seconds: float = 2.0
+    resend_seconds: float = 60.0
+    # A failed post is retried after poll_seconds, doubling up to this.
+    max_backoff_seconds: float = 60.0
+    timeout_seconds: float = 10.0
+    # Each alert's link back (generatorURL); empty: the dashboard at [dashboard]'s address.
+    dashboard_url: str = ""
+
+
+@dataclass(frozen=True)
 class RulesConfig:
     """Where the rules are, and what they may reach beyond their folders' own files
     (`rules.language.access`)."""
@@ -161,6 +180,7 @@ class Config:
     engine: EngineConfig = EngineConfig()
     dashboard: DashboardConfig = DashboardConfig()
     s3: S3Config = S3Config()
+    alertmanager: AlertmanagerConfig = AlertmanagerConfig()
 
     @property
     def landing(self) -> str:
@@ -232,6 +252,11 @@ _LIMITS: dict[tuple[str, str], _Limit] = {
     ("rules", "user_path"): _NOT_EMPTY,
     ("rules", "max_table_bytes"): _POSITIVE,
     ("mqtt", "host"): _NOT_EMPTY,
+    ("alertmanager", "url"): _NOT_EMPTY,
+    ("alertmanager", "poll_seconds"): _POSITIVE,
+    ("alertmanager", "resend_seconds"): _POSITIVE,
+    ("alertmanager", "max_backoff_seconds"): _POSITIVE,
+    ("alertmanager", "timeout_seconds"): _POSITIVE,
     ("mqtt", "port"): _PORT,
     ("mqtt", "qos"): _Limit(lambda qos: qos in (0, 1, 2), "(0, 1 or 2)"),
     # 0 ms or 0 messages would make the landing loop spin without ever waiting.
