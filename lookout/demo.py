@@ -2,7 +2,8 @@
 
 Start order matters for losing nothing: the broker first, then ingest (whose persistent
 session must exist before the first reading is published), then the engine, the
-simulator and the dashboard. If any part dies, the demo says which and shows the end of
+simulator and the dashboard. Alertmanager starts with the broker; the notifier, which
+posts incidents to it, with ingest. If any part dies, the demo says which and shows the end of
 its log, then stops the rest.
 """
 
