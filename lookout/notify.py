@@ -90,7 +90,7 @@ def to_alert(incident: dict[str, Any], now: datetime, config: Config) -> dict[st
         },
         "startsAt": rfc3339(incident["opened_at"]),
         "endsAt": rfc3339(ends),
-        "generatorURL": f"{dashboard_url(config)}/alerts?incident={incident['incident_id']}",
+        "generatorURL": f"{dashboard_url(config)}/?incident={incident['incident_id']}",
     }
 
 
@@ -144,7 +144,10 @@ class Notifier:
             r
             for r in rows
             if r["resolved_at"] is None
-            and clock - self.sent_at.get(r["incident_id"], -resend) >= resend
+            and (
+                r["incident_id"] not in self.sent_at
+                or clock - self.sent_at[r["incident_id"]] >= resend
+            )
         ]
         # An announced incident the table no longer has (a lakehouse moved aside) cannot
         # be described any more.
@@ -194,8 +197,11 @@ class Notifier:
         while not stop.is_set():
             try:
                 ok = self.poll()
-            except OSError as err:  # the lakehouse unreadable for a moment
-                log.warning("reading the incidents failed, will retry: %s", err)
+            except Exception:
+                # The lakehouse unreadable for a moment, a file vacuumed under a read, the
+                # table replaced: the notifier must outlive them. Open the table afresh.
+                log.exception("reading the incidents failed, will retry")
+                self._table = None
                 ok = False
             self.failures = 0 if ok else min(self.failures + 1, 16)
             stop.wait(self.delay())

@@ -123,7 +123,7 @@ def test_firing_and_resolved_arrive_as_prometheus_would_post_them(
     assert alert["annotations"]["message"] == "station 3 slow"
     assert alert["annotations"]["incident_id"] == incident(3, 0)["incident_id"]
     assert alert["startsAt"].startswith("2026-01-01T00:00:00")
-    assert alert["generatorURL"].startswith("http://127.0.0.1:8501/alerts?incident=")
+    assert alert["generatorURL"].startswith("http://127.0.0.1:8501/?incident=")
 
     write_incidents(config, [incident(3, 0, resolved_s=120)])
     wait_for(lambda: has(webhook, ("3", "resolved")), 20, "the resolved notification")
