@@ -69,6 +69,10 @@ class IngestConfig:
     # Where ingest lands (empty: <lakehouse>/_landing); s3://bucket/prefix for object
     # storage, reached as [s3] says.
     landing_url: str = ""
+    # Prometheus metrics of `lookout ingest` at http://metrics_address:metrics_port/metrics
+    # (0: none; several ingesters on one machine each need a port of their own).
+    metrics_address: str = "127.0.0.1"
+    metrics_port: int = 9811
     # [ingest.streams.<name>]: the clock limits of the streams that differ from the above.
     streams: Mapping[str, StreamClock] = field(default_factory=dict)
 
@@ -273,6 +277,8 @@ _LIMITS: dict[tuple[str, str], _Limit] = {
     ("engine", "trigger_seconds"): _NOT_NEGATIVE,  # 0: Spark's "next batch at once"
     ("engine", "compact_every_seconds"): _NOT_NEGATIVE,  # 0: never compact
     ("engine", "compact_min_files"): _POSITIVE,
+    ("ingest", "metrics_address"): _NOT_EMPTY,
+    ("ingest", "metrics_port"): _Limit(lambda port: 0 <= port <= 65535, "(0: none, or a port)"),
     ("engine", "metrics_address"): _NOT_EMPTY,
     ("engine", "metrics_port"): _Limit(lambda port: 0 <= port <= 65535, "(0: none, or a port)"),
     ("dashboard", "address"): _NOT_EMPTY,
