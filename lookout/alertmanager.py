@@ -142,7 +142,12 @@ class Alertmanager:
 
     def start(self, timeout: float = 20.0) -> Alertmanager:
         """Start Alertmanager and wait until it is ready."""
-        exe = shutil.which(BINARY) or shutil.which("alertmanager") or f"/usr/bin/{BINARY}"
+        exe = shutil.which(BINARY) or shutil.which("alertmanager")
+        if exe is None:
+            raise RuntimeError(
+                f"no {BINARY} on PATH: install Debian's package of that name (./run does), "
+                "or set [alertmanager] enabled = false"
+            )
         conf = self.write_config()
         log = open(self.log_file, "ab")  # noqa: SIM115 - the child keeps it open
         # A session of its own, like the broker: `lookout demo` stops it after its users.
