@@ -35,8 +35,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
-from deltalake import DeltaTable
+from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
 
 from lookout.alertmanager import AlertmanagerError, request, rfc3339
@@ -127,10 +126,17 @@ class Notifier:
                 return []  # the engine has not made it yet
         else:
             self._table.update_incremental()
-        wanted = pc.field("resolved_at").is_null()
+        # DataFusion rather than a pyarrow dataset filter: the engine's merges write
+        # string_view columns, which pyarrow cannot compare with a string value set.
+        wanted = "resolved_at IS NULL"
         if self.announced:
-            wanted = wanted | pc.field("incident_id").isin(pa.array(sorted(self.announced)))
-        return self._table.to_pyarrow_dataset().to_table(filter=wanted).to_pylist()
+            ids = ", ".join("'" + i.replace("'", "''") + "'" for i in sorted(self.announced))
+            wanted += f" OR incident_id IN ({ids})"
+        builder = QueryBuilder().register("incidents", self._table)
+        reader = pa.RecordBatchReader.from_stream(
+            builder.execute(f"SELECT * FROM incidents WHERE {wanted}")
+        )
+        return reader.read_all().to_pylist()
 
     def poll(self) -> bool:
         """Read the table once and post what is due; False when the post failed (the

@@ -4,6 +4,7 @@ as the engine leaves it (no Spark)."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -12,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltalake import write_deltalake
 
 from engine import tables
 from engine.alerts import incident_id
@@ -29,6 +29,7 @@ from tests.waiting import wait_for
 
 GROUP_INTERVAL = 3.0
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z, in ms
+_batches = itertools.count()
 
 
 @pytest.fixture
@@ -81,9 +82,15 @@ def incident(station: int, opened_s: int, resolved_s: int | None = None) -> dict
 
 
 def write_incidents(config: Config, rows: list[dict[str, Any]]) -> None:
-    """The table holding `rows` (each incident's latest state), in a new version."""
-    write_deltalake(
-        config.table("incidents"), tables.ms_table(rows, tables.INCIDENTS), mode="overwrite"
+    """Merge `rows` (each incident's latest state) into the table as the engine's batches
+    do (`engine.tables.merge_files`, by incident id)."""
+    location = config.table("incidents")
+    tables.ensure_table(location, tables.INCIDENTS)
+    data = tables.ms_table(rows, tables.INCIDENTS)
+    batch = next(_batches)
+    files = [tables.write_data_file("incidents", location, data)]
+    assert tables.merge_files(
+        location, tables.INCIDENTS, files, *tables.MERGED["incidents"], "test-engine", batch
     )
 
 
