@@ -181,15 +181,18 @@ class Notifier:
                 return False
             # Refused as malformed: sending it again cannot help.
             log.error("Alertmanager refused %d incidents: %s", len(alerts), err)
+        # Only the firing incidents still need a resend time.
+        still = {r["incident_id"] for r in rows if r["resolved_at"] is None}
+        self.sent_at = {i: t for i, t in self.sent_at.items() if i in still}
         for r in firing:
             self.sent_at[r["incident_id"]] = clock
         if resolved:
-            done = {r["incident_id"] for r in resolved}
-            self.announced -= done
-            for incident in done:
-                self.sent_at.pop(incident, None)
+            self.announced -= {r["incident_id"] for r in resolved}
             self._save()
-        log.info("posted %d firing and %d resolved incidents", len(firing), len(resolved))
+        # New and resolved incidents are news; the periodic resends are not.
+        level = logging.INFO if new or resolved else logging.DEBUG
+        log.log(level, "posted %d firing (%d new) and %d resolved incidents",
+                len(firing), len(new), len(resolved))  # fmt: skip
         return True
 
     def delay(self) -> float:
