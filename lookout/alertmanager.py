@@ -50,7 +50,7 @@ def request(base_url: str, method: str, path: str, body: Any = None, timeout: fl
     except urllib.error.HTTPError as err:
         detail = err.read().decode(errors="replace").strip()
         raise AlertmanagerError(f"{method} {path}: HTTP {err.code}: {detail}", err.code) from err
-    except (OSError, TimeoutError) as err:
+    except OSError as err:  # refused, unreachable, timed out
         raise AlertmanagerError(f"{method} {path}: {base_url} unreachable: {err}") from err
     return json.loads(text) if text.strip() else None
 
