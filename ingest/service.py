@@ -21,6 +21,8 @@ from lookout.services import load_rule_set
 from lookout.storage import is_object_store
 from rules.language.loader import RuleCheckError, RuleSet
 
+log = logging.getLogger("lookout.ingest")
+
 
 def build_ingester(
     config: Config,
@@ -108,6 +110,14 @@ def run(
     except ConfigError as err:
         print(f"ingest: the configuration cannot be used:\n{err}", file=sys.stderr)
         return 2
+    if config.ingest.metrics_port:
+        from ingest.metrics import serve
+
+        try:
+            serve(config.ingest.metrics_address, config.ingest.metrics_port)
+        except OSError as err:  # ingest runs on; only its metrics are missing
+            log.warning("no metrics: %s:%d: %s", config.ingest.metrics_address,
+                        config.ingest.metrics_port, err)  # fmt: skip
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: ingester.stop())
     ingester.run()

@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import paho.mqtt.client as mqtt
 from paho.mqtt.client import PUBACK
 
+from ingest import metrics
 from ingest.heartbeats import SilenceHeartbeats
 from ingest.landing import LandingWriter
 from ingest.object_store import ObjectStore
@@ -186,6 +187,7 @@ class Ingester:
             SilenceHeartbeats(round(heartbeat_after_s * 1000)) if heartbeat_after_s else None
         )
         self.stats = IngestStats(ingester=ingester_id)
+        metrics.watch(self.stats)
         self._pending: list[_Message] = []
         self._wake = threading.Condition()
         self._stopping = threading.Event()
@@ -366,7 +368,11 @@ class Ingester:
         delay = LANDING_RETRY_FIRST_S
         while True:
             try:
+                started = time.perf_counter()
                 self.stats.files += len(self.writer.flush())
+                metrics.FLUSH_SECONDS.labels(self.stats.ingester).observe(
+                    time.perf_counter() - started
+                )
                 break
             except OSError as err:
                 error = f"landing failed: {err}"

@@ -99,6 +99,7 @@ def _cluster(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command registered."""
     from ingest.service import add_arguments as add_ingest_arguments
+    from lookout.alerting_cli import register as register_alerting
     from rules.language.cli import register as register_rules
     from simulators.cli import register as register_simulate
 
@@ -164,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_rules(commands)
     register_simulate(commands)
+    register_alerting(commands)
     return parser
 
 

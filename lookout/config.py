@@ -69,6 +69,10 @@ class IngestConfig:
     # Where ingest lands (empty: <lakehouse>/_landing); s3://bucket/prefix for object
     # storage, reached as [s3] says.
     landing_url: str = ""
+    # Prometheus metrics of `lookout ingest` at http://metrics_address:metrics_port/metrics
+    # (0: none; several ingesters on one machine each need a port of their own).
+    metrics_address: str = "127.0.0.1"
+    metrics_port: int = 9811
     # [ingest.streams.<name>]: the clock limits of the streams that differ from the above.
     streams: Mapping[str, StreamClock] = field(default_factory=dict)
 
@@ -135,6 +139,25 @@ class DashboardConfig:
 
 
 @dataclass(frozen=True)
+class AlertmanagerConfig:
+    """Where incidents are routed: an Alertmanager's v2 API, fed by `lookout notify`."""
+
+    enabled: bool = True
+    # `lookout demo` starts its own Alertmanager here when nothing listens yet.
+    url: str = "http://127.0.0.1:9820"
+    # The notifier reads the incidents table this often, and posts firing incidents
+    # again every resend_seconds (Prometheus' resend delay); each says it ends 4
+    # resends later, so Alertmanager resolves an incident whose notifier has gone.
+    poll_seconds: float = 2.0
+    resend_seconds: float = 60.0
+    # A failed post is retried after poll_seconds, doubling up to this.
+    max_backoff_seconds: float = 60.0
+    timeout_seconds: float = 10.0
+    # Each alert's link back (generatorURL); empty: the dashboard at [dashboard]'s address.
+    dashboard_url: str = ""
+
+
+@dataclass(frozen=True)
 class RulesConfig:
     """Where the rules are, and what they may reach beyond their folders' own files
     (`rules.language.access`)."""
@@ -161,6 +184,7 @@ class Config:
     engine: EngineConfig = EngineConfig()
     dashboard: DashboardConfig = DashboardConfig()
     s3: S3Config = S3Config()
+    alertmanager: AlertmanagerConfig = AlertmanagerConfig()
 
     @property
     def landing(self) -> str:
@@ -232,6 +256,11 @@ _LIMITS: dict[tuple[str, str], _Limit] = {
     ("rules", "user_path"): _NOT_EMPTY,
     ("rules", "max_table_bytes"): _POSITIVE,
     ("mqtt", "host"): _NOT_EMPTY,
+    ("alertmanager", "url"): _NOT_EMPTY,
+    ("alertmanager", "poll_seconds"): _POSITIVE,
+    ("alertmanager", "resend_seconds"): _POSITIVE,
+    ("alertmanager", "max_backoff_seconds"): _POSITIVE,
+    ("alertmanager", "timeout_seconds"): _POSITIVE,
     ("mqtt", "port"): _PORT,
     ("mqtt", "qos"): _Limit(lambda qos: qos in (0, 1, 2), "(0, 1 or 2)"),
     # 0 ms or 0 messages would make the landing loop spin without ever waiting.
@@ -248,6 +277,8 @@ _LIMITS: dict[tuple[str, str], _Limit] = {
     ("engine", "trigger_seconds"): _NOT_NEGATIVE,  # 0: Spark's "next batch at once"
     ("engine", "compact_every_seconds"): _NOT_NEGATIVE,  # 0: never compact
     ("engine", "compact_min_files"): _POSITIVE,
+    ("ingest", "metrics_address"): _NOT_EMPTY,
+    ("ingest", "metrics_port"): _Limit(lambda port: 0 <= port <= 65535, "(0: none, or a port)"),
     ("engine", "metrics_address"): _NOT_EMPTY,
     ("engine", "metrics_port"): _Limit(lambda port: 0 <= port <= 65535, "(0: none, or a port)"),
     ("dashboard", "address"): _NOT_EMPTY,

@@ -2,7 +2,8 @@
 
 Start order matters for losing nothing: the broker first, then ingest (whose persistent
 session must exist before the first reading is published), then the engine, the
-simulator and the dashboard. If any part dies, the demo says which and shows the end of
+simulator and the dashboard. Alertmanager starts with the broker; the notifier, which
+posts incidents to it, with ingest. If any part dies, the demo says which and shows the end of
 its log, then stops the rest.
 """
 
@@ -21,7 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from lookout.alertmanager import Alertmanager, WebhookLog, ready
 from lookout.broker import Broker, port_is_open
 from lookout.config import Config
 from lookout.health import engine_running, read_health
@@ -122,6 +125,38 @@ def local_broker(config: Config) -> Broker:
     )
 
 
+def local_alertmanager(config: Config, webhook_url: str) -> Alertmanager:
+    """The shipped Alertmanager on `[alertmanager] url`'s loopback address and port, its
+    state in .lookout/alertmanager, its one receiver the webhook at `webhook_url`."""
+    where = urlsplit(config.alertmanager.url)
+    if where.hostname not in ("127.0.0.1", "localhost", "::1"):
+        raise RuntimeError(
+            f"[alertmanager] url {config.alertmanager.url} is not on this machine's loopback: "
+            "Lookout starts its own Alertmanager only there"
+        )
+    return Alertmanager(
+        where.hostname, where.port or 9820, (STATE / "alertmanager").resolve(), webhook_url
+    )
+
+
+def start_alerting(config: Config) -> tuple[Alertmanager | None, WebhookLog | None]:
+    """The demo's Alertmanager and the webhook receiver that logs its notifications to
+    .lookout/logs/notifications.jsonl, unless one already answers at `[alertmanager] url`
+    (or routing is off): then (None, None)."""
+    if not config.alertmanager.enabled:
+        _say("not routing incidents ([alertmanager] enabled = false)")
+        return None, None
+    if ready(config.alertmanager.url):
+        _say(f"posting incidents to the Alertmanager at {config.alertmanager.url}")
+        return None, None
+    log_path = (STATE / "logs" / "notifications.jsonl").resolve()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    webhook = WebhookLog(log_path=log_path).start()
+    manager = local_alertmanager(config, webhook.url).start()
+    _say(f"Alertmanager on {manager.url}; its notifications go to {log_path}")
+    return manager, webhook
+
+
 def run_broker(config: Config) -> int:
     """`lookout broker`: run the local broker until Ctrl-C (or SIGTERM)."""
     broker = local_broker(config)
@@ -176,6 +211,13 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
         if broker is not None:
             broker.stop()
         return 1
+    try:
+        manager, webhook = start_alerting(config)
+    except RuntimeError as err:
+        _say(str(err))
+        if broker is not None:
+            broker.stop()
+        return 1
     mqtt = ["--host", config.mqtt.host, "--port", str(config.mqtt.port)]
     parts = [
         Part("ingest", lookout_argv("ingest"), logs / "ingest.log"),
@@ -199,6 +241,8 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
         ),
         Part("dashboard", lookout_argv("dashboard"), logs / "dashboard.log"),
     ]
+    # The notifier reads the incidents table on its own schedule: it needs no engine yet.
+    notifier = Part("notifier", lookout_argv("notify"), logs / "notify.log")
     stopping = False
 
     def on_signal(_signum: int, _frame: object) -> None:
@@ -211,7 +255,8 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
     try:
         ingest, engine, simulator, dashboard = parts
         since_ms = int(time.time() * 1000)
-        for part in (ingest, engine):
+        first = (ingest, engine, notifier) if config.alertmanager.enabled else (ingest, engine)
+        for part in first:
             part.start(env)
             started.append(part)
         _say("waiting for ingest to subscribe (logs in .lookout/logs/)")
@@ -262,5 +307,9 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
         _say("stopping")
         for part in reversed(started):
             part.stop()
+        if manager is not None:
+            manager.stop()
+        if webhook is not None:
+            webhook.stop()
         if broker is not None:
             broker.stop()
