@@ -95,7 +95,12 @@ def window_lines(spec: ast.WindowSpec, relation: bool = False) -> list[str]:
                 f"is emitted when the watermark reaches {_clock(end)}"
             )
         return lines
-    if spec.kind == "rows":
+    if spec.kind == "rows" and spec.rows is None:
+        lines.append(
+            f"count-based landmark window{per}: each tuple with every tuple before it "
+            "(ties in time ordered by source and sequence number; later ties excluded)"
+        )
+    elif spec.kind == "rows":
         lines.append(f"count-based window{per}: each tuple with the {spec.rows} before it")
     elif spec.kind == "partition_rows":
         lines.append(f"partitioned window: the last {spec.rows} tuples{per}")

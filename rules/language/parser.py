@@ -461,7 +461,9 @@ class _Build(Transformer[Token, Any]):
         return ast.WindowSpec("rows", "over", _pos(children[0]), rows=int(children[1]))
 
     def frame_rows_unbounded(self, children: list[Any]) -> ast.WindowSpec:
-        return ast.WindowSpec("unbounded", "over", _pos(children[0]))
+        # A physical frame of every row so far: ROWS with no count, not a RANGE landmark
+        # (a later row with the same timestamp is not in it).
+        return ast.WindowSpec("rows", "over", _pos(children[0]))
 
     def frame_range(self, children: list[Any]) -> ast.WindowSpec:
         return self._window("range", "over", children[0], children[3:], range_ms=children[1][0])

@@ -77,7 +77,8 @@ def test_over_window_forms() -> None:
     assert _over("RANGE 5 SECONDS PRECEDING ACTIVE EXPIRATION").active_expiration
     assert _over("RANGE 10 MINUTES PRECEDING LAG 1 MINUTE").lag_ms == 60_000
     assert _over("RANGE UNBOUNDED PRECEDING").kind == "unbounded"
-    assert _over("ROWS UNBOUNDED PRECEDING").kind == "unbounded"
+    rows_unbounded = _over("ROWS UNBOUNDED PRECEDING")  # physical: ROWS with no count
+    assert (rows_unbounded.kind, rows_unbounded.rows) == ("rows", None)
     assert _over("RANGE UNBOUNDED PRECEDING RESET EVERY 1 DAY").reset_ms == 86_400_000
     since = _over("RANGE SINCE TIMESTAMP '2026-01-01T00:00:00Z'")
     assert (since.kind, since.lower_ms) == ("since", 1_767_225_600_000)
