@@ -33,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from engine.core.chunks import ChunkReader
+from engine.core.grouped import RowsGroupOperator
 from engine.core.plan import (
     END_OF_TIME,
     R2S,
@@ -42,6 +43,7 @@ from engine.core.plan import (
     Query,
     RelationWindow,
     RowOps,
+    RowsGroupWindow,
     Stage,
     compile_ops,
 )
@@ -156,12 +158,17 @@ class KeyedEvaluator:
             | ExtentOperator
             | PaneExtentOperator
             | RelationOperator
+            | RowsGroupOperator
             | StatelessOperator
         )
         relation = stage.query.r2s is not None  # an OVER window read as a CQL relation
         # A relation window's results are the query's final rows (it ran `post` itself).
         self._final = isinstance(window, RelationWindow)
-        if isinstance(window, RelationWindow):
+        if isinstance(window, RowsGroupWindow):
+            if stage.query.r2s is None:
+                raise ValueError("a grouped ROWS window needs ISTREAM, DSTREAM or RSTREAM")
+            self.operator = RowsGroupOperator(window)
+        elif isinstance(window, RelationWindow):
             if stage.query.r2s is None:
                 raise ValueError("a relation window needs ISTREAM, DSTREAM or RSTREAM")
             self.operator = RelationOperator(window, stage.query.r2s, stage.query.post)

@@ -16,14 +16,15 @@ Contract (read by ``rules/language`` and ``engine/spark``; changes here are addi
   window (:class:`OverWindow` for ``agg OVER (...)``,
   :class:`ExtentWindow` for ``FROM s [RANGE r SLIDE s] GROUP BY ...``,
   :class:`RelationWindow` for a CQL window of raw tuples under ISTREAM / DSTREAM /
-  RSTREAM), then stateless
+  RSTREAM, :class:`RowsGroupWindow` for a grouped CQL ``[ROWS n]``), then stateless
   ``post`` ops (the ``SELECT`` list as a :class:`Project`, ``HAVING`` as a
   :class:`Filter`), optionally a CQL relation-to-stream operator (:class:`R2S`), and
   writes to its :class:`Sink`.
 * The row a window hands to ``post`` is: for :class:`OverWindow`, the input row (or the
   expiring row, for outputs of active expiration) plus one entry per aggregate alias;
   for :class:`ExtentWindow`, the ``group_by`` columns, the aggregate aliases and the
-  pseudo-columns ``window_start`` / ``window_end``; a :class:`RelationWindow` hands
+  pseudo-columns ``window_start`` / ``window_end``; for :class:`RowsGroupWindow`, the
+  ``group_by`` columns and the aliases; a :class:`RelationWindow` hands
   ``post`` each tuple of the window (and applies the relation-to-stream operator to
   ``post``'s rows itself).
 * Event time travels with every output row outside its columns (``Output.ts`` in
@@ -332,6 +333,31 @@ class RelationWindow:
     partition_by: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class RowsGroupWindow:
+    """A CQL tuple-based window grouped by any columns: ``FROM s [ROWS n] GROUP BY g``
+    or ``FROM s [PARTITION BY p ROWS n] GROUP BY g`` with aggregates, under ISTREAM /
+    DSTREAM / RSTREAM (CQL §6.1.2-6.1.3, then SQL's GROUP BY over the window's relation).
+
+    W(τ) is the last ``rows`` tuples with ts ≤ τ in (ts, source, seq) order, of the
+    stream or of each ``partition_by`` value; R(τ) is one row per ``group_by`` value with
+    tuples in W(τ): the group columns and one entry per aggregate alias, handed to
+    ``post``. R changes at the instants with arrivals (a tuple's group gains it, the
+    group of the tuple it pushes out loses that one). Incremental aggregates only.
+    """
+
+    aggregates: tuple[AggCall, ...]
+    rows: int
+    partition_by: tuple[str, ...] = ()
+    group_by: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """The evaluators' key: the partition columns when each group lies inside one
+        partition (they are among the group columns), else one evaluator holds all."""
+        return self.partition_by if set(self.partition_by) <= set(self.group_by) else ()
+
+
 class R2S(StrEnum):
     """CQL relation-to-stream operators (CQL §5.1) over a windowed query's relation R, one
     per partition/group (its rows after ``post``), which changes only at some instants:
@@ -343,7 +369,8 @@ class R2S(StrEnum):
       ``[PARTITION BY k ROWS n]``, ``[RANGE UNBOUNDED]`` with ``GROUP BY k`` compile
       (an OVER window partitioned by k, selecting k and the aggregates);
     * :class:`RelationWindow`: R(τ) is the rows of the window's tuples at τ (see there;
-      the window applies the operator itself).
+      the window applies the operator itself);
+    * :class:`RowsGroupWindow`: R(τ) is every group's row at each instant with arrivals.
 
     * ``RSTREAM``: all of R at every change (CQL streams R at every instant; between
       changes those copies repeat, so one per change is kept).
@@ -382,7 +409,7 @@ class Query:
     sink: Sink
     input: str
     pre: tuple[StatelessOp, ...] = ()
-    window: OverWindow | ExtentWindow | RelationWindow | None = None
+    window: OverWindow | ExtentWindow | RelationWindow | RowsGroupWindow | None = None
     post: tuple[StatelessOp, ...] = ()
     r2s: R2S | None = None
     branch: int = 0
@@ -406,6 +433,8 @@ class Query:
             return self.window.partition_by
         if isinstance(self.window, ExtentWindow):
             return self.window.group_by
+        if isinstance(self.window, RowsGroupWindow):
+            return self.window.key
         return ()
 
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.core import plan
+from engine.core.aggregates import IncrementalAggregate
 from rules.language import ast
 from rules.language.access import Access
 from rules.language.ast import Pos
@@ -276,7 +277,7 @@ def _from_window(
     group_by: tuple[str, ...],
     aggs: tuple[plan.AggCall, ...],
     keys: RowKeys,
-) -> plan.OverWindow | plan.ExtentWindow | plan.RelationWindow | None:
+) -> plan.OverWindow | plan.ExtentWindow | plan.RelationWindow | plan.RowsGroupWindow | None:
     """A CQL window in FROM (``S [...]``).
 
     Without a relation-to-stream operator, ``[RANGE r [SLIDE s]]`` is the WID extent
@@ -342,10 +343,19 @@ def _from_window(
             aggs, plan.FrameUnits.RANGE, None, group_by, reset_every_ms=spec.reset_ms
         )
     assert spec.rows is not None
-    keys = tuple(p.name for p in spec.partition)
-    if set(group_by) != set(keys):
-        raise Unsupported(spec.pos, f"{what} with GROUP BY other than its partition columns")
-    return plan.OverWindow(aggs, plan.FrameUnits.ROWS, spec.rows - 1, keys)
+    partition = tuple(p.name for p in spec.partition)
+    if set(group_by) == set(partition):
+        # One group per partition: the partition's OVER window, its last tuple's row.
+        return plan.OverWindow(aggs, plan.FrameUnits.ROWS, spec.rows - 1, partition)
+    for use in sel.aggregates:
+        cls = use.uda.cls if use.uda is not None else None
+        if cls is not None and not issubclass(cls, IncrementalAggregate):
+            # A group's tuples leave when other groups' tuples arrive: only aggregates
+            # that retract can follow that.
+            raise Unsupported(
+                use.call.pos, f"the ESL-shaped aggregate '{use.call.name}' over {what} grouped"
+            )
+    return plan.RowsGroupWindow(aggs, spec.rows, partition, group_by)
 
 
 def _band_filter(spec: ast.WindowSpec, ts: str | None) -> list[plan.Filter]:
@@ -452,7 +462,8 @@ def _require_selected(
 
 
 def _r2s(
-    select: ast.Select, window: plan.OverWindow | plan.ExtentWindow | plan.RelationWindow | None
+    select: ast.Select,
+    window: plan.OverWindow | plan.ExtentWindow | plan.RelationWindow | plan.RowsGroupWindow | None,
 ) -> plan.R2S | None:
     """ISTREAM / DSTREAM / RSTREAM over the query's relation (see plan.R2S)."""
     if select.r2s is None:
@@ -600,7 +611,9 @@ def _compile_select(
         # GROUP BY without aggregates over a window (SELECT DISTINCT): a group's row is in
         # the relation while the group has tuples, i.e. while a hidden count(*) runs.
         agg_calls = (plan.AggCall("count", (), "__group_rows"),)
-    window: plan.OverWindow | plan.ExtentWindow | plan.RelationWindow | None = None
+    window: (
+        plan.OverWindow | plan.ExtentWindow | plan.RelationWindow | plan.RowsGroupWindow | None
+    ) = None
     over = next((u.call.over for u in sel.aggregates if u.call.over is not None), None)
     if sel.window is not None:
         window = _from_window(sel, sel.window, group_by, agg_calls, keys)

@@ -21,6 +21,7 @@ from engine.core.plan import (
     Project,
     Query,
     RelationWindow,
+    RowsGroupWindow,
     Sink,
     SinkKind,
 )
@@ -77,6 +78,8 @@ WINDOWS = [
     (RelationWindow(FrameUnits.RANGE, range_ms=12, lag_ms=5), R2S.DSTREAM),
     (RelationWindow(FrameUnits.RANGE, range_ms=30, slide_ms=20), R2S.RSTREAM),
     (RelationWindow(FrameUnits.ROWS, rows=2, partition_by=("station",)), R2S.ISTREAM),
+    (RowsGroupWindow((AggCall("sum", (col("speed"),), "v"),), 3, (), ("station",)), R2S.DSTREAM),
+    (RowsGroupWindow((AggCall("max", (col("speed"),), "v"),), 2, ("station",)), R2S.RSTREAM),
 ]
 
 
@@ -85,6 +88,11 @@ def plan_for(window: Any) -> Plan:
     a relation-to-stream operator, as a (window, R2S) pair)."""
     if isinstance(window, tuple) and isinstance(window[0], RelationWindow):
         post = (Project((("station", col("station")), ("speed", col("speed")))),)
+        query = Query(Sink("out", SinkKind.STREAM), "traffic", window=window[0], post=post)
+        plan = Plan({"traffic": TRAFFIC}, (replace(query, r2s=window[1]),))
+    elif isinstance(window, tuple) and isinstance(window[0], RowsGroupWindow):
+        columns = [(c, col(c)) for c in window[0].group_by] + [("v", col("v"))]
+        post = (Project(tuple(columns)),)
         query = Query(Sink("out", SinkKind.STREAM), "traffic", window=window[0], post=post)
         plan = Plan({"traffic": TRAFFIC}, (replace(query, r2s=window[1]),))
     elif isinstance(window, OverWindow):
