@@ -39,6 +39,7 @@ from engine.core.plan import (
     R2S,
     ExtentWindow,
     OverWindow,
+    OverWindows,
     Project,
     Query,
     RelationWindow,
@@ -47,6 +48,7 @@ from engine.core.plan import (
     Stage,
     compile_ops,
 )
+from engine.core.several import SeveralOverOperator
 from engine.core.windows import (
     ExtentColumns,
     ExtentOperator,
@@ -159,12 +161,17 @@ class KeyedEvaluator:
             | PaneExtentOperator
             | RelationOperator
             | RowsGroupOperator
+            | SeveralOverOperator
             | StatelessOperator
         )
         relation = stage.query.r2s is not None  # an OVER window read as a CQL relation
         # A relation window's results are the query's final rows (it ran `post` itself).
         self._final = isinstance(window, RelationWindow)
-        if isinstance(window, RowsGroupWindow):
+        if isinstance(window, OverWindows):
+            if stage.query.r2s is not None:
+                raise ValueError("several OVER windows are not read as a relation")
+            self.operator = SeveralOverOperator(window)
+        elif isinstance(window, RowsGroupWindow):
             if stage.query.r2s is None:
                 raise ValueError("a grouped ROWS window needs ISTREAM, DSTREAM or RSTREAM")
             self.operator = RowsGroupOperator(window)

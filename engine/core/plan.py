@@ -13,14 +13,15 @@ Contract (read by ``rules/language`` and ``engine/spark``; changes here are addi
   compiled queries, one per ``CREATE STREAM ... AS`` / ``CREATE ALERT ... AS``
   statement. A :class:`Query` reads one stream, applies stateless ``pre`` ops (joins
   with reference tables as :class:`LookupJoin`, then the SQL ``WHERE``), at most one
-  window (:class:`OverWindow` for ``agg OVER (...)``,
+  window (:class:`OverWindow` for ``agg OVER (...)``, :class:`OverWindows` for several,
   :class:`ExtentWindow` for ``FROM s [RANGE r SLIDE s] GROUP BY ...``,
   :class:`RelationWindow` for a CQL window of raw tuples under ISTREAM / DSTREAM /
   RSTREAM, :class:`RowsGroupWindow` for a grouped CQL ``[ROWS n]``), then stateless
   ``post`` ops (the ``SELECT`` list as a :class:`Project`, ``HAVING`` as a
   :class:`Filter`), optionally a CQL relation-to-stream operator (:class:`R2S`), and
   writes to its :class:`Sink`.
-* The row a window hands to ``post`` is: for :class:`OverWindow`, the input row (or the
+* The row a window hands to ``post`` is: for :class:`OverWindow` (and
+  :class:`OverWindows`), the input row (or the
   expiring row, for outputs of active expiration) plus one entry per aggregate alias;
   for :class:`ExtentWindow`, the ``group_by`` columns, the aggregate aliases and the
   pseudo-columns ``window_start`` / ``window_end``; for :class:`RowsGroupWindow`, the
@@ -264,7 +265,7 @@ class OverWindow:
       landmark, UNTIL alone an upper-bounded one (frozen after it), both a fixed band.
       Every input tuple still gets its output row (empty window: count 0, others NULL).
 
-    All aggregates of one SELECT share one OverWindow (one window spec per query).
+    The aggregates of one SELECT with this spec share it (several specs: OverWindows).
     """
 
     aggregates: tuple[AggCall, ...]
@@ -278,6 +279,27 @@ class OverWindow:
     reset_every_ms: int | None = None
     since_ms: int | None = None
     until_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class OverWindows:
+    """Several data-driven windows in one SELECT (SQL:2003: each ``OVER`` its own
+    frame): ``avg(v) OVER (ROWS 3 PRECEDING) AS a, max(v) OVER (PARTITION BY k RANGE 1
+    MINUTE PRECEDING) AS m``. One output per input tuple: the input row plus every
+    window's aliases, each read over that window's own frame and partition. Aggregates
+    with one spec share one :class:`OverWindow` (one frame evaluated once). No SLIDE or
+    ACTIVE EXPIRATION (which outputs exist would be one window's choice), incremental
+    aggregates only (exactly one value per tuple).
+    """
+
+    windows: tuple[OverWindow, ...]
+
+    @property
+    def partition_by(self) -> tuple[str, ...]:
+        """The evaluators' key: the partition columns every window has (each window
+        keeps its further partitions inside the evaluator)."""
+        first, *rest = self.windows
+        return tuple(c for c in first.partition_by if all(c in w.partition_by for w in rest))
 
 
 @dataclass(frozen=True)
@@ -409,7 +431,7 @@ class Query:
     sink: Sink
     input: str
     pre: tuple[StatelessOp, ...] = ()
-    window: OverWindow | ExtentWindow | RelationWindow | RowsGroupWindow | None = None
+    window: OverWindow | OverWindows | ExtentWindow | RelationWindow | RowsGroupWindow | None = None
     post: tuple[StatelessOp, ...] = ()
     r2s: R2S | None = None
     branch: int = 0
@@ -429,7 +451,7 @@ class Query:
     @property
     def key(self) -> tuple[str, ...]:
         """Partition-key columns of the input stream (empty: one evaluator in all)."""
-        if isinstance(self.window, OverWindow | RelationWindow):
+        if isinstance(self.window, OverWindow | OverWindows | RelationWindow):
             return self.window.partition_by
         if isinstance(self.window, ExtentWindow):
             return self.window.group_by

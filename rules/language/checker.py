@@ -596,15 +596,17 @@ class Checker:
                 expr_pos(info.select.group_by[0]),
                 "GROUP BY cannot be combined with OVER windows; use PARTITION BY",
             )
-        for spec in overs[1:]:
-            if _window_key(spec) != _window_key(overs[0]):
-                self.error(
-                    file,
-                    spec.pos,
-                    "all OVER windows of one SELECT must be the same "
-                    "(one window per query); compute this aggregate "
-                    "in a stream of its own",
-                )
+        if len({window_key(spec) for spec in overs}) > 1:
+            for spec in overs:
+                if spec.slide_rows or spec.slide_ms or spec.active_expiration:
+                    # Which tuples have outputs (a slide's yield tuples, an expiration's
+                    # instants) is one window's choice, not the SELECT's.
+                    self.error(
+                        file,
+                        spec.modifier_pos or spec.pos,
+                        "a SELECT with several OVER windows cannot SLIDE or use ACTIVE "
+                        "EXPIRATION; compute this aggregate in a stream of its own",
+                    )
         if info.stream is not None:
             for spec in overs:
                 self._window(file, spec, info.stream)
@@ -725,7 +727,7 @@ def _union_timestamp(selects: list[SelectInfo]) -> str | None:
     return first
 
 
-def _window_key(spec: ast.WindowSpec) -> tuple[object, ...]:
+def window_key(spec: ast.WindowSpec) -> tuple[object, ...]:
     """A window's meaning, without positions."""
     return (
         spec.kind,

@@ -30,6 +30,7 @@ from rules.language.checker import (
     describe,
     expr_pos,
     plain_columns,
+    window_key,
 )
 from rules.language.errors import RuleError, make_error
 from rules.language.tables import TableLoadError, load_table
@@ -271,6 +272,32 @@ def _over_window(spec: ast.WindowSpec, aggs: tuple[plan.AggCall, ...]) -> plan.O
     )
 
 
+def _over_windows(
+    sel: SelectInfo, aggs: tuple[plan.AggCall, ...]
+) -> plan.OverWindow | plan.OverWindows:
+    """The SELECT's ``agg OVER (...)`` calls: one OverWindow, or one per distinct window
+    spec (the aggregates of one spec share its frame, evaluated once)."""
+    first = next(u.call.over for u in sel.aggregates if u.call.over is not None)
+    specs: dict[tuple[object, ...], tuple[ast.WindowSpec, list[plan.AggCall]]] = {}
+    for use, call in zip(sel.aggregates, aggs, strict=True):
+        spec = use.call.over or first  # a non-blocking UDA without OVER shares the first
+        specs.setdefault(window_key(spec), (spec, []))[1].append(call)
+    windows = tuple(_over_window(spec, tuple(calls)) for spec, calls in specs.values())
+    if len(windows) == 1:
+        return windows[0]
+    if sel.select.r2s is not None:
+        raise Unsupported(sel.select.pos, f"{sel.select.r2s}(...) of several OVER windows")
+    for use in sel.aggregates:
+        cls = use.uda.cls if use.uda is not None else None
+        if cls is not None and not issubclass(cls, IncrementalAggregate):
+            # Each window gives exactly one value per tuple only with incremental
+            # aggregates; an ESL-shaped one may emit none or several.
+            raise Unsupported(
+                use.call.pos, f"the ESL-shaped aggregate '{use.call.name}' next to other windows"
+            )
+    return plan.OverWindows(windows)
+
+
 def _from_window(
     sel: SelectInfo,
     spec: ast.WindowSpec,
@@ -463,7 +490,12 @@ def _require_selected(
 
 def _r2s(
     select: ast.Select,
-    window: plan.OverWindow | plan.ExtentWindow | plan.RelationWindow | plan.RowsGroupWindow | None,
+    window: plan.OverWindow
+    | plan.OverWindows
+    | plan.ExtentWindow
+    | plan.RelationWindow
+    | plan.RowsGroupWindow
+    | None,
 ) -> plan.R2S | None:
     """ISTREAM / DSTREAM / RSTREAM over the query's relation (see plan.R2S)."""
     if select.r2s is None:
@@ -612,13 +644,18 @@ def _compile_select(
         # the relation while the group has tuples, i.e. while a hidden count(*) runs.
         agg_calls = (plan.AggCall("count", (), "__group_rows"),)
     window: (
-        plan.OverWindow | plan.ExtentWindow | plan.RelationWindow | plan.RowsGroupWindow | None
+        plan.OverWindow
+        | plan.OverWindows
+        | plan.ExtentWindow
+        | plan.RelationWindow
+        | plan.RowsGroupWindow
+        | None
     ) = None
     over = next((u.call.over for u in sel.aggregates if u.call.over is not None), None)
     if sel.window is not None:
         window = _from_window(sel, sel.window, group_by, agg_calls, keys)
     elif over is not None:
-        window = _over_window(over, agg_calls)
+        window = _over_windows(sel, agg_calls)
     elif agg_calls:
         # A non-blocking UDA without a window (ESL §3): it sees the whole history of its
         # GROUP BY group, i.e. an unbounded window partitioned by the grouping columns.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from rules.language import ast
-from rules.language.checker import Catalog, QueryInfo, Relation, SelectInfo
+from rules.language.checker import Catalog, QueryInfo, Relation, SelectInfo, window_key
 
 # Sample instants are shown from this origin: an hour after a midnight, so sample
 # frames reaching back stay on one day.
@@ -191,10 +191,23 @@ def _select_lines(catalog: Catalog, sel: SelectInfo) -> list[str]:
     keys = [k.name for k in sel.select.group_by if isinstance(k, ast.Column)]
     overs = [u.call.over for u in sel.aggregates if u.call.over is not None]
     spec = sel.window or (overs[0] if overs else None)
+    distinct = list({window_key(o): o for o in overs}.values())
     if spec is not None:
-        keys = keys or [p.name for p in spec.partition]
+        # Several OVER windows are keyed by the partition columns they all have.
+        shared = [p.name for p in spec.partition]
+        for other in distinct[1:]:
+            shared = [c for c in shared if c in {p.name for p in other.partition}]
+        keys = keys or shared
     lines.append(f"keys: {', '.join(keys) if keys else '(none: one group)'}")
-    if spec is None:
+    if sel.window is None and len(distinct) > 1:
+        for one in distinct:
+            calls = [
+                u.call.name
+                for u in sel.aggregates
+                if u.call.over is not None and window_key(u.call.over) == window_key(one)
+            ]
+            lines.append(f"window of {', '.join(calls)}: " + "\n".join(window_lines(one, False)))
+    elif spec is None:
         lines.append("window: none (one output per input tuple)")
     else:
         relation = sel.select.r2s is not None
