@@ -246,13 +246,6 @@ class Checker:
                 stmt.order_by.pos,
                 f"type mismatch: ORDER BY column '{ts}' is {columns[ts]}, not TIMESTAMP",
             )
-        if stmt.slack_ms <= 0:
-            self.error(
-                stmt.file,
-                stmt.pos,
-                "SLACK must be positive (a 0 slack drops every "
-                "reading that is even slightly out of order)",
-            )
         if self._claim(stmt, "stream"):
             self.catalog.relations[stmt.name.name] = Relation(
                 stmt.name.name, "stream", columns, ts, stmt, stmt.slack_ms, stmt.source
