@@ -33,7 +33,7 @@ _TERMINAL_WORDS = {
     "INT": "a whole number",
     "DECIMAL": "a number",
     "STRING": "a quoted string",
-    "UNIT": "a time unit (SECONDS, MINUTES, HOURS, DAYS)",
+    "UNIT": "a time unit (MILLISECONDS, SECONDS, MINUTES, HOURS, DAYS)",
     "COMP_OP": "a comparison",
     "ADD_OP": "'+' or '-'",
     "MUL_OP": "'*', '/' or '%'",

@@ -75,3 +75,18 @@ def test_explain_says_how_incidents_resolve(
 def test_explain_unknown_name(capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(["rules", "explain", "nope"]) == 1
     assert "no stream, alert, table or aggregate named 'nope'" in capsys.readouterr().err
+
+
+def test_explain_exits_non_zero_when_the_rules_have_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rules = tmp_path / "r.sql"
+    rules.write_text(
+        TRAFFIC + "CREATE STREAM fast AS SELECT station, ts FROM traffic WHERE speed > 30;\n"
+        "CREATE STREAM s AS SELECT station, sped FROM traffic;\n"
+    )
+    # The stream that checks is still explained; the status says the file does not.
+    assert _run(["rules", "explain", "fast", "--rules", str(rules)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.startswith("fast: derived stream")
+    assert "unknown column 'sped'" in captured.err

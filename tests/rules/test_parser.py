@@ -178,7 +178,7 @@ def test_create_table_and_aggregate() -> None:
         (
             "CREATE STREAM y AS SELECT avg(a) OVER (RANGE 5 PRECEDING) AS v FROM b;",
             "1:48",
-            "syntax error: unexpected 'PRECEDING'; expected a time unit",
+            "syntax error: unexpected 'PRECEDING'; expected a time unit (MILLISECONDS, SECONDS",
         ),
         (
             "CREATE STREAM y AS SELECT a FROM b WHERE a = $;",
