@@ -37,6 +37,9 @@ TYPE_ALIASES = {
     "TIMESTAMP": "TIMESTAMP",
 }
 NUMERIC = {"INT", "BIGINT", "DOUBLE"}
+UNKNOWN = "UNKNOWN"
+"""The type of a column whose definition has an error already reported: whatever reads
+it is not checked against it (one mistake, one error)."""
 PSEUDO_COLUMNS = ("window_start", "window_end")
 # Built-in aggregates whose argument must be a number.
 NUMERIC_AGGREGATES = {"sum", "avg", "var", "stddev"}
@@ -208,7 +211,7 @@ class Checker:
             if col.name.name in columns:
                 self.error(file, col.name.pos, f"duplicate column '{col.name.name}'")
             else:
-                columns[col.name.name] = typ or "STRING"
+                columns[col.name.name] = typ or UNKNOWN
         return columns
 
     # -- statements
@@ -537,7 +540,7 @@ class Checker:
                             file, info, seen, name, typ, ast.Column(name, None, item.pos), item.pos
                         )
                 continue
-            typ = ctx.type_of(item.expr) or "STRING"
+            typ = ctx.type_of(item.expr) or UNKNOWN
             if item.alias is not None:
                 name = item.alias.name
             elif isinstance(item.expr, ast.Column):
@@ -775,7 +778,13 @@ def expr_pos(expr: ast.Expr) -> Pos:
 
 
 def _compatible(a: str, b: str) -> bool:
-    return a == b or "NULL" in (a, b) or (a in NUMERIC and b in NUMERIC)
+    return a == b or "NULL" in (a, b) or UNKNOWN in (a, b) or (a in NUMERIC and b in NUMERIC)
+
+
+def _known_type(typ: str) -> str | None:
+    """A column's type for typing what reads it; None (nothing more to report) for a
+    column whose own definition was in error."""
+    return None if typ == UNKNOWN else typ
 
 
 def _numeric_result(a: str, b: str) -> str:
@@ -843,7 +852,7 @@ class _Ctx:
             for src, rel in self.scope:
                 if src.label == col.qualifier:
                     if col.name in rel.columns:
-                        return rel.columns[col.name]
+                        return _known_type(rel.columns[col.name])
                     self.err(
                         col.pos,
                         f"unknown column '{col.name}' in '{rel.name}'; it has "
@@ -862,7 +871,7 @@ class _Ctx:
             )
             return None
         if found:
-            return found[0][1].columns[col.name]
+            return _known_type(found[0][1].columns[col.name])
         if col.name in PSEUDO_COLUMNS and self.pseudo:
             return "TIMESTAMP"
         if not self.scope:

@@ -324,6 +324,30 @@ def test_duplicate_names_across_files(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("select", "reason"),
+    [
+        ("station, ts, speed AS v, lane AS w FROM trafic", "unknown stream 'trafic'"),
+        ("station, ts, speed AS v, sped AS w FROM traffic", "unknown column 'sped'"),
+    ],
+)
+def test_one_mistake_one_error(tmp_path: Path, select: str, reason: str) -> None:
+    """What reads a stream whose definition is in error is not checked against what the
+    error left unknown: no type mismatches with its columns, no missing timestamp."""
+    text = (
+        TRAFFIC
+        + f"CREATE STREAM s AS SELECT {select};\n"
+        + (
+            "CREATE ALERT a SEVERITY warning MESSAGE 'at {station}: {v}' AS SELECT station, ts, v\n"
+            "  FROM s WHERE v < 15 AND station = 3 AND w > 3;\n"
+            "CREATE STREAM t AS SELECT station, count(*) AS n, window_end FROM s [RANGE 1 MINUTE]\n"
+            "  GROUP BY station;\n"
+        )
+    )
+    _, errors = check_text(tmp_path, text)
+    assert [reason in e.message for e in errors] == [True], [e.format() for e in errors]
+
+
 def test_library_checks_clean() -> None:
     assert [e.format() for e in check_paths([RULES_DIR])] == []
 
