@@ -195,6 +195,29 @@ def test_create_table_and_aggregate() -> None:
             "1:43",
             "syntax error: unexpected 'SINCE'; expected one of a whole number or UNBOUNDED",
         ),
+        (  # the ';' belongs after the source's topic, not before the next CREATE
+            "CREATE STREAM x (a INT) ORDER BY a SLACK 2 SECONDS SOURCE 'x--y' -- the topic\n"
+            "\n"
+            "CREATE STREAM y AS SELECT a FROM x;",
+            "1:65",
+            "syntax error: missing ';' at the end of this statement (the next one begins at "
+            "line 3)",
+        ),
+        (
+            "CREATE STREAM y AS SELECT a b, c FROM x;",
+            "1:28",
+            "syntax error: probably a missing ',' here, before 'b'",
+        ),
+        (
+            "CREATE AGGREGATE f(a INT b INT) RETURNS INT LANGUAGE PYTHON AS 'm:C';",
+            "1:25",
+            "syntax error: probably a missing ',' here, before 'b'",
+        ),
+        (  # at most five expectations, punctuation first
+            "CREATE STREAM y AS SELECT a FROM b WHERE a ] 1;",
+            "1:44",
+            "syntax error: unexpected ']'; expected one of ';', ',', ')', an operator or 21 more",
+        ),
         (
             "CREATE STREAM y AS SELECT a FROM b [SINCE TIMESTAMP 'soon']",
             "1:53",
