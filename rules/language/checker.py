@@ -166,8 +166,9 @@ class Checker:
         # Top-level name (lower case) -> the statement declaring it first in file order.
         self._first: dict[str, ast.Statement] = {}
         self._relations: set[str] = set()  # names declared as streams or tables
-        # Derived streams whose own input is unknown: their missing timestamp is no news.
-        self._unresolved: set[str] = set()
+        # Derived streams whose definition is in error (an unknown input or output
+        # column): their columns and timestamp are unsure, so readers are not told.
+        self.unresolved: set[str] = set()
 
     # -- reporting
     def error(self, file: str, pos: Pos, message: str) -> None:
@@ -343,8 +344,14 @@ class Checker:
         if not self._claim(stmt, "stream"):
             return
         self.catalog.queries.append(QueryInfo(stmt, selects))
-        if any(sel.stream is None for sel in selects):
-            self._unresolved.add(stmt.name.name)
+        # An unknown input, or an output column in error (perhaps the misspelled
+        # timestamp): whether the stream has an event time is unknown, so readers are
+        # not told it has none.
+        if any(
+            sel.stream is None or any(typ == UNKNOWN for _, typ, _ in sel.outputs)
+            for sel in selects
+        ):
+            self.unresolved.add(stmt.name.name)
         if isinstance(stmt, ast.CreateAlert):
             self.catalog.alerts[stmt.name.name] = stmt
         else:
@@ -472,7 +479,7 @@ class Checker:
                     )
                 info.stream = rel
                 info.window = src.window
-                if rel.timestamp is None and rel.name not in self._unresolved:
+                if rel.timestamp is None and rel.name not in self.unresolved:
                     # Replay could feed it at its emission instants, but its table keeps
                     # none: live and replay would disagree, so nobody reads it.
                     self.error(
@@ -876,6 +883,8 @@ class _Ctx:
             return "TIMESTAMP"
         if not self.scope:
             return None  # FROM already reported
+        if any(rel.name in self.checker.unresolved for _, rel in self.scope):
+            return None  # its columns are unsure: the error is where it is defined
         names = ", ".join(f"'{rel.name}'" for _, rel in self.scope)
         have = ", ".join(c for _, rel in self.scope for c in rel.columns)
         hint = (

@@ -329,6 +329,8 @@ def test_duplicate_names_across_files(tmp_path: Path) -> None:
     [
         ("station, ts, speed AS v, lane AS w FROM trafic", "unknown stream 'trafic'"),
         ("station, ts, speed AS v, sped AS w FROM traffic", "unknown column 'sped'"),
+        # perhaps the timestamp, misspelled: no "s has no timestamp column" for t
+        ("station, tss, speed AS v, lane AS w FROM traffic", "unknown column 'tss'"),
     ],
 )
 def test_one_mistake_one_error(tmp_path: Path, select: str, reason: str) -> None:
