@@ -380,6 +380,10 @@ class RowsGroupWindow:
         return self.partition_by if set(self.partition_by) <= set(self.group_by) else ()
 
 
+Window = OverWindow | OverWindows | ExtentWindow | RelationWindow | RowsGroupWindow
+"""Every window a query may have."""
+
+
 class R2S(StrEnum):
     """CQL relation-to-stream operators (CQL §5.1) over a windowed query's relation R, one
     per partition/group (its rows after ``post``), which changes only at some instants:
@@ -431,7 +435,7 @@ class Query:
     sink: Sink
     input: str
     pre: tuple[StatelessOp, ...] = ()
-    window: OverWindow | OverWindows | ExtentWindow | RelationWindow | RowsGroupWindow | None = None
+    window: Window | None = None
     post: tuple[StatelessOp, ...] = ()
     r2s: R2S | None = None
     branch: int = 0

@@ -287,15 +287,18 @@ def _over_windows(
         return windows[0]
     if sel.select.r2s is not None:
         raise Unsupported(sel.select.pos, f"{sel.select.r2s}(...) of several OVER windows")
+    # Each window gives exactly one value per tuple only with incremental aggregates;
+    # an ESL-shaped one may emit none or several.
+    _require_incremental(sel, "next to other windows")
+    return plan.OverWindows(windows)
+
+
+def _require_incremental(sel: SelectInfo, where: str) -> None:
+    """Refuse the SELECT's ESL-shaped Python aggregates (those that cannot retract)."""
     for use in sel.aggregates:
         cls = use.uda.cls if use.uda is not None else None
         if cls is not None and not issubclass(cls, IncrementalAggregate):
-            # Each window gives exactly one value per tuple only with incremental
-            # aggregates; an ESL-shaped one may emit none or several.
-            raise Unsupported(
-                use.call.pos, f"the ESL-shaped aggregate '{use.call.name}' next to other windows"
-            )
-    return plan.OverWindows(windows)
+            raise Unsupported(use.call.pos, f"the ESL-shaped aggregate '{use.call.name}' {where}")
 
 
 def _from_window(
@@ -304,7 +307,7 @@ def _from_window(
     group_by: tuple[str, ...],
     aggs: tuple[plan.AggCall, ...],
     keys: RowKeys,
-) -> plan.OverWindow | plan.ExtentWindow | plan.RelationWindow | plan.RowsGroupWindow | None:
+) -> plan.Window | None:
     """A CQL window in FROM (``S [...]``).
 
     Without a relation-to-stream operator, ``[RANGE r [SLIDE s]]`` is the WID extent
@@ -374,14 +377,9 @@ def _from_window(
     if set(group_by) == set(partition):
         # One group per partition: the partition's OVER window, its last tuple's row.
         return plan.OverWindow(aggs, plan.FrameUnits.ROWS, spec.rows - 1, partition)
-    for use in sel.aggregates:
-        cls = use.uda.cls if use.uda is not None else None
-        if cls is not None and not issubclass(cls, IncrementalAggregate):
-            # A group's tuples leave when other groups' tuples arrive: only aggregates
-            # that retract can follow that.
-            raise Unsupported(
-                use.call.pos, f"the ESL-shaped aggregate '{use.call.name}' over {what} grouped"
-            )
+    # A group's tuples leave when other groups' tuples arrive: only aggregates that
+    # retract can follow that.
+    _require_incremental(sel, f"over {what} grouped")
     return plan.RowsGroupWindow(aggs, spec.rows, partition, group_by)
 
 
@@ -488,15 +486,7 @@ def _require_selected(
         )
 
 
-def _r2s(
-    select: ast.Select,
-    window: plan.OverWindow
-    | plan.OverWindows
-    | plan.ExtentWindow
-    | plan.RelationWindow
-    | plan.RowsGroupWindow
-    | None,
-) -> plan.R2S | None:
+def _r2s(select: ast.Select, window: plan.Window | None) -> plan.R2S | None:
     """ISTREAM / DSTREAM / RSTREAM over the query's relation (see plan.R2S)."""
     if select.r2s is None:
         return None
@@ -643,14 +633,7 @@ def _compile_select(
         # GROUP BY without aggregates over a window (SELECT DISTINCT): a group's row is in
         # the relation while the group has tuples, i.e. while a hidden count(*) runs.
         agg_calls = (plan.AggCall("count", (), "__group_rows"),)
-    window: (
-        plan.OverWindow
-        | plan.OverWindows
-        | plan.ExtentWindow
-        | plan.RelationWindow
-        | plan.RowsGroupWindow
-        | None
-    ) = None
+    window: plan.Window | None = None
     over = next((u.call.over for u in sel.aggregates if u.call.over is not None), None)
     if sel.window is not None:
         window = _from_window(sel, sel.window, group_by, agg_calls, keys)
