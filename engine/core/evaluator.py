@@ -59,6 +59,7 @@ from engine.core.windows import (
     Result,
     Row,
     StatelessOperator,
+    bag_minus,
     extent_pane_eligible,
     pane_eligible,
 )
@@ -373,12 +374,8 @@ class KeyedEvaluator:
             self.relation, self.change = rows, None
             return
         new, old = (rows, self.relation) if self.r2s is R2S.ISTREAM else (self.relation, rows)
-        remaining = list(old)
-        for row in new:
-            if row in remaining:
-                remaining.remove(row)
-            else:
-                self._deliver(self.stage.query, ts, row, out)
+        for row in bag_minus(new, old):
+            self._deliver(self.stage.query, ts, row, out)
         self.relation, self.change = rows, None
 
     def _deliver(self, query: Query, ts: int, final: Row, out: Emitted) -> None:
