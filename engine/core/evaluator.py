@@ -33,18 +33,22 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from engine.core.chunks import ChunkReader
+from engine.core.grouped import RowsGroupOperator
 from engine.core.plan import (
     END_OF_TIME,
     R2S,
     ExtentWindow,
     OverWindow,
+    OverWindows,
     Project,
     Query,
     RelationWindow,
     RowOps,
+    RowsGroupWindow,
     Stage,
     compile_ops,
 )
+from engine.core.several import SeveralOverOperator
 from engine.core.windows import (
     ExtentColumns,
     ExtentOperator,
@@ -55,6 +59,7 @@ from engine.core.windows import (
     Result,
     Row,
     StatelessOperator,
+    bag_minus,
     extent_pane_eligible,
     pane_eligible,
 )
@@ -156,12 +161,22 @@ class KeyedEvaluator:
             | ExtentOperator
             | PaneExtentOperator
             | RelationOperator
+            | RowsGroupOperator
+            | SeveralOverOperator
             | StatelessOperator
         )
         relation = stage.query.r2s is not None  # an OVER window read as a CQL relation
         # A relation window's results are the query's final rows (it ran `post` itself).
         self._final = isinstance(window, RelationWindow)
-        if isinstance(window, RelationWindow):
+        if isinstance(window, OverWindows):
+            if stage.query.r2s is not None:
+                raise ValueError("several OVER windows are not read as a relation")
+            self.operator = SeveralOverOperator(window)
+        elif isinstance(window, RowsGroupWindow):
+            if stage.query.r2s is None:
+                raise ValueError("a grouped ROWS window needs ISTREAM, DSTREAM or RSTREAM")
+            self.operator = RowsGroupOperator(window)
+        elif isinstance(window, RelationWindow):
             if stage.query.r2s is None:
                 raise ValueError("a relation window needs ISTREAM, DSTREAM or RSTREAM")
             self.operator = RelationOperator(window, stage.query.r2s, stage.query.post)
@@ -376,12 +391,8 @@ class KeyedEvaluator:
             self.relation, self.change = rows, None
             return
         new, old = (rows, self.relation) if self.r2s is R2S.ISTREAM else (self.relation, rows)
-        remaining = list(old)
-        for row in new:
-            if row in remaining:
-                remaining.remove(row)
-            else:
-                self._deliver(self.stage.query, ts, row, out)
+        for row in bag_minus(new, old):
+            self._deliver(self.stage.query, ts, row, out)
         self.relation, self.change = rows, None
 
     def _deliver(self, query: Query, ts: int, final: Row, out: Emitted) -> None:

@@ -13,17 +13,19 @@ Contract (read by ``rules/language`` and ``engine/spark``; changes here are addi
   compiled queries, one per ``CREATE STREAM ... AS`` / ``CREATE ALERT ... AS``
   statement. A :class:`Query` reads one stream, applies stateless ``pre`` ops (joins
   with reference tables as :class:`LookupJoin`, then the SQL ``WHERE``), at most one
-  window (:class:`OverWindow` for ``agg OVER (...)``,
+  window (:class:`OverWindow` for ``agg OVER (...)``, :class:`OverWindows` for several,
   :class:`ExtentWindow` for ``FROM s [RANGE r SLIDE s] GROUP BY ...``,
   :class:`RelationWindow` for a CQL window of raw tuples under ISTREAM / DSTREAM /
-  RSTREAM), then stateless
+  RSTREAM, :class:`RowsGroupWindow` for a grouped CQL ``[ROWS n]``), then stateless
   ``post`` ops (the ``SELECT`` list as a :class:`Project`, ``HAVING`` as a
   :class:`Filter`), optionally a CQL relation-to-stream operator (:class:`R2S`), and
   writes to its :class:`Sink`.
-* The row a window hands to ``post`` is: for :class:`OverWindow`, the input row (or the
+* The row a window hands to ``post`` is: for :class:`OverWindow` (and
+  :class:`OverWindows`), the input row (or the
   expiring row, for outputs of active expiration) plus one entry per aggregate alias;
   for :class:`ExtentWindow`, the ``group_by`` columns, the aggregate aliases and the
-  pseudo-columns ``window_start`` / ``window_end``; a :class:`RelationWindow` hands
+  pseudo-columns ``window_start`` / ``window_end``; for :class:`RowsGroupWindow`, the
+  ``group_by`` columns and the aliases; a :class:`RelationWindow` hands
   ``post`` each tuple of the window (and applies the relation-to-stream operator to
   ``post``'s rows itself).
 * Event time travels with every output row outside its columns (``Output.ts`` in
@@ -263,7 +265,7 @@ class OverWindow:
       landmark, UNTIL alone an upper-bounded one (frozen after it), both a fixed band.
       Every input tuple still gets its output row (empty window: count 0, others NULL).
 
-    All aggregates of one SELECT share one OverWindow (one window spec per query).
+    The aggregates of one SELECT with this spec share it (several specs: OverWindows).
     """
 
     aggregates: tuple[AggCall, ...]
@@ -277,6 +279,27 @@ class OverWindow:
     reset_every_ms: int | None = None
     since_ms: int | None = None
     until_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class OverWindows:
+    """Several data-driven windows in one SELECT (SQL:2003: each ``OVER`` its own
+    frame): ``avg(v) OVER (ROWS 3 PRECEDING) AS a, max(v) OVER (PARTITION BY k RANGE 1
+    MINUTE PRECEDING) AS m``. One output per input tuple: the input row plus every
+    window's aliases, each read over that window's own frame and partition. Aggregates
+    with one spec share one :class:`OverWindow` (one frame evaluated once). No SLIDE or
+    ACTIVE EXPIRATION (which outputs exist would be one window's choice), incremental
+    aggregates only (exactly one value per tuple).
+    """
+
+    windows: tuple[OverWindow, ...]
+
+    @property
+    def partition_by(self) -> tuple[str, ...]:
+        """The evaluators' key: the partition columns every window has (each window
+        keeps its further partitions inside the evaluator)."""
+        first, *rest = self.windows
+        return tuple(c for c in first.partition_by if all(c in w.partition_by for w in rest))
 
 
 @dataclass(frozen=True)
@@ -332,6 +355,35 @@ class RelationWindow:
     partition_by: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class RowsGroupWindow:
+    """A CQL tuple-based window grouped by any columns: ``FROM s [ROWS n] GROUP BY g``
+    or ``FROM s [PARTITION BY p ROWS n] GROUP BY g`` with aggregates, under ISTREAM /
+    DSTREAM / RSTREAM (CQL §6.1.2-6.1.3, then SQL's GROUP BY over the window's relation).
+
+    W(τ) is the last ``rows`` tuples with ts ≤ τ in (ts, source, seq) order, of the
+    stream or of each ``partition_by`` value; R(τ) is one row per ``group_by`` value with
+    tuples in W(τ): the group columns and one entry per aggregate alias, handed to
+    ``post``. R changes at the instants with arrivals (a tuple's group gains it, the
+    group of the tuple it pushes out loses that one). Incremental aggregates only.
+    """
+
+    aggregates: tuple[AggCall, ...]
+    rows: int
+    partition_by: tuple[str, ...] = ()
+    group_by: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """The evaluators' key: the partition columns when each group lies inside one
+        partition (they are among the group columns), else one evaluator holds all."""
+        return self.partition_by if set(self.partition_by) <= set(self.group_by) else ()
+
+
+Window = OverWindow | OverWindows | ExtentWindow | RelationWindow | RowsGroupWindow
+"""Every window a query may have."""
+
+
 class R2S(StrEnum):
     """CQL relation-to-stream operators (CQL §5.1) over a windowed query's relation R, one
     per partition/group (its rows after ``post``), which changes only at some instants:
@@ -343,7 +395,8 @@ class R2S(StrEnum):
       ``[PARTITION BY k ROWS n]``, ``[RANGE UNBOUNDED]`` with ``GROUP BY k`` compile
       (an OVER window partitioned by k, selecting k and the aggregates);
     * :class:`RelationWindow`: R(τ) is the rows of the window's tuples at τ (see there;
-      the window applies the operator itself).
+      the window applies the operator itself);
+    * :class:`RowsGroupWindow`: R(τ) is every group's row at each instant with arrivals.
 
     * ``RSTREAM``: all of R at every change (CQL streams R at every instant; between
       changes those copies repeat, so one per change is kept).
@@ -382,7 +435,7 @@ class Query:
     sink: Sink
     input: str
     pre: tuple[StatelessOp, ...] = ()
-    window: OverWindow | ExtentWindow | RelationWindow | None = None
+    window: Window | None = None
     post: tuple[StatelessOp, ...] = ()
     r2s: R2S | None = None
     branch: int = 0
@@ -402,10 +455,12 @@ class Query:
     @property
     def key(self) -> tuple[str, ...]:
         """Partition-key columns of the input stream (empty: one evaluator in all)."""
-        if isinstance(self.window, OverWindow | RelationWindow):
+        if isinstance(self.window, OverWindow | OverWindows | RelationWindow):
             return self.window.partition_by
         if isinstance(self.window, ExtentWindow):
             return self.window.group_by
+        if isinstance(self.window, RowsGroupWindow):
+            return self.window.key
         return ()
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -1190,7 +1190,7 @@ class RelationOperator:
         old = [row for rows in left for row in rows]
         if self.r2s is R2S.DSTREAM:
             new, old = old, new
-        return [(now, row) for row in _bag_minus(new, old)]
+        return [(now, row) for row in bag_minus(new, old)]
 
     def next_timer(self) -> int | None:
         """The next instant where a waiting tuple enters or a member leaves."""
@@ -1218,19 +1218,31 @@ class RelationOperator:
         self.waiting, self.members = deque(waiting), deque(members)
 
 
-def _bag_minus(rows: list[Row], other: list[Row]) -> list[Row]:
+def bag_minus(rows: list[Row], other: list[Row]) -> list[Row]:
     """``rows`` minus ``other`` as bags (one copy of ``other`` cancels one of ``rows``),
-    the survivors in their order."""
+    the survivors in their order. Linear when the values hash (a relation of many
+    groups is diffed at every change), else by comparison."""
     if not other or not rows:
         return rows
-    remaining = list(other)
-    kept = []
-    for row in rows:
-        if row in remaining:
-            remaining.remove(row)
-        else:
-            kept.append(row)
-    return kept
+    try:
+        counts = Counter(tuple(row.items()) for row in other)
+        kept = []
+        for row in rows:
+            key = tuple(row.items())
+            if counts[key]:
+                counts[key] -= 1
+            else:
+                kept.append(row)
+        return kept
+    except TypeError:  # an unhashable value (a Python aggregate's list, say)
+        remaining = list(other)
+        kept = []
+        for row in rows:
+            if row in remaining:
+                remaining.remove(row)
+            else:
+                kept.append(row)
+        return kept
 
 
 def _check_relation(window: RelationWindow) -> None:

@@ -108,6 +108,7 @@ class WindowSpec:
 
     kind is one of:
       rows       ROWS n PRECEDING / [ROWS n]             (count-based; n = rows)
+                 ROWS UNBOUNDED PRECEDING                (every row so far; rows = None)
       partition_rows  [PARTITION BY k ROWS n]             (CQL partitioned window)
       range      RANGE t PRECEDING / [RANGE t]           (time-based; range_ms)
       unbounded  RANGE UNBOUNDED PRECEDING / [RANGE UNBOUNDED]  (landmark from the

@@ -37,6 +37,9 @@ TYPE_ALIASES = {
     "TIMESTAMP": "TIMESTAMP",
 }
 NUMERIC = {"INT", "BIGINT", "DOUBLE"}
+UNKNOWN = "UNKNOWN"
+"""The type of a column whose definition has an error already reported: whatever reads
+it is not checked against it (one mistake, one error)."""
 PSEUDO_COLUMNS = ("window_start", "window_end")
 # Built-in aggregates whose argument must be a number.
 NUMERIC_AGGREGATES = {"sum", "avg", "var", "stddev"}
@@ -163,8 +166,9 @@ class Checker:
         # Top-level name (lower case) -> the statement declaring it first in file order.
         self._first: dict[str, ast.Statement] = {}
         self._relations: set[str] = set()  # names declared as streams or tables
-        # Derived streams whose own input is unknown: their missing timestamp is no news.
-        self._unresolved: set[str] = set()
+        # Derived streams whose definition is in error (an unknown input or output
+        # column): their columns and timestamp are unsure, so readers are not told.
+        self.unresolved: set[str] = set()
 
     # -- reporting
     def error(self, file: str, pos: Pos, message: str) -> None:
@@ -208,7 +212,7 @@ class Checker:
             if col.name.name in columns:
                 self.error(file, col.name.pos, f"duplicate column '{col.name.name}'")
             else:
-                columns[col.name.name] = typ or "STRING"
+                columns[col.name.name] = typ or UNKNOWN
         return columns
 
     # -- statements
@@ -245,13 +249,6 @@ class Checker:
                 stmt.file,
                 stmt.order_by.pos,
                 f"type mismatch: ORDER BY column '{ts}' is {columns[ts]}, not TIMESTAMP",
-            )
-        if stmt.slack_ms <= 0:
-            self.error(
-                stmt.file,
-                stmt.pos,
-                "SLACK must be positive (a 0 slack drops every "
-                "reading that is even slightly out of order)",
             )
         if self._claim(stmt, "stream"):
             self.catalog.relations[stmt.name.name] = Relation(
@@ -347,8 +344,14 @@ class Checker:
         if not self._claim(stmt, "stream"):
             return
         self.catalog.queries.append(QueryInfo(stmt, selects))
-        if any(sel.stream is None for sel in selects):
-            self._unresolved.add(stmt.name.name)
+        # An unknown input, or an output column in error (perhaps the misspelled
+        # timestamp): whether the stream has an event time is unknown, so readers are
+        # not told it has none.
+        if any(
+            sel.stream is None or any(typ == UNKNOWN for _, typ, _ in sel.outputs)
+            for sel in selects
+        ):
+            self.unresolved.add(stmt.name.name)
         if isinstance(stmt, ast.CreateAlert):
             self.catalog.alerts[stmt.name.name] = stmt
         else:
@@ -476,7 +479,7 @@ class Checker:
                     )
                 info.stream = rel
                 info.window = src.window
-                if rel.timestamp is None and rel.name not in self._unresolved:
+                if rel.timestamp is None and rel.name not in self.unresolved:
                     # Replay could feed it at its emission instants, but its table keeps
                     # none: live and replay would disagree, so nobody reads it.
                     self.error(
@@ -544,7 +547,7 @@ class Checker:
                             file, info, seen, name, typ, ast.Column(name, None, item.pos), item.pos
                         )
                 continue
-            typ = ctx.type_of(item.expr) or "STRING"
+            typ = ctx.type_of(item.expr) or UNKNOWN
             if item.alias is not None:
                 name = item.alias.name
             elif isinstance(item.expr, ast.Column):
@@ -596,15 +599,17 @@ class Checker:
                 expr_pos(info.select.group_by[0]),
                 "GROUP BY cannot be combined with OVER windows; use PARTITION BY",
             )
-        for spec in overs[1:]:
-            if _window_key(spec) != _window_key(overs[0]):
-                self.error(
-                    file,
-                    spec.pos,
-                    "all OVER windows of one SELECT must be the same "
-                    "(one window per query); compute this aggregate "
-                    "in a stream of its own",
-                )
+        if len({window_key(spec) for spec in overs}) > 1:
+            for spec in overs:
+                if spec.slide_rows or spec.slide_ms or spec.active_expiration:
+                    # Which tuples have outputs (a slide's yield tuples, an expiration's
+                    # instants) is one window's choice, not the SELECT's.
+                    self.error(
+                        file,
+                        spec.modifier_pos or spec.pos,
+                        "a SELECT with several OVER windows cannot SLIDE or use ACTIVE "
+                        "EXPIRATION; compute this aggregate in a stream of its own",
+                    )
         if info.stream is not None:
             for spec in overs:
                 self._window(file, spec, info.stream)
@@ -725,7 +730,7 @@ def _union_timestamp(selects: list[SelectInfo]) -> str | None:
     return first
 
 
-def _window_key(spec: ast.WindowSpec) -> tuple[object, ...]:
+def window_key(spec: ast.WindowSpec) -> tuple[object, ...]:
     """A window's meaning, without positions."""
     return (
         spec.kind,
@@ -780,7 +785,13 @@ def expr_pos(expr: ast.Expr) -> Pos:
 
 
 def _compatible(a: str, b: str) -> bool:
-    return a == b or "NULL" in (a, b) or (a in NUMERIC and b in NUMERIC)
+    return a == b or "NULL" in (a, b) or UNKNOWN in (a, b) or (a in NUMERIC and b in NUMERIC)
+
+
+def _known_type(typ: str) -> str | None:
+    """A column's type for typing what reads it; None (nothing more to report) for a
+    column whose own definition was in error."""
+    return None if typ == UNKNOWN else typ
 
 
 def _numeric_result(a: str, b: str) -> str:
@@ -848,7 +859,7 @@ class _Ctx:
             for src, rel in self.scope:
                 if src.label == col.qualifier:
                     if col.name in rel.columns:
-                        return rel.columns[col.name]
+                        return _known_type(rel.columns[col.name])
                     self.err(
                         col.pos,
                         f"unknown column '{col.name}' in '{rel.name}'; it has "
@@ -867,11 +878,13 @@ class _Ctx:
             )
             return None
         if found:
-            return found[0][1].columns[col.name]
+            return _known_type(found[0][1].columns[col.name])
         if col.name in PSEUDO_COLUMNS and self.pseudo:
             return "TIMESTAMP"
         if not self.scope:
             return None  # FROM already reported
+        if any(rel.name in self.checker.unresolved for _, rel in self.scope):
+            return None  # its columns are unsure: the error is where it is defined
         names = ", ".join(f"'{rel.name}'" for _, rel in self.scope)
         have = ", ".join(c for _, rel in self.scope for c in rel.columns)
         hint = (

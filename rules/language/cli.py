@@ -39,13 +39,14 @@ def _explain(args: argparse.Namespace) -> int:
     analysis = analyse(args.rules or config.rule_paths, config.rule_policy)
     for error in analysis.errors:
         print(error.format(), file=sys.stderr)
-    # Explain what can be explained even if other rules have errors.
+    # Explain what can be explained even if other rules have errors, and still say
+    # (by the exit status) that the rules do not check.
     text = explain(analysis.catalog, args.name)
     if text is None:
         print(f"no stream, alert, table or aggregate named '{args.name}'", file=sys.stderr)
         return 1
     print(text)
-    return 0
+    return 1 if analysis.errors else 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -60,7 +61,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="rule files or folders (default: the configured rule library and user rules)",
     )
     check.set_defaults(func=_check)
-    expl = sub.add_parser("explain", help="explain a rule's streams, keys, windows, outputs")
+    expl = sub.add_parser(
+        "explain",
+        help="explain a rule's streams, keys, windows, outputs; exit 1 if the rules have errors",
+    )
     expl.add_argument("name", metavar="NAME")
     expl.add_argument(
         "--rules",

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.core import plan
+from engine.core.aggregates import IncrementalAggregate
 from rules.language import ast
 from rules.language.access import Access
 from rules.language.ast import Pos
@@ -29,6 +30,7 @@ from rules.language.checker import (
     describe,
     expr_pos,
     plain_columns,
+    window_key,
 )
 from rules.language.errors import RuleError, make_error
 from rules.language.tables import TableLoadError, load_table
@@ -270,13 +272,42 @@ def _over_window(spec: ast.WindowSpec, aggs: tuple[plan.AggCall, ...]) -> plan.O
     )
 
 
+def _over_windows(
+    sel: SelectInfo, aggs: tuple[plan.AggCall, ...]
+) -> plan.OverWindow | plan.OverWindows:
+    """The SELECT's ``agg OVER (...)`` calls: one OverWindow, or one per distinct window
+    spec (the aggregates of one spec share its frame, evaluated once)."""
+    first = next(u.call.over for u in sel.aggregates if u.call.over is not None)
+    specs: dict[tuple[object, ...], tuple[ast.WindowSpec, list[plan.AggCall]]] = {}
+    for use, call in zip(sel.aggregates, aggs, strict=True):
+        spec = use.call.over or first  # a non-blocking UDA without OVER shares the first
+        specs.setdefault(window_key(spec), (spec, []))[1].append(call)
+    windows = tuple(_over_window(spec, tuple(calls)) for spec, calls in specs.values())
+    if len(windows) == 1:
+        return windows[0]
+    if sel.select.r2s is not None:
+        raise Unsupported(sel.select.pos, f"{sel.select.r2s}(...) of several OVER windows")
+    # Each window gives exactly one value per tuple only with incremental aggregates;
+    # an ESL-shaped one may emit none or several.
+    _require_incremental(sel, "next to other windows")
+    return plan.OverWindows(windows)
+
+
+def _require_incremental(sel: SelectInfo, where: str) -> None:
+    """Refuse the SELECT's ESL-shaped Python aggregates (those that cannot retract)."""
+    for use in sel.aggregates:
+        cls = use.uda.cls if use.uda is not None else None
+        if cls is not None and not issubclass(cls, IncrementalAggregate):
+            raise Unsupported(use.call.pos, f"the ESL-shaped aggregate '{use.call.name}' {where}")
+
+
 def _from_window(
     sel: SelectInfo,
     spec: ast.WindowSpec,
     group_by: tuple[str, ...],
     aggs: tuple[plan.AggCall, ...],
     keys: RowKeys,
-) -> plan.OverWindow | plan.ExtentWindow | plan.RelationWindow | None:
+) -> plan.Window | None:
     """A CQL window in FROM (``S [...]``).
 
     Without a relation-to-stream operator, ``[RANGE r [SLIDE s]]`` is the WID extent
@@ -342,10 +373,14 @@ def _from_window(
             aggs, plan.FrameUnits.RANGE, None, group_by, reset_every_ms=spec.reset_ms
         )
     assert spec.rows is not None
-    keys = tuple(p.name for p in spec.partition)
-    if set(group_by) != set(keys):
-        raise Unsupported(spec.pos, f"{what} with GROUP BY other than its partition columns")
-    return plan.OverWindow(aggs, plan.FrameUnits.ROWS, spec.rows - 1, keys)
+    partition = tuple(p.name for p in spec.partition)
+    if set(group_by) == set(partition):
+        # One group per partition: the partition's OVER window, its last tuple's row.
+        return plan.OverWindow(aggs, plan.FrameUnits.ROWS, spec.rows - 1, partition)
+    # A group's tuples leave when other groups' tuples arrive: only aggregates that
+    # retract can follow that.
+    _require_incremental(sel, f"over {what} grouped")
+    return plan.RowsGroupWindow(aggs, spec.rows, partition, group_by)
 
 
 def _band_filter(spec: ast.WindowSpec, ts: str | None) -> list[plan.Filter]:
@@ -451,9 +486,7 @@ def _require_selected(
         )
 
 
-def _r2s(
-    select: ast.Select, window: plan.OverWindow | plan.ExtentWindow | plan.RelationWindow | None
-) -> plan.R2S | None:
+def _r2s(select: ast.Select, window: plan.Window | None) -> plan.R2S | None:
     """ISTREAM / DSTREAM / RSTREAM over the query's relation (see plan.R2S)."""
     if select.r2s is None:
         return None
@@ -600,12 +633,12 @@ def _compile_select(
         # GROUP BY without aggregates over a window (SELECT DISTINCT): a group's row is in
         # the relation while the group has tuples, i.e. while a hidden count(*) runs.
         agg_calls = (plan.AggCall("count", (), "__group_rows"),)
-    window: plan.OverWindow | plan.ExtentWindow | plan.RelationWindow | None = None
+    window: plan.Window | None = None
     over = next((u.call.over for u in sel.aggregates if u.call.over is not None), None)
     if sel.window is not None:
         window = _from_window(sel, sel.window, group_by, agg_calls, keys)
     elif over is not None:
-        window = _over_window(over, agg_calls)
+        window = _over_windows(sel, agg_calls)
     elif agg_calls:
         # A non-blocking UDA without a window (ESL §3): it sees the whole history of its
         # GROUP BY group, i.e. an unbounded window partitioned by the grouping columns.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from rules.language import ast
-from rules.language.checker import Catalog, QueryInfo, Relation, SelectInfo
+from rules.language.checker import Catalog, QueryInfo, Relation, SelectInfo, window_key
 
 # Sample instants are shown from this origin: an hour after a midnight, so sample
 # frames reaching back stay on one day.
@@ -95,7 +95,12 @@ def window_lines(spec: ast.WindowSpec, relation: bool = False) -> list[str]:
                 f"is emitted when the watermark reaches {_clock(end)}"
             )
         return lines
-    if spec.kind == "rows":
+    if spec.kind == "rows" and spec.rows is None:
+        lines.append(
+            f"count-based landmark window{per}: each tuple with every tuple before it "
+            "(ties in time ordered by source and sequence number; later ties excluded)"
+        )
+    elif spec.kind == "rows":
         lines.append(f"count-based window{per}: each tuple with the {spec.rows} before it")
     elif spec.kind == "partition_rows":
         lines.append(f"partitioned window: the last {spec.rows} tuples{per}")
@@ -172,6 +177,41 @@ _R2S_WORDS = {
 }
 
 
+def _keys_and_window(sel: SelectInfo) -> tuple[list[str], ast.WindowSpec | None]:
+    """A SELECT's key columns (GROUP BY, else the PARTITION BY all its windows share)
+    and its window (the FROM window, else its first OVER window)."""
+    keys = [k.name for k in sel.select.group_by if isinstance(k, ast.Column)]
+    overs = [u.call.over for u in sel.aggregates if u.call.over is not None]
+    spec = sel.window or (overs[0] if overs else None)
+    if spec is not None and not keys:
+        keys = [p.name for p in spec.partition]
+        for other in overs[1:]:
+            keys = [c for c in keys if c in {p.name for p in other.partition}]
+    return keys, spec
+
+
+def _upstream_windows(
+    catalog: Catalog, sel: SelectInfo
+) -> list[tuple[str, list[str], ast.WindowSpec, bool]]:
+    """The windows of the derived streams ``sel`` reads, nearest first, up to the source
+    stream (or a UNION ALL, whose branches differ): (stream, keys, window, read as a
+    relation) per windowed one."""
+    found: list[tuple[str, list[str], ast.WindowSpec, bool]] = []
+    seen: set[str] = set()
+    stream = sel.stream
+    while stream is not None and stream.name not in seen:
+        seen.add(stream.name)
+        info = next((q for q in catalog.queries if q.statement.name.name == stream.name), None)
+        if info is None or len(info.selects) > 1:
+            break
+        up = info.selects[0]
+        keys, spec = _keys_and_window(up)
+        if spec is not None:
+            found.append((stream.name, keys, spec, up.select.r2s is not None))
+        stream = up.stream
+    return found
+
+
 def _select_lines(catalog: Catalog, sel: SelectInfo) -> list[str]:
     lines: list[str] = []
     if sel.stream is not None:
@@ -183,17 +223,32 @@ def _select_lines(catalog: Catalog, sel: SelectInfo) -> list[str]:
             )
     for table in sel.tables:
         lines.append(f"joins table: {table.name}")
-    keys = [k.name for k in sel.select.group_by if isinstance(k, ast.Column)]
+    keys, spec = _keys_and_window(sel)
     overs = [u.call.over for u in sel.aggregates if u.call.over is not None]
-    spec = sel.window or (overs[0] if overs else None)
-    if spec is not None:
-        keys = keys or [p.name for p in spec.partition]
+    distinct = list({window_key(o): o for o in overs}.values())
+    upstream = _upstream_windows(catalog, sel)
+    # Without a window of its own, a query is keyed by the nearest windowed stream it
+    # reads (an alert over `station_speed` is per station).
+    if spec is None and upstream and not keys:
+        keys = upstream[0][1]
     lines.append(f"keys: {', '.join(keys) if keys else '(none: one group)'}")
-    if spec is None:
+    if spec is None and upstream:
+        lines.append("window: none here (one output per input tuple)")
+    elif sel.window is None and len(distinct) > 1:
+        for one in distinct:
+            calls = [
+                u.call.name
+                for u in sel.aggregates
+                if u.call.over is not None and window_key(u.call.over) == window_key(one)
+            ]
+            lines.append(f"window of {', '.join(calls)}: " + "\n".join(window_lines(one, False)))
+    elif spec is None:
         lines.append("window: none (one output per input tuple)")
     else:
         relation = sel.select.r2s is not None
         lines.append("window: " + "\n".join(window_lines(spec, relation)))
+    for name, _, up_spec, up_relation in upstream:
+        lines.append(f"upstream window in {name}: " + "\n".join(window_lines(up_spec, up_relation)))
     r2s = sel.select.r2s
     raw = not sel.aggregates and not sel.select.group_by
     if r2s is not None and sel.window is not None and raw:

@@ -33,7 +33,7 @@ _TERMINAL_WORDS = {
     "INT": "a whole number",
     "DECIMAL": "a number",
     "STRING": "a quoted string",
-    "UNIT": "a time unit (SECONDS, MINUTES, HOURS, DAYS)",
+    "UNIT": "a time unit (MILLISECONDS, SECONDS, MINUTES, HOURS, DAYS)",
     "COMP_OP": "a comparison",
     "ADD_OP": "'+' or '-'",
     "MUL_OP": "'*', '/' or '%'",
@@ -63,6 +63,14 @@ _OPERATORS = {
     "OVER",
 }
 _EXPR_START = {"NAME", "INT", "DECIMAL", "STRING", "TRUE", "FALSE", "NULL", "CASE", "LPAR"}
+# Tokens that begin a statement: one found where ';' could end the previous statement
+# means that ';' is missing.
+_STATEMENT_START = {"CREATE"}
+# Tokens that begin a value: one found where ',' could come means that ',' is missing.
+_VALUE_START = {"NAME", "INT", "DECIMAL", "STRING"}
+# At most this many expectations are named; punctuation first, the most likely fix.
+_MAX_EXPECTED = 5
+_PUNCTUATION_FIRST = ["';'", "','", "')'", "']'"]
 
 
 @cache
@@ -102,7 +110,34 @@ def _words(expected: set[str]) -> str:
         return "something else"
     if len(parts) == 1:
         return parts[0]
+    first = [p for p in _PUNCTUATION_FIRST if p in parts]
+    parts = first + [p for p in parts if p not in first]
+    if len(parts) > _MAX_EXPECTED:
+        rest = len(parts) - _MAX_EXPECTED + 1
+        parts = [*parts[: _MAX_EXPECTED - 1], f"{rest} more"]
     return "one of " + ", ".join(parts[:-1]) + " or " + parts[-1]
+
+
+def _code_end(line: str) -> int:
+    """The length of ``line`` without its ``--`` comment and trailing blanks."""
+    quoted = False
+    for i, char in enumerate(line):
+        if char == "'":
+            quoted = not quoted
+        elif not quoted and line.startswith("--", i):
+            return len(line[:i].rstrip())
+    return len(line.rstrip())
+
+
+def _after_previous_token(text: str, offset: int) -> Pos:
+    """The position just after the last token before character ``offset`` (blank lines
+    and comments skipped): where a missing ``;`` or ``,`` belongs."""
+    lines = source_lines(text[:offset])
+    for number in range(len(lines), 0, -1):
+        end = _code_end(lines[number - 1])
+        if end:
+            return Pos(number, end + 1)
+    return Pos(1, 1)
 
 
 def _syntax_error(file: str, text: str, exc: UnexpectedInput) -> RuleError:
@@ -115,7 +150,18 @@ def _syntax_error(file: str, text: str, exc: UnexpectedInput) -> RuleError:
             found = "the end of the file"
         else:
             found = f"'{tok}'"
-        message = f"syntax error: unexpected {found}; expected {_words(set(exc.expected))}"
+        expected = set(exc.expected)
+        if tok.type in _STATEMENT_START and "SEMICOLON" in expected:
+            pos = _after_previous_token(text, tok.start_pos or 0)
+            message = (
+                f"syntax error: missing ';' at the end of this statement (the next one "
+                f"begins at line {tok.line})"
+            )
+        elif tok.type in _VALUE_START and "COMMA" in expected:
+            pos = _after_previous_token(text, tok.start_pos or 0)
+            message = f"syntax error: probably a missing ',' here, before {found}"
+        else:
+            message = f"syntax error: unexpected {found}; expected {_words(expected)}"
     elif isinstance(exc, UnexpectedCharacters):
         char = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else "?"
         message = f"syntax error: unexpected character '{char}'"
@@ -461,7 +507,9 @@ class _Build(Transformer[Token, Any]):
         return ast.WindowSpec("rows", "over", _pos(children[0]), rows=int(children[1]))
 
     def frame_rows_unbounded(self, children: list[Any]) -> ast.WindowSpec:
-        return ast.WindowSpec("unbounded", "over", _pos(children[0]))
+        # A physical frame of every row so far: ROWS with no count, not a RANGE landmark
+        # (a later row with the same timestamp is not in it).
+        return ast.WindowSpec("rows", "over", _pos(children[0]))
 
     def frame_range(self, children: list[Any]) -> ast.WindowSpec:
         return self._window("range", "over", children[0], children[3:], range_ms=children[1][0])

@@ -217,6 +217,17 @@ def per_row(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     seed=0,
     restart=False,
 )
+@example(  # a physical landmark over exact ties: each tie reads its own count
+    rule=(
+        "CREATE STREAM out AS SELECT station, lane, ts, speed, count(*) OVER (ROWS UNBOUNDED "
+        "PRECEDING) AS n FROM traffic;\n"
+        "CREATE ALERT watch SEVERITY warning AS SELECT station, ts, n FROM out "
+        "WHERE n IS NOT NULL AND lane > 1;\n"
+    ),
+    items=[(t, 1, 2, 1.0, "a", src, False) for t, src in ((0, "q"), (250, "q"), (250, "p"))],
+    seed=0,
+    restart=False,
+)
 def test_columnar_runners_give_the_per_row_rows(per_row, rule, items, seed, restart) -> None:
     rows = arrivals(items)
     rng = random.Random(seed)

@@ -17,10 +17,12 @@ from engine.core.plan import (
     ExtentWindow,
     FrameUnits,
     OverWindow,
+    OverWindows,
     Plan,
     Project,
     Query,
     RelationWindow,
+    RowsGroupWindow,
     Sink,
     SinkKind,
 )
@@ -77,6 +79,14 @@ WINDOWS = [
     (RelationWindow(FrameUnits.RANGE, range_ms=12, lag_ms=5), R2S.DSTREAM),
     (RelationWindow(FrameUnits.RANGE, range_ms=30, slide_ms=20), R2S.RSTREAM),
     (RelationWindow(FrameUnits.ROWS, rows=2, partition_by=("station",)), R2S.ISTREAM),
+    OverWindows(
+        (
+            OverWindow((AggCall("avg", (col("speed"),), "v"),), FrameUnits.RANGE, 30, ("station",)),
+            OverWindow((AggCall("min", (col("speed"),), "w"),), FrameUnits.ROWS, 3, (), lag=2),
+        )
+    ),
+    (RowsGroupWindow((AggCall("sum", (col("speed"),), "v"),), 3, (), ("station",)), R2S.DSTREAM),
+    (RowsGroupWindow((AggCall("max", (col("speed"),), "v"),), 2, ("station",)), R2S.RSTREAM),
 ]
 
 
@@ -87,6 +97,15 @@ def plan_for(window: Any) -> Plan:
         post = (Project((("station", col("station")), ("speed", col("speed")))),)
         query = Query(Sink("out", SinkKind.STREAM), "traffic", window=window[0], post=post)
         plan = Plan({"traffic": TRAFFIC}, (replace(query, r2s=window[1]),))
+    elif isinstance(window, tuple) and isinstance(window[0], RowsGroupWindow):
+        columns = [(c, col(c)) for c in window[0].group_by] + [("v", col("v"))]
+        post = (Project(tuple(columns)),)
+        query = Query(Sink("out", SinkKind.STREAM), "traffic", window=window[0], post=post)
+        plan = Plan({"traffic": TRAFFIC}, (replace(query, r2s=window[1]),))
+    elif isinstance(window, OverWindows):
+        post = (Project(tuple((c, col(c)) for c in ("ts", "station", "v", "w"))),)
+        query = Query(Sink("out", SinkKind.STREAM), "traffic", window=window, post=post)
+        plan = Plan({"traffic": TRAFFIC}, (query,))
     elif isinstance(window, OverWindow):
         plan = over_plan(window)
     elif isinstance(window, tuple) and isinstance(window[0], OverWindow):

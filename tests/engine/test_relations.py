@@ -32,6 +32,7 @@ from engine.core.plan import (
     SinkKind,
 )
 from engine.core.replay import run
+from engine.core.windows import bag_minus
 from tests.engine.helpers import TRAFFIC, col
 from tests.examples import examples
 
@@ -223,3 +224,12 @@ def test_dstream_of_a_range_window_by_hand() -> None:
         (16, {"speed": 2.0}),
         (22, {"speed": 1.0}),
     ]
+
+
+def test_bag_difference_keeps_order_and_multiplicity() -> None:
+    """One copy cancels one copy, survivors keep their order; rows holding unhashable
+    values (a Python aggregate's list) take the comparing path to the same answer."""
+    rows = [{"k": 1}, {"k": 2}, {"k": 1}, {"k": 3}, {"k": 1}]
+    assert bag_minus(rows, [{"k": 1}, {"k": 3}, {"k": 1}, {"k": 9}]) == [{"k": 2}, {"k": 1}]
+    lists = [{"k": [1]}, {"k": [2]}, {"k": [1]}]
+    assert bag_minus(lists, [{"k": [1]}]) == [{"k": [2]}, {"k": [1]}]

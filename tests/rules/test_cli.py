@@ -48,6 +48,21 @@ def test_explain_congestion(capsys: pytest.CaptureFixture[str]) -> None:
     assert "outputs: station INT, ts TIMESTAMP, avg_speed DOUBLE" in out
 
 
+def test_explain_follows_an_alert_to_the_windows_upstream(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # congestion has no window of its own: it is keyed and windowed by station_speed.
+    assert _run(["rules", "explain", "congestion"]) == 0
+    out = capsys.readouterr().out
+    assert "keys: station\nwindow: none here" in out
+    assert "upstream window in station_speed: time-based window per station" in out
+    # accident's own tumble, then the count-based window two streams up.
+    assert _run(["rules", "explain", "accident"]) == 0
+    out = capsys.readouterr().out
+    assert "window: domain-driven tumbling window" in out
+    assert "upstream window in last_reports: count-based window per vid" in out
+
+
 def test_explain_domain_window(capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(["rules", "explain", "segment_minmax"]) == 0
     out = capsys.readouterr().out
@@ -75,3 +90,18 @@ def test_explain_says_how_incidents_resolve(
 def test_explain_unknown_name(capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(["rules", "explain", "nope"]) == 1
     assert "no stream, alert, table or aggregate named 'nope'" in capsys.readouterr().err
+
+
+def test_explain_exits_non_zero_when_the_rules_have_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rules = tmp_path / "r.sql"
+    rules.write_text(
+        TRAFFIC + "CREATE STREAM fast AS SELECT station, ts FROM traffic WHERE speed > 30;\n"
+        "CREATE STREAM s AS SELECT station, sped FROM traffic;\n"
+    )
+    # The stream that checks is still explained; the status says the file does not.
+    assert _run(["rules", "explain", "fast", "--rules", str(rules)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.startswith("fast: derived stream")
+    assert "unknown column 'sped'" in captured.err

@@ -220,10 +220,10 @@ CASES = [
     ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT ts, avg(speed) OVER (ROWS 3 PRECEDING) AS a,\n"
-        "  max(speed) OVER (ROWS 4 PRECEDING) AS m FROM traffic;",
-        "4:20",
-        "all OVER windows of one SELECT must be the same",
-        id="two-windows",
+        "  max(speed) OVER (ROWS 4 PRECEDING SLIDE 2) AS m FROM traffic;",
+        "4:37",
+        "a SELECT with several OVER windows cannot SLIDE",
+        id="two-windows-one-sliding",
     ),
     pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT station FROM traffic WHERE avg(speed) > 1;",
@@ -322,6 +322,32 @@ def test_duplicate_names_across_files(tmp_path: Path) -> None:
         f"{tmp_path / 'b.sql'}:2:15: duplicate name 'traffic': already defined at "
         f"{tmp_path / 'a.sql'}:1:15"
     ]
+
+
+@pytest.mark.parametrize(
+    ("select", "reason"),
+    [
+        ("station, ts, speed AS v, lane AS w FROM trafic", "unknown stream 'trafic'"),
+        ("station, ts, speed AS v, sped AS w FROM traffic", "unknown column 'sped'"),
+        # perhaps the timestamp, misspelled: no "s has no timestamp column" for t
+        ("station, tss, speed AS v, lane AS w FROM traffic", "unknown column 'tss'"),
+    ],
+)
+def test_one_mistake_one_error(tmp_path: Path, select: str, reason: str) -> None:
+    """What reads a stream whose definition is in error is not checked against what the
+    error left unknown: no type mismatches with its columns, no missing timestamp."""
+    text = (
+        TRAFFIC
+        + f"CREATE STREAM s AS SELECT {select};\n"
+        + (
+            "CREATE ALERT a SEVERITY warning MESSAGE 'at {station}: {v}' AS SELECT station, ts, v\n"
+            "  FROM s WHERE v < 15 AND station = 3 AND w > 3;\n"
+            "CREATE STREAM t AS SELECT station, count(*) AS n, window_end FROM s [RANGE 1 MINUTE]\n"
+            "  GROUP BY station;\n"
+        )
+    )
+    _, errors = check_text(tmp_path, text)
+    assert [reason in e.message for e in errors] == [True], [e.format() for e in errors]
 
 
 def test_library_checks_clean() -> None:

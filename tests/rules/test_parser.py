@@ -77,7 +77,8 @@ def test_over_window_forms() -> None:
     assert _over("RANGE 5 SECONDS PRECEDING ACTIVE EXPIRATION").active_expiration
     assert _over("RANGE 10 MINUTES PRECEDING LAG 1 MINUTE").lag_ms == 60_000
     assert _over("RANGE UNBOUNDED PRECEDING").kind == "unbounded"
-    assert _over("ROWS UNBOUNDED PRECEDING").kind == "unbounded"
+    rows_unbounded = _over("ROWS UNBOUNDED PRECEDING")  # physical: ROWS with no count
+    assert (rows_unbounded.kind, rows_unbounded.rows) == ("rows", None)
     assert _over("RANGE UNBOUNDED PRECEDING RESET EVERY 1 DAY").reset_ms == 86_400_000
     since = _over("RANGE SINCE TIMESTAMP '2026-01-01T00:00:00Z'")
     assert (since.kind, since.lower_ms) == ("since", 1_767_225_600_000)
@@ -177,7 +178,7 @@ def test_create_table_and_aggregate() -> None:
         (
             "CREATE STREAM y AS SELECT avg(a) OVER (RANGE 5 PRECEDING) AS v FROM b;",
             "1:48",
-            "syntax error: unexpected 'PRECEDING'; expected a time unit",
+            "syntax error: unexpected 'PRECEDING'; expected a time unit (MILLISECONDS, SECONDS",
         ),
         (
             "CREATE STREAM y AS SELECT a FROM b WHERE a = $;",
@@ -193,6 +194,29 @@ def test_create_table_and_aggregate() -> None:
             "CREATE STREAM y AS SELECT a FROM b [RANGE SINCE TIMESTAMP 'soon']",
             "1:43",
             "syntax error: unexpected 'SINCE'; expected one of a whole number or UNBOUNDED",
+        ),
+        (  # the ';' belongs after the source's topic, not before the next CREATE
+            "CREATE STREAM x (a INT) ORDER BY a SLACK 2 SECONDS SOURCE 'x--y' -- the topic\n"
+            "\n"
+            "CREATE STREAM y AS SELECT a FROM x;",
+            "1:65",
+            "syntax error: missing ';' at the end of this statement (the next one begins at "
+            "line 3)",
+        ),
+        (
+            "CREATE STREAM y AS SELECT a b, c FROM x;",
+            "1:28",
+            "syntax error: probably a missing ',' here, before 'b'",
+        ),
+        (
+            "CREATE AGGREGATE f(a INT b INT) RETURNS INT LANGUAGE PYTHON AS 'm:C';",
+            "1:25",
+            "syntax error: probably a missing ',' here, before 'b'",
+        ),
+        (  # at most five expectations, punctuation first
+            "CREATE STREAM y AS SELECT a FROM b WHERE a ] 1;",
+            "1:44",
+            "syntax error: unexpected ']'; expected one of ';', ',', ')', an operator or 21 more",
         ),
         (
             "CREATE STREAM y AS SELECT a FROM b [SINCE TIMESTAMP 'soon']",

@@ -1,0 +1,80 @@
+"""Several data-driven windows in one SELECT (:class:`OverWindows`).
+
+Composed of the single-window operator: one :class:`OverOperator` per window and per
+value of that window's partition columns beyond the evaluator's key. Each tuple goes
+to its partition's operator of every window; every operator gives exactly one row per
+tuple (incremental aggregates, no slide), and the output row is the input row with
+every window's aliases. Peers reach each operator together, so RANGE peers read the
+values after the last one and ROWS tuples their own, as with one window.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.core.aggregates import IncrementalAggregate, make_aggregate
+from engine.core.plan import OverWindows
+from engine.core.windows import Arrival, OverOperator, Result, Row
+
+
+class SeveralOverOperator:
+    """The windows of one SELECT for one evaluator key."""
+
+    def __init__(self, window: OverWindows) -> None:
+        for w in window.windows:
+            if w.slide_rows or w.slide_ms or w.active_expiration:
+                raise ValueError("several OVER windows take no SLIDE or ACTIVE EXPIRATION")
+            for call in w.aggregates:
+                if not isinstance(make_aggregate(call.name, call.factory), IncrementalAggregate):
+                    raise ValueError(f"'{call.name}' in several OVER windows must be incremental")
+        self.window = window
+        key = set(window.partition_by)
+        # Per window, its partition columns the evaluator's key does not cover.
+        self.own = [tuple(c for c in w.partition_by if c not in key) for w in window.windows]
+        self.parts: list[dict[tuple[Any, ...], OverOperator]] = [{} for _ in window.windows]
+
+    def _operator(self, index: int, part: tuple[Any, ...]) -> OverOperator:
+        ops = self.parts[index]
+        if part not in ops:
+            ops[part] = OverOperator(self.window.windows[index])
+        return ops[part]
+
+    def arrive(self, group: list[Arrival]) -> list[Result]:
+        """One peer group (equal ts): every window's values for each tuple, in order."""
+        rows: list[Row] = [dict(row) for _, row in group]
+        for index, (w, own) in enumerate(zip(self.window.windows, self.own, strict=True)):
+            by_part: dict[tuple[Any, ...], list[int]] = {}
+            for pos, (_, row) in enumerate(group):
+                by_part.setdefault(tuple(row[c] for c in own), []).append(pos)
+            aliases = [c.alias for c in w.aggregates]
+            for part, positions in by_part.items():
+                results = self._operator(index, part).arrive([group[p] for p in positions])
+                for pos, (_, out) in zip(positions, results, strict=True):
+                    rows[pos].update((a, out[a]) for a in aliases)
+        ts = group[0][0]
+        return [(ts, row) for row in rows]
+
+    def next_timer(self) -> int | None:
+        """No window has timers (no time slide, no active expiration)."""
+        return None
+
+    def fire(self, instant: int) -> list[Result]:
+        """Nothing to fire."""
+        return []
+
+    def settle(self, watermark: int) -> None:
+        """Passive expiry and lagged entries of every window's operators."""
+        for ops in self.parts:
+            for op in ops.values():
+                op.settle(watermark)
+
+    def get_state(self) -> Any:
+        """Per window, (partition value, its operator's state) pairs."""
+        return [[(part, op.get_state()) for part, op in ops.items()] for ops in self.parts]
+
+    def set_state(self, state: Any) -> None:
+        """Restore what ``get_state`` returned."""
+        for index, saved in enumerate(state):
+            self.parts[index] = {}
+            for part, op_state in saved:
+                self._operator(index, part).set_state(op_state)
