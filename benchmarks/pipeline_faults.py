@@ -243,17 +243,29 @@ def label_values(sample: dict[str, Any], name: str, label: str) -> set[str]:
     return {dict(have)[label] for (found, have) in sample["metrics"] if found == name}
 
 
-def breakdown(first: dict[str, Any], last: dict[str, Any], readings: int) -> dict[str, Any]:
-    """Where the time and the machine went between two samples: the engine's mean batch
+def increase(samples: list[dict[str, Any]], name: str, **labels: str) -> float:
+    """How much a counter grew over `samples`, across engine restarts (a counter that
+    went down started again from zero) and scrapes that got no answer."""
+    total, before = 0.0, None
+    for sample in samples:
+        if not sample["metrics"]:
+            continue
+        now = metric(sample, name, **labels)
+        total += now - before if before is not None and now >= before else now
+        before = now
+    return total
+
+
+def breakdown(samples: list[dict[str, Any]], readings: int) -> dict[str, Any]:
+    """Where the time and the machine went over `samples`: the engine's mean batch
     phases, and each part's CPU per reading (µs)."""
+    first, last = samples[0], samples[-1]
     phases = {}
-    for phase in sorted(label_values(last, "lookout_engine_batch_seconds_count", "phase")):
-        count = metric(last, "lookout_engine_batch_seconds_count", phase=phase) - metric(
-            first, "lookout_engine_batch_seconds_count", phase=phase
-        )
-        total = metric(last, "lookout_engine_batch_seconds_sum", phase=phase) - metric(
-            first, "lookout_engine_batch_seconds_sum", phase=phase
-        )
+    name = "lookout_engine_batch_seconds_count"
+    found = {phase for x in samples for phase in label_values(x, name, "phase")}
+    for phase in sorted(found):
+        count = increase(samples, "lookout_engine_batch_seconds_count", phase=phase)
+        total = increase(samples, "lookout_engine_batch_seconds_sum", phase=phase)
         if count:
             phases[phase] = {"mean_s": round(total / count, 3), "batches": int(count)}
     cpu = {part: round((last["cpu_s"][part] - first["cpu_s"][part]) / max(readings, 1) * 1e6, 1)
@@ -263,8 +275,9 @@ def breakdown(first: dict[str, Any], last: dict[str, Any], readings: int) -> dic
         "seconds": round(seconds, 1),
         "batch_phases": phases,
         "cpu_us_per_reading": cpu,
-        "cpu_cores_used": round(sum(last["cpu_s"].values()) - sum(first["cpu_s"].values()), 1)
-        / max(seconds, 1e-9),
+        "cpu_cores_used": round(
+            (sum(last["cpu_s"].values()) - sum(first["cpu_s"].values())) / max(seconds, 1e-9), 2
+        ),
     }
 
 
@@ -498,8 +511,8 @@ def main() -> int:
                     "p50_s": percentile(recovered, 0.5),
                     "p99_s": percentile(recovered, 0.99),
                 }
-        report["breakdown"] = breakdown(first, last, total)
         during = [x for x in sampler.samples if published_at <= x["t"] <= last["t"]]
+        report["breakdown"] = breakdown(during, total)
         minute_2 = min(during, key=lambda x: abs(x["t"] - published_at - min(120, published_s / 5)))
         start_ms = int(datetime.fromisoformat(START).timestamp() * 1000)
         report["engine_memory_mb"] = {"minute_2": memory_mb(minute_2), "end": memory_mb(last)}
