@@ -1,12 +1,15 @@
 """When health turns red, and why in words (`lookout.health`): recent figures from the
-engine's running totals, and each limit of `[health]` crossed or not."""
+engine's running totals, each limit of `[health]` crossed or not, and the demo's status
+line saying so."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from lookout.config import HealthConfig
-from lookout.health import RecentFigures, problems
+from lookout.config import Config, HealthConfig
+from lookout.demo import status_line
+from lookout.health import RecentFigures, problems, write_health
 
 NOW = 1_800_000_000_000
 LIMITS = HealthConfig()  # 60 s window, shares 5 % (conflicts 1 %), 10 events, 60 s clock
@@ -110,4 +113,19 @@ def test_red_when_a_part_is_down_or_cannot_land() -> None:
     assert found[2].text.endswith(
         "for 30 s (nothing is acknowledged meanwhile): "
         "landing failed: [Errno 28] No space left on device"
+    )
+
+
+def test_the_demo_status_line_turns_red_with_the_reason(tmp_path: Path) -> None:
+    config = Config(lakehouse=str(tmp_path))
+    ingest = {"updated_at_ms": NOW, "connected": True, "readings": 50_735, "readings_per_s": 190}
+    write_health(config.lakehouse, "ingest-0", ingest)
+    write_health(config.lakehouse, "engine", engine(stream()))
+    assert status_line(config, NOW) == (
+        "ingest: 50735 readings landed, 0 quarantined, 190/s; health: ok"
+    )
+    write_health(config.lakehouse, "engine", engine(stream(readings=30, duplicates=50_705)))
+    assert status_line(config, NOW).endswith(
+        "190/s; health: RED: stream traffic: 50,705 of the 50,735 readings that arrived in "
+        "the last 60 s were duplicates (99.9 %; the limit is 5 %)"
     )
