@@ -22,7 +22,7 @@ from deltalake import write_deltalake
 from streamlit.testing.v1 import AppTest
 
 from dashboard.data import VERSION_TTL_S
-from dashboard.sample import alerts_table, write_health
+from dashboard.sample import alerts_table, write_health, write_red_health
 
 Open = Callable[[str], AppTest]
 
@@ -251,14 +251,22 @@ def test_health_up_streams_quarantine_and_tables(lakehouse: Path, open_page: Ope
     queries, streams, quarantine, tables = (d.value for d in app.dataframe)
     assert "stage-congestion" in set(queries["name"])
     assert queries["lag_s"].max() < 60
-    assert dict(zip(streams["stream"], streams["late"], strict=True)) == {
+    assert "Health: green." in texts(app) and not app.error
+    assert set(streams["status"]) == {"ok"}
+    assert dict(zip(streams["stream"], streams["late (total)"], strict=True)) == {
         "traffic": 2,
         "tag_readings": 1,
     }
-    assert dict(zip(streams["stream"], streams["duplicates"], strict=True)) == {
+    assert dict(zip(streams["stream"], streams["duplicates (total)"], strict=True)) == {
         "traffic": 5,
         "tag_readings": 0,
     }
+    # The last minute's figures (sample.write_health), as a rate for what arrived.
+    assert dict(zip(streams["stream"], streams["duplicates"], strict=True)) == {
+        "traffic": 2,
+        "tag_readings": 0,
+    }
+    assert dict(zip(streams["stream"], streams["arrived/s"], strict=True))["traffic"] == 310.05
     assert streams["engine lag (s)"].max() < 1
     assert "missing field 'ts'" in set(quarantine["reason"])
     assert {"alerts", "readings_traffic", "quarantine"} <= set(tables["table"])
@@ -271,6 +279,24 @@ def test_health_up_streams_quarantine_and_tables(lakehouse: Path, open_page: Ope
     assert log_deleted["readings_traffic"] == 2_310 and pd.isna(log_deleted["alerts"])
 
 
+def test_health_red_says_which_stream_crossed_what(lakehouse: Path, open_page: Open) -> None:
+    write_red_health(lakehouse, int(time.time() * 1000))
+    app = open_page("health")
+    (red,) = app.error
+    assert red.value.startswith("**Health: red**")
+    assert (
+        "stream traffic: 50,705 of the 50,735 readings that arrived in the last 60 s were "
+        "duplicates (99.9 %; the limit is 5 %)" in red.value
+    )
+    assert "stream traffic: its clock (newest event time) has stood at" in red.value
+    assert "for 270 s while 50,735 readings arrived (the limit is 60 s)" in red.value
+    streams = app.dataframe[1].value
+    assert dict(zip(streams["stream"], streams["status"], strict=True)) == {
+        "traffic": "red: duplicates, clock stopped",
+        "tag_readings": "ok",
+    }
+
+
 def test_health_down_when_the_files_are_stale(lakehouse: Path, open_page: Open) -> None:
     stale = int(time.time() * 1000) - 120_000
     write_health(lakehouse, stale)
@@ -279,6 +305,7 @@ def test_health_down_when_the_files_are_stale(lakehouse: Path, open_page: Open) 
     app = open_page("health")
     assert metrics(app)["engine"] == "down"
     assert metrics(app)["ingest-0"] == "down"
+    assert "- engine is down: its last report is 120 s old" in app.error[0].value
 
 
 # ---- inputs survive reruns -------------------------------------------------------------
