@@ -22,7 +22,13 @@ from deltalake import write_deltalake
 from streamlit.testing.v1 import AppTest
 
 from dashboard.data import VERSION_TTL_S
-from dashboard.sample import alerts_table, write_health, write_red_health
+from dashboard.sample import (
+    alerts_table,
+    traffic_readings,
+    write_health,
+    write_red_health,
+    write_sample,
+)
 
 Open = Callable[[str], AppTest]
 
@@ -131,6 +137,43 @@ def test_traffic_strip_and_station_detail(lakehouse: Path, open_page: Open) -> N
     detail = app.dataframe
     assert (detail[0].value["source"] == "station-3").all()
     assert set(detail[1].value["rule"]) == {"congestion"}
+
+
+def test_traffic_tiles_age_by_the_wall_clock_so_a_frozen_stream_looks_stale(
+    empty_lakehouse: Path, open_page: Open
+) -> None:
+    # The stream's clock froze ten minutes ago: nothing has arrived since. By its own
+    # clock every station's newest reading is "0 min" old.
+    now_ms = int(time.time() * 1000)
+    write_sample(empty_lakehouse, readings=3000, alerts=40, end_ms=now_ms - 600_000)
+    app = open_page("traffic")
+    assert set(strip_states(app).values()) == {"silent"}
+    strip = next(m.value for m in app.markdown if "station 1" in m.value)
+    assert re.search(r"<b>station 1</b><br>silent<br>.*· arrived 10 min ago<", strip)
+    assert "wall clock since the station's newest reading reached Lookout" in strip
+
+
+def test_a_station_trailing_the_stream_clock_is_silent_though_its_readings_arrive(
+    lakehouse: Path, open_page: Open
+) -> None:
+    now_ms = int(time.time() * 1000)
+    # Station 9's readings arrive now, stamped 8 minutes behind the stream clock.
+    behind = traffic_readings(now_ms, 20, seed=3)
+    for column, value in (
+        ("station", 9),
+        ("ts", pd.Timestamp(now_ms - 480_000, unit="ms", tz="UTC")),
+        ("received_at", pd.Timestamp(now_ms, unit="ms", tz="UTC")),
+    ):
+        index = behind.schema.get_field_index(column)
+        behind = behind.set_column(
+            index, column, pa.array([value] * 20).cast(behind.schema.field(index).type)
+        )
+    write_deltalake(str(lakehouse / "readings_traffic"), behind, mode="append")
+    app = open_page("traffic")
+    states = strip_states(app)
+    assert states[9] == "silent" and states[1] == "normal"
+    strip = next(m.value for m in app.markdown if "station 1" in m.value)
+    assert re.search(r"<b>station 9</b><br>silent<br>.*· arrived \d s ago · 8 min behind<", strip)
 
 
 def test_an_acknowledged_congestion_no_longer_colours_the_station(
