@@ -126,8 +126,8 @@ def strip_html(stations: pd.DataFrame, now: datetime, config: DashboardConfig) -
         f"{config.congested_minutes:g} min; silent: no reading arrived for "
         f"{config.silent_minutes:g} min (wall clock), or the newest trails the stream "
         f"clock by as much. <i>arrived … ago</i>: wall clock since the station's newest "
-        "reading reached Lookout; <i>behind</i>: its event time before the stream "
-        "clock's</div>"
+        "reading reached Lookout; <i>behind</i>: how far that reading's event time "
+        "trails the stream clock</div>"
     )
 
 
