@@ -91,13 +91,14 @@ def station_states(now: datetime, config: DashboardConfig) -> pd.DataFrame:
 
 
 def _age(seconds: float) -> str:
-    """A duration as the strip says it: seconds, minutes or hours."""
-    seconds = max(0.0, seconds)  # an arrival stamped by a clock a little ahead
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.0f} h"
+    """A duration as the strip says it, in whole minutes or hours: the text then stays
+    the same across most refreshes (no tile changes size under the operator's cursor)."""
+    minutes = max(0.0, seconds) / 60  # an arrival stamped by a clock a little ahead: 0
+    if minutes < 1:
+        return "< 1 min"
+    if minutes < 120:
+        return f"{minutes:.0f} min"
+    return f"{minutes / 60:.0f} h"
 
 
 def strip_html(stations: pd.DataFrame, now: datetime, config: DashboardConfig) -> str:
@@ -110,12 +111,14 @@ def strip_html(stations: pd.DataFrame, now: datetime, config: DashboardConfig) -
         arrived = (wall - row.last_arrival).total_seconds()
         behind = (pd.Timestamp(now) - row.last_reading).total_seconds()
         speed = "n/a" if pd.isna(row.avg_speed) else f"{row.avg_speed:.1f} m/s"
-        trails = f" · {_age(behind)} behind" if behind >= 60 else ""
+        ages = f"arrived {_age(arrived)} ago" + (
+            f" · {_age(behind)} behind" if behind >= 60 else ""
+        )
         boxes.append(
             f'<div style="flex:1;min-width:6.5em;padding:0.5em;border-radius:0.4em;'
             f'background:{COLOURS[row.state]};color:white;text-align:center">'
             f"<b>station {row.station}</b><br>{html.escape(row.state)}<br>"
-            f'<span style="font-size:0.8em">{speed} · arrived {_age(arrived)} ago{trails}'
+            f'<span style="font-size:0.8em">{speed} · {html.escape(ages)}'
             "</span></div>"
         )
     legend = " ".join(f'<span style="color:{c}">■</span> {s}' for s, c in COLOURS.items())
