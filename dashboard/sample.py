@@ -309,10 +309,15 @@ def write_health(root: Path, now_ms: int) -> None:
             "readings": readings,
             "late": late,
             "duplicates": duplicates,
+            "conflicts": 0,
+            # The last minute, within the [health] limits.
+            "recent": {"readings": per_minute, "late": 1, "duplicates": recent, "conflicts": 0},
+            "clock_still_ms": 600,
+            "arrived_while_still": 3,
         }
-        for name, lag, readings, late, duplicates in (
-            ("traffic", 400, 19_593, 2, 5),
-            ("tag_readings", 900, 333, 1, 0),
+        for name, lag, readings, late, duplicates, per_minute, recent in (
+            ("traffic", 400, 19_593, 2, 5, 18_600, 2),
+            ("tag_readings", 900, 333, 1, 0, 270, 0),
         )
     ]
     engine = {
@@ -320,6 +325,8 @@ def write_health(root: Path, now_ms: int) -> None:
         "queries": queries,
         "streams": streams,
         "quarantined": 3,
+        "window_ms": 60_000,
+        "recent_quarantined": 1,
         "heartbeats": 3_600,
         "maintenance": {
             "every_s": 300.0,
@@ -354,6 +361,18 @@ def write_health(root: Path, now_ms: int) -> None:
     }
     (folder / "engine.json").write_bytes(orjson.dumps(engine))
     (folder / "ingest-0.json").write_bytes(orjson.dumps(ingest))
+
+
+def write_red_health(root: Path, now_ms: int) -> None:
+    """Health files as `write_health`'s, but red: the traffic stream takes a restarted
+    gateway's readings for duplicates, and its clock has stood still for 270 s."""
+    write_health(root, now_ms)
+    path = root / "_health" / "engine.json"
+    record = orjson.loads(path.read_bytes())
+    traffic = record["streams"][0]
+    traffic["recent"] = {"readings": 30, "late": 0, "duplicates": 50_705, "conflicts": 0}
+    traffic |= {"clock_still_ms": 270_000, "arrived_while_still": 50_735}
+    path.write_bytes(orjson.dumps(record))
 
 
 def write_sample(

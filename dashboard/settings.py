@@ -1,4 +1,4 @@
-"""Dashboard settings: the `[dashboard]` and `[rules]` sections of lookout.toml (or of
+"""Dashboard settings: the `[dashboard]`, `[health]` and `[rules]` sections of lookout.toml (or of
 the file in `LOOKOUT_CONFIG`) with `LOOKOUT_<SECTION>_<KEY>` environment overrides, the
 same way every Lookout part reads its configuration. Read at each page run (a small
 file), so a changed setting applies from the next refresh."""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dashboard.data import DataError
 from dashboard.rule_store import RuleStore
-from lookout.config import Config, ConfigError, DashboardConfig, load_config
+from lookout.config import Config, ConfigError, DashboardConfig, HealthConfig, load_config
 
 
 def _config() -> Config:
@@ -22,6 +22,11 @@ def _config() -> Config:
 def settings() -> DashboardConfig:
     """The dashboard's settings (see the module docstring)."""
     return _config().dashboard
+
+
+def health_limits() -> HealthConfig:
+    """When the Health page turns red (`[health]`)."""
+    return _config().health
 
 
 def rule_store() -> RuleStore:

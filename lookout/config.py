@@ -158,6 +158,24 @@ class AlertmanagerConfig:
 
 
 @dataclass(frozen=True)
+class HealthConfig:
+    """When health turns red (`lookout.health.problems`): the share of a stream's
+    arrivals in the last `window_seconds` that were late, duplicates or conflicts (of
+    every payload, for quarantine), and how long a stream's clock may stand still while
+    its readings keep arriving."""
+
+    window_seconds: float = 60.0
+    # A share counts only once this many such readings (or payloads) are in the window,
+    # so a single late reading of a quiet stream is not an alarm.
+    min_events: int = 10
+    max_late_share: float = 0.05
+    max_duplicate_share: float = 0.05
+    max_conflict_share: float = 0.01
+    max_quarantine_share: float = 0.05
+    clock_stall_seconds: float = 60.0
+
+
+@dataclass(frozen=True)
 class RulesConfig:
     """Where the rules are, and what they may reach beyond their folders' own files
     (`rules.language.access`)."""
@@ -183,6 +201,7 @@ class Config:
     ingest: IngestConfig = IngestConfig()
     engine: EngineConfig = EngineConfig()
     dashboard: DashboardConfig = DashboardConfig()
+    health: HealthConfig = HealthConfig()
     s3: S3Config = S3Config()
     alertmanager: AlertmanagerConfig = AlertmanagerConfig()
 
@@ -288,6 +307,13 @@ _LIMITS: dict[tuple[str, str], _Limit] = {
     ("dashboard", "silent_minutes"): _POSITIVE,
     ("dashboard", "down_after_seconds"): _POSITIVE,
     ("dashboard", "users_file"): _NOT_EMPTY,
+    ("health", "window_seconds"): _POSITIVE,
+    ("health", "min_events"): _POSITIVE,
+    ("health", "max_late_share"): _NOT_NEGATIVE,
+    ("health", "max_duplicate_share"): _NOT_NEGATIVE,
+    ("health", "max_conflict_share"): _NOT_NEGATIVE,
+    ("health", "max_quarantine_share"): _NOT_NEGATIVE,
+    ("health", "clock_stall_seconds"): _POSITIVE,
 }
 
 

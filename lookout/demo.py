@@ -4,7 +4,8 @@ Start order matters for losing nothing: the broker first, then ingest (whose per
 session must exist before the first reading is published), then the engine, the
 simulator and the dashboard. Alertmanager starts with the broker; the notifier, which
 posts incidents to it, with ingest. If any part dies, the demo says which and shows the end of
-its log, then stops the rest.
+its log, then stops the rest. While it runs, a status line every 10 s says what ingest
+landed and whether health is red, and why (`lookout.health.problems`).
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from urllib.parse import urlsplit
 from lookout.alertmanager import Alertmanager, WebhookLog, ready
 from lookout.broker import Broker, port_is_open
 from lookout.config import Config
-from lookout.health import engine_running, read_health
+from lookout.health import engine_running, problems, read_health
 from lookout.mqtt_auth import load_or_create_credentials
 from lookout.passwords import OPERATOR, PASSWORD_VARIABLE, read_users
 
 STATE = Path(".lookout")
+# The parts that write health records in a demo (the simulator and dashboard write none).
+DEMO_PARTS = ("engine", "ingest-0")
 
 
 @dataclass
@@ -100,6 +103,20 @@ def wait_for_parts(check: Callable[[], Any], what: str, parts: list[Part], timeo
 
 def _say(text: str) -> None:
     print(f"[lookout demo] {text}", flush=True)
+
+
+def status_line(config: Config, now_ms: int) -> str:
+    """The demo's periodic line: what ingest landed, then `health: ok`, or `health: RED`
+    and each reason (the same as the dashboard's Health page)."""
+    records = {part: read_health(config.lakehouse, part, config.s3) for part in DEMO_PARTS}
+    ingest = records["ingest-0"] or {}
+    found = problems(records, config.health, config.dashboard.down_after_seconds, now_ms)
+    verdict = "RED: " + "; ".join(p.text for p in found) if found else "ok"
+    return (
+        f"ingest: {ingest.get('readings', 0)} readings landed, "
+        f"{ingest.get('quarantined', 0)} quarantined, "
+        f"{ingest.get('readings_per_s', 0):.0f}/s; health: {verdict}"
+    )
 
 
 def dashboard_sign_in(config: Config, env: dict[str, str]) -> tuple[dict[str, str], str]:
@@ -289,12 +306,7 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
                 if part.process is not None and part.process.poll() is not None:
                     _say(f"{part.name} stopped unexpectedly; the end of its log:\n{part.tail()}")
                     return 1
-            ingest_health = read_health(config.lakehouse, "ingest-0", config.s3) or {}
-            _say(
-                f"ingest: {ingest_health.get('readings', 0)} readings landed, "
-                f"{ingest_health.get('quarantined', 0)} quarantined, "
-                f"{ingest_health.get('readings_per_s', 0):.0f}/s"
-            )
+            _say(status_line(config, int(time.time() * 1000)))
             for _ in range(20):
                 if stopping:
                     break

@@ -1,5 +1,6 @@
-"""Health: engine and ingest up or down, per-stream rates, watermarks and lag, late and
-quarantined readings, and the version of every Delta table."""
+"""Health: green, or red with each reason in words; engine and ingest up or down,
+per-stream recent late, duplicate and conflicting readings, clocks, watermarks and lag,
+quarantined payloads, and the version of every Delta table."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from dashboard.data import (
     table_names,
     table_version,
 )
-from dashboard.settings import settings
+from dashboard.settings import health_limits, settings
 from dashboard.ui import empty, panel
+from lookout.health import ARRIVALS, Problem, problems
 
 QUARANTINE_ROWS = 50
 
@@ -31,6 +33,33 @@ def status(record: dict[str, Any] | None, down_after_s: float) -> tuple[str, str
     if age is None:
         return "never started", "no health file"
     return ("up" if age <= down_after_s else "down"), f"last report {age:.0f} s ago"
+
+
+def judged() -> list[Problem]:
+    """Why health is red now (`lookout.health.problems`; empty: it is not)."""
+    names = ["engine", *ingest_parts()]
+    return problems(
+        {name: health(name) for name in names},
+        health_limits(),
+        settings().down_after_seconds,
+        int(time.time() * 1000),
+    )
+
+
+@panel
+def verdict() -> None:
+    """Health red with every reason, or green with what that means."""
+    found = judged()
+    if found:
+        st.error("**Health: red**\n\n" + "\n".join(f"- {p.text}" for p in found))
+    elif health("engine") is not None:
+        limits = health_limits()
+        st.success(
+            f"**Health: green.** No part is down or failing; over the last "
+            f"{limits.window_seconds:g} s no stream's late, duplicate or conflicting "
+            f"readings, nor quarantined payloads, ran above their limits, and no stream's "
+            f"clock stood still for {limits.clock_stall_seconds:g} s while readings arrived."
+        )
 
 
 @panel
@@ -88,12 +117,7 @@ def engine_queries() -> None:
 
 def _stream_row(table: str, late: dict[str, int]) -> dict[str, Any] | None:
     stream = table.removeprefix("readings_")
-    stats = query(
-        f"SELECT count(*) AS readings, max(ts) AS newest_event, "
-        f"count(CASE WHEN received_at >= (SELECT max(received_at) FROM {table}) "
-        f"- INTERVAL '60 seconds' THEN 1 END) AS last_minute FROM {table}",
-        table,
-    )
+    stats = query(f"SELECT count(*) AS readings, max(ts) AS newest_event FROM {table}", table)
     if stats is None:
         return None
     newest = stats.at[0, "newest_event"]
@@ -105,10 +129,9 @@ def _stream_row(table: str, late: dict[str, int]) -> dict[str, Any] | None:
     return {
         "stream": stream,
         "readings": int(stats.at[0, "readings"]),
-        "readings/s (last minute landed)": stats.at[0, "last_minute"] / 60,
         "newest event": newest,
         "event lag (s)": lag,
-        "late": late.get(stream, 0),
+        "late (total)": late.get(stream, 0),
     }
 
 
@@ -122,10 +145,47 @@ def _ms_time(ms: int | None) -> pd.Timestamp | None:
     return None if ms is None else pd.Timestamp(ms, unit="ms", tz="UTC")
 
 
+# The recent figures first, so they show without scrolling on a 1280 px screen.
+STREAM_COLUMNS = [
+    "stream",
+    "status",
+    "arrived/s",
+    "late",
+    "duplicates",
+    "conflicts",
+    "clock still (s)",
+    "event lag (s)",
+    "readings",
+    "late (total)",
+    "duplicates (total)",
+    "conflicts (total)",
+    "newest event",
+    "watermark",
+    "engine lag (s)",
+]
+
+
+def _engine_figures(seen: dict[str, Any], window_s: float) -> dict[str, Any]:
+    """A stream's columns from the engine's record: recent counts, rate, clock, totals."""
+    recent = seen.get("recent") or {}
+    arrived = sum(recent.get(what, 0) for what in ARRIVALS)
+    lag_ms, still_ms = seen.get("lag_ms"), seen.get("clock_still_ms")
+    return {
+        "arrived/s": arrived / window_s if recent and window_s else None,
+        **{what: recent.get(what) for what in ("late", "duplicates", "conflicts")},
+        "clock still (s)": None if still_ms is None else still_ms / 1000,
+        "duplicates (total)": seen.get("duplicates"),
+        "conflicts (total)": seen.get("conflicts"),
+        "watermark": _ms_time(seen.get("watermark_ms")),
+        "engine lag (s)": None if lag_ms is None else lag_ms / 1000,
+    }
+
+
 @panel
 def streams() -> None:
-    """Per source stream: readings, rate, newest event, the engine's watermark and lag,
-    late readings and duplicates."""
+    """Per source stream: whether it is red and why in a word; over the last window its
+    arrival rate, late readings, duplicates and conflicts, and how long its clock has
+    stood still; then totals, newest event, the engine's watermark and lag."""
     tables = table_names("readings_")
     if not tables:
         empty("No readings table yet.")
@@ -137,33 +197,38 @@ def streams() -> None:
         )
         late = {} if counts is None else dict(zip(counts["stream"], counts["n"], strict=True))
     engine = engine_streams()
+    window_s = (health("engine") or {}).get("window_ms", 0) / 1000
+    red: dict[str, list[str]] = {}
+    for problem in judged():
+        red.setdefault(problem.subject, []).append(problem.what)
     rows = []
     for table in tables:
         row = _stream_row(table, late)
         if row is None:
             continue
-        seen = engine.get(row["stream"], {})
-        lag_ms = seen.get("lag_ms")
-        row |= {
-            "watermark": _ms_time(seen.get("watermark_ms")),
-            "engine lag (s)": None if lag_ms is None else lag_ms / 1000,
-            "duplicates": seen.get("duplicates"),
-        }
-        rows.append(row)
+        reasons = red.get(f"stream {row['stream']}")
+        row["status"] = "red: " + ", ".join(reasons) if reasons else "ok"
+        rows.append(row | _engine_figures(engine.get(row["stream"], {}), window_s))
+    seconds = st.column_config.NumberColumn(format="%.1f")
     st.dataframe(
-        pd.DataFrame(rows),
+        pd.DataFrame(rows, columns=STREAM_COLUMNS),
         hide_index=True,
         width="stretch",
         column_config={
-            "readings/s (last minute landed)": st.column_config.NumberColumn(format="%.1f"),
-            "event lag (s)": st.column_config.NumberColumn(format="%.1f"),
-            "engine lag (s)": st.column_config.NumberColumn(format="%.1f"),
+            "arrived/s": seconds,
+            "clock still (s)": seconds,
+            "event lag (s)": seconds,
+            "engine lag (s)": seconds,
         },
     )
     st.caption(
-        "event lag: wall clock minus the newest event time in the table; watermark "
-        "and engine lag: from the engine's last report (newest event time seen minus "
-        "the stream's slack; wall clock minus that newest event time)."
+        "arrived/s, late, duplicates, conflicts: readings that reached the engine in the "
+        f"last {health_limits().window_seconds:g} s (late: behind the slack; "
+        "duplicates: an id and values seen before, dropped; conflicts: an id seen before "
+        "with other values, kept in `conflicts`). clock still: how long the stream's "
+        "newest event time has not moved. event lag: wall clock minus the newest event "
+        "time in the table. Totals: late from `late_readings`, duplicates and conflicts "
+        "since the engine started; watermark and engine lag from the engine's last report."
     )
 
 
@@ -229,6 +294,7 @@ def tables() -> None:
 
 def live() -> None:
     """All health panels, refreshed together."""
+    verdict()
     parts()
     st.subheader("Engine queries")
     engine_queries()

@@ -1,14 +1,17 @@
 """Traffic: the highway strip (congested / silent / normal), speed and volume per station,
 and one station in detail.
 
-"Now" on this page is the stream's clock, the newest reading's event time, so the page
-says the same about live data and about a replay of yesterday.
+"Now" for the charts and windows on this page is the stream's clock, the newest
+reading's event time, so they say the same about live data and about a replay of
+yesterday. A station's age on the strip is by the wall clock as well: how long ago its
+newest reading arrived, so a station (or a whole stream) whose clock froze looks stale.
 """
 
 from __future__ import annotations
 
 import html
 import re
+import time
 from datetime import datetime, timedelta
 
 import pandas as pd
@@ -60,10 +63,11 @@ def congested_stations(now: datetime, rule: str, minutes: float) -> set[int]:
 
 
 def station_states(now: datetime, config: DashboardConfig) -> pd.DataFrame:
-    """Per station: last reading, average speed and vehicles over 15 minutes, state."""
+    """Per station: its newest reading's event time and arrival, average speed and
+    vehicles over 15 minutes, state."""
     recent = sql_time(now - timedelta(minutes=15))
     stations = query(
-        f"SELECT station, max(ts) AS last_reading, "
+        f"SELECT station, max(ts) AS last_reading, max(received_at) AS last_arrival, "
         f"avg(CASE WHEN ts >= {recent} THEN speed END) AS avg_speed, "
         f"count(CASE WHEN ts >= {recent} THEN 1 END) AS vehicles "
         f"FROM {READINGS} WHERE ts >= {sql_time(now - timedelta(hours=HORIZON_HOURS))} "
@@ -72,10 +76,13 @@ def station_states(now: datetime, config: DashboardConfig) -> pd.DataFrame:
     )
     assert stations is not None
     congested = congested_stations(now, config.congestion_rule, config.congested_minutes)
-    silent_since = pd.Timestamp(now) - pd.Timedelta(minutes=config.silent_minutes)
+    silent = pd.Timedelta(minutes=config.silent_minutes)
+    wall = pd.Timestamp(time.time(), unit="s", tz="UTC")
 
     def state(row: pd.Series) -> str:
-        if row["last_reading"] < silent_since:
+        # Silent by either clock: nothing arrived lately (a frozen station, or a frozen
+        # stream whose clock stopped with it), or its newest reading trails the others'.
+        if row["last_arrival"] < wall - silent or row["last_reading"] < pd.Timestamp(now) - silent:
             return "silent"
         return "congested" if row["station"] in congested else "normal"
 
@@ -83,25 +90,47 @@ def station_states(now: datetime, config: DashboardConfig) -> pd.DataFrame:
     return stations
 
 
+def _age(seconds: float) -> str:
+    """A duration as the strip says it, in whole minutes or hours: the text then stays
+    the same across most refreshes (no tile changes size under the operator's cursor)."""
+    minutes = max(0.0, seconds) / 60  # an arrival stamped by a clock a little ahead: 0
+    if minutes < 1:
+        return "< 1 min"
+    if minutes < 120:
+        return f"{minutes:.0f} min"
+    return f"{minutes / 60:.0f} h"
+
+
 def strip_html(stations: pd.DataFrame, now: datetime, config: DashboardConfig) -> str:
-    """The highway as a row of coloured station boxes, in station order."""
+    """The highway as a row of coloured station boxes, in station order: each with its
+    speed, how long ago (wall clock) its newest reading arrived, and how far that
+    reading's event time trails the stream clock when it does by a minute or more."""
+    wall = pd.Timestamp(time.time(), unit="s", tz="UTC")
     boxes = []
     for row in stations.itertuples():
-        ago = (pd.Timestamp(now) - row.last_reading).total_seconds() / 60
+        arrived = (wall - row.last_arrival).total_seconds()
+        behind = (pd.Timestamp(now) - row.last_reading).total_seconds()
         speed = "n/a" if pd.isna(row.avg_speed) else f"{row.avg_speed:.1f} m/s"
+        ages = f"arrived {_age(arrived)} ago" + (
+            f" · {_age(behind)} behind" if behind >= 60 else ""
+        )
         boxes.append(
             f'<div style="flex:1;min-width:6.5em;padding:0.5em;border-radius:0.4em;'
             f'background:{COLOURS[row.state]};color:white;text-align:center">'
             f"<b>station {row.station}</b><br>{html.escape(row.state)}<br>"
-            f'<span style="font-size:0.8em">{speed} · last {ago:.0f} min ago</span></div>'
+            f'<span style="font-size:0.8em">{speed} · {html.escape(ages)}'
+            "</span></div>"
         )
     legend = " ".join(f'<span style="color:{c}">■</span> {s}' for s, c in COLOURS.items())
     return (
         '<div style="display:flex;gap:0.4em;flex-wrap:wrap">' + "".join(boxes) + "</div>"
         f'<div style="font-size:0.8em;margin-top:0.3em">{legend} — congested: an open '
         f"<code>{html.escape(config.congestion_rule)}</code> alert in the last "
-        f"{config.congested_minutes:g} min; silent: no reading for "
-        f"{config.silent_minutes:g} min</div>"
+        f"{config.congested_minutes:g} min; silent: no reading arrived for "
+        f"{config.silent_minutes:g} min (wall clock), or the newest trails the stream "
+        f"clock by as much. <i>arrived … ago</i>: wall clock since the station's newest "
+        "reading reached Lookout; <i>behind</i>: how far that reading's event time "
+        "trails the stream clock</div>"
     )
 
 

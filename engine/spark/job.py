@@ -2,10 +2,11 @@
 every connected part of the rules' stream graph (`engine.spark.query`).
 
 It also writes `<lakehouse>/_health/engine.json` every few seconds (per query: batch,
-rate, durations; per stream: event time, watermark, lag, counts), which the dashboard's
-health page reads. The record says `ready` once every query of this run has finished a
-batch, and carries this run's start, so a record an earlier run left is never taken
-for a running engine.
+rate, durations; per stream: event time, watermark, lag, counts since the start and
+over the last `[health] window_seconds`, how long its clock has stood still), which the
+dashboard's health page and the demo's status line read. The record says `ready` once
+every query of this run has finished a batch, and carries this run's start, so a record
+an earlier run left is never taken for a running engine.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from engine.spark.query import QUERY_NAME, engine_components, start_query
 from engine.spark.rule_changes import record_rule_changes
 from engine.spark.session import build_session
 from lookout.config import Config
-from lookout.health import write_health
+from lookout.health import ARRIVALS, RecentFigures, write_health
 from lookout.storage import lakehouse_options, uses_object_store
 
 log = logging.getLogger("lookout.engine")
@@ -59,6 +60,7 @@ class EngineJob:
         self.started_at_ms = int(time.time() * 1000)
         self.listener = ProgressListener({QUERY_NAME})
         self._logged: tuple[float, dict[str, int]] = (time.monotonic(), {})
+        self.recent = RecentFigures(int(config.health.window_seconds * 1000))
         self.maintenance = TableMaintenance(
             [config.table(name) for name in tables.engine_tables(plan)],
             config.engine.compact_every_seconds,
@@ -138,11 +140,13 @@ class EngineJob:
         )
 
     def health(self) -> dict[str, Any]:
-        """A snapshot of every query's progress and every stream's time for the dashboard."""
+        """A snapshot of every query's progress and every stream's time for the dashboard;
+        each call is also a sample of the recent figures (`RecentFigures`)."""
         now_ms = int(time.time() * 1000)
         queries: list[dict[str, Any]] = []
         streams: list[dict[str, Any]] = []
-        quarantined = heartbeats = 0
+        totals: dict[str, int] = {"quarantined": 0}
+        heartbeats = 0
         for query, committer in self.queries:
             progress = query.lastProgress or {}
             seen = committer.health()
@@ -165,11 +169,15 @@ class EngineJob:
                     "restore_ms": figures.get("restore_ms"),
                 }
             )
-            totals = seen["totals"]
-            quarantined += totals.get("quarantined", 0)
+            counted = seen["totals"]
+            totals["quarantined"] += counted.get("quarantined", 0)
             for name, now in (figures.get("streams") or {}).items():
                 max_ts = now.get("max_event_ms")
-                heartbeats += totals.get(f"heartbeats.{name}", 0)
+                heartbeats += counted.get(f"heartbeats.{name}", 0)
+                totals |= {f"{what}.{name}": counted.get(f"{what}.{name}", 0) for what in ARRIVALS}
+                still_ms, arrived_while_still = self.recent.clock(
+                    name, now_ms, max_ts, sum(totals[f"{what}.{name}"] for what in ARRIVALS)
+                )
                 streams.append(
                     {
                         "stream": name,
@@ -177,12 +185,14 @@ class EngineJob:
                         "watermark_ms": None if max_ts is None else now.get("watermark_ms"),
                         "lag_ms": None if max_ts is None else now_ms - max_ts,
                         "sources": now.get("sources"),
-                        **{
-                            what: totals.get(f"{what}.{name}", 0)
-                            for what in ("readings", "late", "duplicates", "conflicts")
-                        },
+                        **{what: totals[f"{what}.{name}"] for what in ARRIVALS},
+                        "clock_still_ms": still_ms,
+                        "arrived_while_still": arrived_while_still,
                     }
                 )
+        window_ms, recent = self.recent.window(now_ms, totals)
+        for stream in streams:
+            stream["recent"] = {what: recent[f"{what}.{stream['stream']}"] for what in ARRIVALS}
         return {
             "updated_at_ms": now_ms,
             "started_at_ms": self.started_at_ms,
@@ -190,7 +200,9 @@ class EngineJob:
             "memory": refresh(now_ms / 1000),
             "queries": queries,
             "streams": streams,
-            "quarantined": quarantined,
+            "quarantined": totals["quarantined"],
+            "window_ms": window_ms,
+            "recent_quarantined": recent["quarantined"],
             "heartbeats": heartbeats,
             "maintenance": self.maintenance.health(),
         }

@@ -22,7 +22,13 @@ from deltalake import write_deltalake
 from streamlit.testing.v1 import AppTest
 
 from dashboard.data import VERSION_TTL_S
-from dashboard.sample import alerts_table, write_health
+from dashboard.sample import (
+    alerts_table,
+    traffic_readings,
+    write_health,
+    write_red_health,
+    write_sample,
+)
 
 Open = Callable[[str], AppTest]
 
@@ -131,6 +137,45 @@ def test_traffic_strip_and_station_detail(lakehouse: Path, open_page: Open) -> N
     detail = app.dataframe
     assert (detail[0].value["source"] == "station-3").all()
     assert set(detail[1].value["rule"]) == {"congestion"}
+
+
+def test_traffic_tiles_age_by_the_wall_clock_so_a_frozen_stream_looks_stale(
+    empty_lakehouse: Path, open_page: Open
+) -> None:
+    # The stream's clock froze ten minutes ago: nothing has arrived since. By its own
+    # clock every station's newest reading is "0 min" old.
+    now_ms = int(time.time() * 1000)
+    write_sample(empty_lakehouse, readings=3000, alerts=40, end_ms=now_ms - 600_000)
+    app = open_page("traffic")
+    assert set(strip_states(app).values()) == {"silent"}
+    strip = next(m.value for m in app.markdown if "station 1" in m.value)
+    assert re.search(r"<b>station 1</b><br>silent<br>.*· arrived 10 min ago<", strip)
+    assert "wall clock since the station's newest reading reached Lookout" in strip
+
+
+def test_a_station_trailing_the_stream_clock_is_silent_though_its_readings_arrive(
+    lakehouse: Path, open_page: Open
+) -> None:
+    now_ms = int(time.time() * 1000)
+    # Station 9's readings arrive now, stamped 8 minutes behind the stream clock.
+    behind = traffic_readings(now_ms, 20, seed=3)
+    for column, value in (
+        ("station", 9),
+        ("ts", pd.Timestamp(now_ms - 480_000, unit="ms", tz="UTC")),
+        ("received_at", pd.Timestamp(now_ms, unit="ms", tz="UTC")),
+    ):
+        index = behind.schema.get_field_index(column)
+        behind = behind.set_column(
+            index, column, pa.array([value] * 20).cast(behind.schema.field(index).type)
+        )
+    write_deltalake(str(lakehouse / "readings_traffic"), behind, mode="append")
+    app = open_page("traffic")
+    states = strip_states(app)
+    assert states[9] == "silent" and states[1] == "normal"
+    strip = next(m.value for m in app.markdown if "station 1" in m.value)
+    assert re.search(
+        "<b>station 9</b><br>silent<br>.*· arrived &lt; 1 min ago · 8 min behind<", strip
+    )
 
 
 def test_an_acknowledged_congestion_no_longer_colours_the_station(
@@ -251,14 +296,22 @@ def test_health_up_streams_quarantine_and_tables(lakehouse: Path, open_page: Ope
     queries, streams, quarantine, tables = (d.value for d in app.dataframe)
     assert "stage-congestion" in set(queries["name"])
     assert queries["lag_s"].max() < 60
-    assert dict(zip(streams["stream"], streams["late"], strict=True)) == {
+    assert "Health: green." in texts(app) and not app.error
+    assert set(streams["status"]) == {"ok"}
+    assert dict(zip(streams["stream"], streams["late (total)"], strict=True)) == {
         "traffic": 2,
         "tag_readings": 1,
     }
-    assert dict(zip(streams["stream"], streams["duplicates"], strict=True)) == {
+    assert dict(zip(streams["stream"], streams["duplicates (total)"], strict=True)) == {
         "traffic": 5,
         "tag_readings": 0,
     }
+    # The last minute's figures (sample.write_health), as a rate for what arrived.
+    assert dict(zip(streams["stream"], streams["duplicates"], strict=True)) == {
+        "traffic": 2,
+        "tag_readings": 0,
+    }
+    assert dict(zip(streams["stream"], streams["arrived/s"], strict=True))["traffic"] == 310.05
     assert streams["engine lag (s)"].max() < 1
     assert "missing field 'ts'" in set(quarantine["reason"])
     assert {"alerts", "readings_traffic", "quarantine"} <= set(tables["table"])
@@ -271,6 +324,24 @@ def test_health_up_streams_quarantine_and_tables(lakehouse: Path, open_page: Ope
     assert log_deleted["readings_traffic"] == 2_310 and pd.isna(log_deleted["alerts"])
 
 
+def test_health_red_says_which_stream_crossed_what(lakehouse: Path, open_page: Open) -> None:
+    write_red_health(lakehouse, int(time.time() * 1000))
+    app = open_page("health")
+    (red,) = app.error
+    assert red.value.startswith("**Health: red**")
+    assert (
+        "stream traffic: 50,705 of the 50,735 readings that arrived in the last 60 s were "
+        "duplicates (99.9 %; the limit is 5 %)" in red.value
+    )
+    assert "stream traffic: its clock (newest event time) has stood at" in red.value
+    assert "for 270 s while 50,735 readings arrived (the limit is 60 s)" in red.value
+    streams = app.dataframe[1].value
+    assert dict(zip(streams["stream"], streams["status"], strict=True)) == {
+        "traffic": "red: duplicates, clock stopped",
+        "tag_readings": "ok",
+    }
+
+
 def test_health_down_when_the_files_are_stale(lakehouse: Path, open_page: Open) -> None:
     stale = int(time.time() * 1000) - 120_000
     write_health(lakehouse, stale)
@@ -279,6 +350,7 @@ def test_health_down_when_the_files_are_stale(lakehouse: Path, open_page: Open) 
     app = open_page("health")
     assert metrics(app)["engine"] == "down"
     assert metrics(app)["ingest-0"] == "down"
+    assert "- engine is down: its last report is 120 s old" in app.error[0].value
 
 
 # ---- inputs survive reruns -------------------------------------------------------------
