@@ -280,25 +280,21 @@ def write_health(root: Path, now_ms: int) -> None:
     """Health files as a running engine and ingester write them."""
     folder = root / "_health"
     folder.mkdir(parents=True, exist_ok=True)
-    watermark = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(now_ms / 1000 - 2))
     queries = [
         {
-            "name": name,
+            "name": "engine",
             "active": True,
             "batch_id": 120,
-            "input_rows_per_s": rate,
-            "processed_rows_per_s": rate * 3,
-            "batch_ms": 210,
-            "watermark": watermark,
-            "state_rows": state,
-            "rows_dropped_by_watermark": 0,
+            "batches": 118,
+            "input_rows_per_s": 6.0,
+            "processed_rows_per_s": 18.0,
+            "batch_ms": 510,
+            "evaluate_ms": 120.5,
+            "commit_ms": 31.0,
+            "restore_ms": 2.1,
+            "reused": True,
+            "keys": {"station_speed": 8, "larceny": 17},
         }
-        for name, rate, state in (
-            ("landing", 310.0, None),
-            ("stage-station_speed", 290.0, 8),
-            ("stage-congestion", 12.0, None),
-            ("stage-larceny", 4.5, 17),
-        )
     ]
     streams = [
         {

@@ -86,33 +86,36 @@ def parts() -> None:
 
 @panel
 def engine_queries() -> None:
-    """The engine's streaming queries: input rate, batch time, watermark and lag."""
+    """The engine's streaming query: its rates, where a batch's time goes, how many keys
+    the rules hold state for, and the engine's memory (watermarks are per stream,
+    below)."""
     record = health("engine")
     if not record or not record.get("queries"):
         st.caption("The engine has not reported any query yet (`lookout engine`).")
         return
     frame = pd.DataFrame(record["queries"])
-    watermark = pd.to_datetime(frame.get("watermark"), utc=True, errors="coerce")
-    frame["watermark"] = watermark
-    # Lag: how far event time (the watermark) trails the wall clock now.
-    frame["lag_s"] = (pd.Timestamp(time.time(), unit="s", tz="UTC") - watermark).dt.total_seconds()
+    if "keys" in frame:
+        frame["live_keys"] = [sum((keys or {}).values()) for keys in frame["keys"]]
     columns = [
         "name",
         "active",
+        "batches",
         "input_rows_per_s",
         "processed_rows_per_s",
         "batch_ms",
-        "watermark",
-        "lag_s",
-        "state_rows",
-        "rows_dropped_by_watermark",
+        "evaluate_ms",
+        "commit_ms",
+        "restore_ms",
+        "live_keys",
     ]
-    st.dataframe(
-        frame[[c for c in columns if c in frame]],
-        hide_index=True,
-        width="stretch",
-        column_config={"lag_s": st.column_config.NumberColumn("lag (s)", format="%.1f")},
-    )
+    st.dataframe(frame[[c for c in columns if c in frame]], hide_index=True, width="stretch")
+    if memory := record.get("memory"):
+        st.caption(
+            "Resident memory: "
+            + ", ".join(
+                f"{part.replace('_', ' ')} {size / 2**20:,.0f} MB" for part, size in memory.items()
+            )
+        )
 
 
 def _stream_row(table: str, late: dict[str, int]) -> dict[str, Any] | None:

@@ -106,7 +106,7 @@ def test_every_page_acknowledge_and_rules(page: Any, lakehouse: Path, rule_store
         page,
         "health",
         "Engine queries",
-        "stage-congestion",
+        "Resident memory",
         "missing field 'ts'",
         "readings_traffic",
     )
