@@ -319,6 +319,7 @@ def write_health(root: Path, now_ms: int) -> None:
     engine = {
         "updated_at_ms": now_ms,
         "queries": queries,
+        "memory": {"driver": 180 << 20, "jvm": 1900 << 20, "python_workers": 420 << 20},
         "streams": streams,
         "quarantined": 3,
         "window_ms": 60_000,
