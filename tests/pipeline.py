@@ -23,7 +23,7 @@ from lookout.storage import delta_options
 from rules.language.loader import RuleSet
 from tests.waiting import wait_for
 
-__all__ = ["publish", "running_engine", "running_ingest", "table_rows", "wait_for"]
+__all__ = ["delta_rows", "publish", "running_engine", "running_ingest", "table_rows", "wait_for"]
 
 
 def publish(broker: Broker, messages: Sequence[tuple[str, bytes]], qos: int = 1) -> None:

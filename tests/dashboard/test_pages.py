@@ -350,7 +350,8 @@ def test_health_down_when_the_files_are_stale(lakehouse: Path, open_page: Open) 
     app = open_page("health")
     assert metrics(app)["engine"] == "down"
     assert metrics(app)["ingest-0"] == "down"
-    assert "- engine is down: its last report is 120 s old" in app.error[0].value
+    # The page reads the clock a moment after the file was written.
+    assert re.search(r"- engine is down: its last report is 12\d s old", app.error[0].value)
 
 
 # ---- inputs survive reruns -------------------------------------------------------------

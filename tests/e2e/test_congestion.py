@@ -21,7 +21,7 @@ import pytest
 
 from lookout.replay import run_replay
 from rules.language.loader import RuleSet, load_rules
-from tests.pipeline import publish, running_engine, running_ingest, table_rows, wait_for
+from tests.pipeline import delta_rows, publish, running_engine, running_ingest, table_rows, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
 
@@ -172,13 +172,13 @@ def test_congestion_alerts_equal_the_oracle(spark, mosquitto, lookout_config, tm
     ):
         publish(mosquitto, messages)
         wait_for(
-            lambda: len(table_rows(spark, lookout_config, "alerts")) >= len(expected),
+            lambda: len(delta_rows(lookout_config, "alerts")) >= len(expected),
             180,
             f"{len(expected)} congestion alerts",
             engine=engine,
         )
         stored = wait_for(
-            lambda: len(table_rows(spark, lookout_config, "readings_traffic")) == len(readings),
+            lambda: len(delta_rows(lookout_config, "readings_traffic")) == len(readings),
             60,
             "every reading in readings_traffic",
             engine=engine,

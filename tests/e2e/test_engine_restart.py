@@ -32,7 +32,7 @@ from tests.e2e.test_congestion import (
     make_readings,
     replay_congestion,
 )
-from tests.pipeline import publish, running_ingest, table_rows, wait_for
+from tests.pipeline import delta_rows, publish, running_ingest, table_rows, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
 
@@ -102,7 +102,7 @@ def test_engine_kill_9_and_restart_gives_the_uninterrupted_tables(
         try:
             publish(mosquitto, as_messages(stream[:half], seed=23))
             wait_for(
-                lambda: table_rows(spark, lookout_config, "alerts"),
+                lambda: delta_rows(lookout_config, "alerts"),
                 240,
                 "the first alerts before the kill",
             )
@@ -111,21 +111,21 @@ def test_engine_kill_9_and_restart_gives_the_uninterrupted_tables(
             publish(mosquitto, [*as_messages(stream[half:], seed=24), CLOSING_HEARTBEAT])
             engine = start_engine(lookout_config, rules_file, log)
             wait_for(
-                lambda: len(table_rows(spark, lookout_config, "alerts")) >= len(want_alerts),
+                lambda: len(delta_rows(lookout_config, "alerts")) >= len(want_alerts),
                 300,
                 f"{len(want_alerts)} alerts after the restart",
             )
             wait_for(
                 lambda: (
-                    len(table_rows(spark, lookout_config, "readings_traffic"))
-                    + len(table_rows(spark, lookout_config, "late_readings"))
+                    len(delta_rows(lookout_config, "readings_traffic"))
+                    + len(delta_rows(lookout_config, "late_readings"))
                     >= len(stream)
                 ),
                 120,
                 "every reading stored",
             )
             wait_for(
-                lambda: incidents(table_rows(spark, lookout_config, "incidents")) == want_incidents,
+                lambda: incidents(delta_rows(lookout_config, "incidents")) == want_incidents,
                 60,
                 "the incidents replay gives",
             )

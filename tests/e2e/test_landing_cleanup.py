@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from rules.language.loader import load_rules
-from tests.pipeline import publish, running_engine, running_ingest, table_rows, wait_for
+from tests.pipeline import delta_rows, publish, running_engine, running_ingest, table_rows, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
 
@@ -62,9 +62,7 @@ def test_committed_landing_files_leave_the_landing_folder(
             ]
             publish(mosquitto, [(TOPIC, orjson.dumps(x)) for x in readings])
             wait_for(
-                lambda n=(r + 1) * ROUND: (
-                    len(table_rows(spark, lookout_config, "readings_traffic")) >= n
-                ),
+                lambda n=(r + 1) * ROUND: len(delta_rows(lookout_config, "readings_traffic")) >= n,
                 60,
                 f"round {r + 1} in readings_traffic",
                 engine=job,

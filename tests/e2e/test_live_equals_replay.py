@@ -27,7 +27,7 @@ import pytest
 from engine.core.plan import ColumnType
 from lookout.replay import run_replay
 from rules.language.loader import load_rules
-from tests.pipeline import publish, running_engine, running_ingest, table_rows, wait_for
+from tests.pipeline import delta_rows, publish, running_engine, running_ingest, table_rows, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
 
@@ -180,7 +180,7 @@ def test_live_rows_equal_replay_rows(spark, mosquitto, lookout_config, tmp_path,
         half = len(messages) // 2
         publish(mosquitto, messages[:half])
         wait_for(
-            lambda: table_rows(spark, lookout_config, f"readings_{library.stream}"),
+            lambda: delta_rows(lookout_config, f"readings_{library.stream}"),
             120,
             f"the first readings in readings_{library.stream}",
             engine=engine,
@@ -188,7 +188,7 @@ def test_live_rows_equal_replay_rows(spark, mosquitto, lookout_config, tmp_path,
         publish(mosquitto, messages[half:])
         expected_alerts = sum(len(replayed.get(n, [])) for n in alert_names)
         wait_for(
-            lambda: len(table_rows(spark, lookout_config, "alerts")) >= expected_alerts,
+            lambda: len(delta_rows(lookout_config, "alerts")) >= expected_alerts,
             300,
             f"{expected_alerts} alerts",
             engine=engine,
@@ -197,7 +197,7 @@ def test_live_rows_equal_replay_rows(spark, mosquitto, lookout_config, tmp_path,
             if sink.kind == "STREAM":
                 want = len(replayed.get(sink.name, []))
                 wait_for(
-                    lambda s=sink.name, n=want: len(table_rows(spark, lookout_config, s)) >= n,
+                    lambda s=sink.name, n=want: len(delta_rows(lookout_config, s)) >= n,
                     120,
                     f"{want} rows of {sink.name}",
                     engine=engine,
@@ -210,10 +210,7 @@ def test_live_rows_equal_replay_rows(spark, mosquitto, lookout_config, tmp_path,
         wait_for(
             lambda: (
                 normalised(
-                    [
-                        {c: r[c] for c in columns}
-                        for r in table_rows(spark, lookout_config, "incidents")
-                    ],
+                    [{c: r[c] for c in columns} for r in delta_rows(lookout_config, "incidents")],
                     stamps,
                 )
                 == want_incidents

@@ -19,7 +19,7 @@ import pytest
 from lookout.config import IngestConfig
 from rules.language.loader import load_rules
 from tests.ingest.helpers import kept_payload
-from tests.pipeline import publish, running_engine, running_ingest, table_rows, wait_for
+from tests.pipeline import delta_rows, publish, running_engine, running_ingest, table_rows, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
 
@@ -85,13 +85,13 @@ def test_bad_payloads_are_quarantined_and_good_ones_kept(
     ):
         publish(mosquitto, messages)
         wait_for(
-            lambda: len(table_rows(spark, lookout_config, "quarantine")) >= expected_bad,
+            lambda: len(delta_rows(lookout_config, "quarantine")) >= expected_bad,
             120,
             f"{expected_bad} quarantined payloads",
             engine=engine,
         )
         wait_for(
-            lambda: len(table_rows(spark, lookout_config, "readings_traffic")) >= expected_good,
+            lambda: len(delta_rows(lookout_config, "readings_traffic")) >= expected_good,
             60,
             f"{expected_good} stored readings",
             engine=engine,

@@ -22,7 +22,7 @@ from engine.core.state import JOURNAL
 from lookout.replay import run_replay
 from rules.language.loader import load_rules
 from tests.e2e.test_live_equals_replay import normalised
-from tests.pipeline import publish, running_engine, running_ingest, table_rows, wait_for
+from tests.pipeline import delta_rows, publish, running_engine, running_ingest, table_rows, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
 
@@ -108,7 +108,7 @@ def test_an_edited_rule_restarts_and_an_unchanged_one_resumes(
             publish(mosquitto, messages(rows, heartbeat))
             for name, count in want.items():
                 wait_for(
-                    lambda s=name, n=count: len(table_rows(spark, lookout_config, s)) >= n,
+                    lambda s=name, n=count: len(delta_rows(lookout_config, s)) >= n,
                     180,
                     f"{count} rows of {name}",
                     engine=engine,

@@ -21,7 +21,7 @@ from engine.core.plan import ColumnType
 from lookout.replay import run_replay
 from rules.language.loader import load_rules
 from tests.e2e.test_live_equals_replay import normalised
-from tests.pipeline import publish, running_engine, running_ingest, table_rows, wait_for
+from tests.pipeline import delta_rows, publish, running_engine, running_ingest, table_rows, wait_for
 from tests.rules.test_union import STREAMS
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
@@ -97,14 +97,14 @@ def test_a_window_over_a_union_runs_live_as_in_replay(spark, mosquitto, lookout_
         for name in ("both_ways", "smoothed", "busy"):
             want = len(replayed[name])
             wait_for(
-                lambda s=name, n=want: len(table_rows(spark, lookout_config, s)) >= n,
+                lambda s=name, n=want: len(delta_rows(lookout_config, s)) >= n,
                 300,
                 f"{want} rows of {name}",
                 engine=engine,
             )
         want = len(replayed["slow"])
         wait_for(
-            lambda: len(table_rows(spark, lookout_config, "alerts")) >= want,
+            lambda: len(delta_rows(lookout_config, "alerts")) >= want,
             120,
             f"{want} alerts",
             engine=engine,

@@ -136,7 +136,7 @@ def _first(sim: SimRun, seconds: int) -> SimRun:
 AVAILABILITY = [
     ("traffic", 1.0, HOUR, 1200),
     ("rfid", 2.0, 600, 600),
-    pytest.param("traffic", RATE, HOUR, HOUR, marks=pytest.mark.slow),
+    pytest.param("traffic", RATE, HOUR, 1200, marks=pytest.mark.slow),
     pytest.param("rfid", RATE, 600, 600, marks=pytest.mark.slow),
 ]
 
