@@ -146,8 +146,9 @@ def upper_bound(stmt: ast.Statement) -> tuple[str, float] | None:
             and isinstance(expr.left, ast.Column)
             and isinstance(expr.right, ast.Literal)
             and expr.right.type in ("INT", "DOUBLE")
+            and isinstance(expr.right.value, int | float)
         ):
-            return expr.left.name, float(expr.right.value)  # type: ignore[arg-type]
+            return expr.left.name, float(expr.right.value)
     return None
 
 

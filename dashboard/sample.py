@@ -14,6 +14,7 @@ import argparse
 import hashlib
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -91,10 +92,10 @@ def traffic_readings(end_ms: int, rows: int, seed: int = 7) -> pa.Table:
     )
 
 
-def _alert_rows(end_ms: int, count: int, rng: np.random.Generator) -> list[dict[str, object]]:
+def _alert_rows(end_ms: int, count: int, rng: np.random.Generator) -> list[dict[str, Any]]:
     """Congestion alerts each minute at stations 3 and 7, a silent detector, a stopped
     vehicle and a theft; older congestion alerts repeat to reach `count` rows."""
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []  # one alert's columns
 
     def add(
         rule: str, severity: str, key: str, event_ms: int, message: str, payload: dict[str, object]

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
-from deltalake.transaction import AddAction
+from deltalake.transaction import AddAction, RemoveAction
 
 from engine.core.plan import ColumnType, Plan, StreamSchema
 from engine.core.schema import ARROW_TYPES
@@ -330,7 +330,9 @@ def commit_files(
             with contextlib.suppress(FileNotFoundError):
                 fs.delete_file(f"{root.rstrip('/')}/{file.path}")
         return False
-    actions = [AddAction(f.path, f.size, {}, f.modified_ms, True, f.stats) for f in files]
+    actions: list[AddAction | RemoveAction] = [
+        AddAction(f.path, f.size, {}, f.modified_ms, True, f.stats) for f in files
+    ]
     table.create_write_transaction(
         actions,
         "append",

@@ -18,7 +18,7 @@ and the health record cannot disagree. Process-wide (Prometheus' default registr
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, Histogram, start_http_server
@@ -61,7 +61,7 @@ class _StatsCollector(Collector):
             for s in stats:
                 family.add_metric([s.ingester], getattr(s, attribute))
             yield family
-        gauges = {
+        gauges: dict[str, tuple[str, Callable[[IngestStats], float]]] = {
             "connected": ("Connected to the broker", lambda s: float(s.connected)),
             "subscribed": ("Subscribed to the streams' topics", lambda s: float(s.subscribed)),
             "landing_failing": (
@@ -75,10 +75,10 @@ class _StatsCollector(Collector):
             ),
         }
         for name, (text, value) in gauges.items():
-            family = GaugeMetricFamily(f"lookout_ingest_{name}", text, labels=["ingester"])
+            gauge = GaugeMetricFamily(f"lookout_ingest_{name}", text, labels=["ingester"])
             for s in stats:
-                family.add_metric([s.ingester], value(s))
-            yield family
+                gauge.add_metric([s.ingester], value(s))
+            yield gauge
 
 
 _COLLECTOR = _StatsCollector()

@@ -198,7 +198,9 @@ class Ingester:
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
         self._client.on_subscribe = self._on_subscribe
-        self._timestamps = {s.name: s.timestamp for s in validator.streams}
+        self._timestamps = {
+            s.name: s.timestamp for s in validator.streams if s.timestamp is not None
+        }
         self._last_health = clock()
         self._last_counts = (0, 0)
         self._health_error = ""  # why the last health write failed (logged once)
@@ -243,7 +245,8 @@ class Ingester:
             msg.mid,
             msg.qos,
             msg.topic,
-            msg.payload,
+            # paho types it for publishing too; a received payload is bytes (struct.unpack)
+            msg.payload,  # type: ignore[arg-type]
             int(self.clock() * 1000),
             msg.dup,
             self._connection,
@@ -307,10 +310,12 @@ class Ingester:
             result = self._validate(message, now_ms)
             stream = result.stream
             if result.readings:
+                assert stream is not None  # only a message routed to a stream has readings
                 self.writer.add_readings(
                     stream, result.readings, message.topic, message.received_ms
                 )
             for heartbeat in result.heartbeats:
+                assert stream is not None
                 self.writer.add_heartbeat(stream, heartbeat, message.received_ms)
             for rejection in result.rejections:
                 self.writer.add_rejection(

@@ -365,7 +365,7 @@ def _typed_decoder(
     types: dict[str, Any] = {}
     for f in (*fields, _epoch_field(non_negative, max_chars)):
         if f.fast_type is str:
-            types[f.name] = Annotated[str, msgspec.Meta(max_length=f.high)]
+            types[f.name] = Annotated[str, msgspec.Meta(max_length=int(f.high))]
         elif f.fast_type is bool:
             types[f.name] = bool
         elif f.fast_type is float:
@@ -378,7 +378,8 @@ def _typed_decoder(
         if f.default is not _REQUIRED:
             types[f.name] = NotRequired[types[f.name]]
     reading = TypedDict(f"{stream.name}_reading", types)  # type: ignore[misc]
-    decoder = msgspec.json.Decoder(reading | list[reading])  # type: ignore[valid-type]
+    decoder = msgspec.json.Decoder(reading | list[reading])
+    assert stream.timestamp is not None  # a stream with a SOURCE has an ORDER BY column
     return _TypedDecoder(decoder, stream.timestamp)
 
 
@@ -637,6 +638,7 @@ class Validator:
             return reject("payload is an empty array; a batch needs at least one reading")
         items = document if batch else [document]
         ts_name = target.timestamp
+        assert ts_name is not None  # a stream with a SOURCE has an ORDER BY column
         normalize = (
             partial(self._heartbeat, target)
             if is_heartbeat
@@ -681,6 +683,7 @@ class Validator:
             raise ValueError("heartbeat has no field 'ts'")
         ts = _coerce("ts", ColumnType.TIMESTAMP, item["ts"])
         (source,) = _fields(IDENTITY_COLUMNS[:1], self.non_negative, self.max_string_chars)
+        assert stream.timestamp is not None  # a stream with a SOURCE has an ORDER BY column
         # Keyed by the stream's own timestamp column so it lines up with the readings.
         return {"source": source.check(item.get("source", "")), stream.timestamp: ts}
 

@@ -213,7 +213,7 @@ class WebhookLog:
     @property
     def url(self) -> str:
         """The URL to give Alertmanager's webhook receiver."""
-        host, port = self.server.server_address[:2]
+        host, port = self.server.socket.getsockname()[:2]
         return f"http://{host}:{port}/notifications"
 
     def keep(self, notification: dict[str, Any]) -> None:

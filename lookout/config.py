@@ -19,9 +19,12 @@ import tomllib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import Field, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, get_type_hints
+from typing import TYPE_CHECKING, Any, NamedTuple, get_type_hints
 
 from rules.language.access import LIBRARY_MODULES, MAX_TABLE_BYTES, RulePolicy
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 @dataclass(frozen=True)
@@ -365,7 +368,7 @@ def _sections() -> dict[str, _Section]:
     config_hints = get_type_hints(Config)
     for config_field in fields(Config):
         kind = config_hints[config_field.name]
-        if is_dataclass(kind):
+        if isinstance(kind, type) and is_dataclass(kind):
             hints = get_type_hints(kind)
             settings = tuple(
                 _setting(config_field.name, f.name, kind, f, hints[f.name])
@@ -394,7 +397,7 @@ def _sections() -> dict[str, _Section]:
 
 # Sub-tables of a section, one per named thing, each overriding some of the section's
 # own keys for that thing: `[ingest.streams.<stream>]`. Read from the file only.
-_PER_NAME: dict[tuple[str, str], type] = {("ingest", "streams"): StreamClock}
+_PER_NAME: dict[tuple[str, str], type[DataclassInstance]] = {("ingest", "streams"): StreamClock}
 
 _SECTIONS = _sections()
 

@@ -260,11 +260,10 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
     ]
     # The notifier reads the incidents table on its own schedule: it needs no engine yet.
     notifier = Part("notifier", lookout_argv("notify"), logs / "notify.log")
-    stopping = False
+    stopping = threading.Event()  # set by the handler; only read here (is_set takes no lock)
 
     def on_signal(_signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
+        stopping.set()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -301,14 +300,14 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
             60,
         )
         _say(f"dashboard: {url}   ({sign_in}; Ctrl-C stops everything)")
-        while not stopping:
+        while not stopping.is_set():
             for part in started:
                 if part.process is not None and part.process.poll() is not None:
                     _say(f"{part.name} stopped unexpectedly; the end of its log:\n{part.tail()}")
                     return 1
             _say(status_line(config, int(time.time() * 1000)))
             for _ in range(20):
-                if stopping:
+                if stopping.is_set():
                     break
                 time.sleep(0.5)
         return 0

@@ -144,7 +144,8 @@ def arrange(
     p_dup = p_late + faults.duplicate
     heap: list[tuple[int, float, int, str, str, dict | bytes]] = []
     counter = 0
-    next_hb = start_ms + heartbeat_ms if heartbeat_ms else None
+    hb_ms = heartbeat_ms or 0  # 0: no heartbeats
+    next_hb = start_ms + hb_ms if hb_ms else None
     # A late reading is held back until a reading (or a heartbeat) of its stream more
     # than the slack newer has been sent: in a sparse stream its planned arrival alone may
     # not make it late. Per stream kind: the newest ts sent, and the held readings as
@@ -201,7 +202,7 @@ def arrange(
             while next_hb < r.t:
                 yield from drain(next_hb)
                 yield from heartbeats(next_hb)
-                next_hb += heartbeat_ms
+                next_hb += hb_ms
         yield from drain(r.t - 1)
         last_t = r.t
         payload = dict(r.fields)
@@ -244,7 +245,7 @@ def arrange(
             while next_hb < last_arrival:
                 yield from drain(next_hb)
                 yield from heartbeats(next_hb)
-                next_hb += heartbeat_ms
+                next_hb += hb_ms
         yield from drain(last_arrival)
     # A held reading nothing newer overtook by the slack is not late: it goes last, on
     # time (the readings too near the end are not made late, so this is rare).
@@ -253,7 +254,7 @@ def arrange(
             yield last_arrival, "reading", topic, payload
     if next_hb is not None:
         # Nothing more will come: promise the run's end (never less than before).
-        final = max(last_t, end_ms or 0, model.floor(next_hb - heartbeat_ms))
+        final = max(last_t, end_ms or 0, model.floor(next_hb - hb_ms))
         for src in sorted(sources):
             topic = f"lookout/{sources[src]}/{src}/heartbeat"
             ts = format_ts(final + skew[src], ts_format)

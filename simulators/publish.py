@@ -16,10 +16,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from typing import IO
+from typing import IO, Any
 
 import orjson
 import paho.mqtt.client as mqtt
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 
 from lookout.mqtt_auth import Login
 from simulators.common import format_ts, parse_ts
@@ -114,12 +116,26 @@ class MqttSink:
         """Messages published but not yet acknowledged."""
         return self.messages - self._acked if self.qos else 0
 
-    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+    def _on_connect(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        flags: mqtt.ConnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
         if reason_code.is_failure:
             raise ConnectionError(f"broker refused the connection: {reason_code}")
         self._connected = True
 
-    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+    def _on_publish(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        mid: int,
+        reason_code: ReasonCode,
+        properties: Properties,
+    ) -> None:
         self._acked += 1
 
     def _serve(self, timeout: float, until: float | None = None) -> None:

@@ -129,7 +129,7 @@ class _Warehouse:
             (self.new_tag("case"), [self.new_tag("item") for _ in range(rng.randint(2, 6))])
             for _ in range(rng.randint(1, 3))
         ]
-        lost, last_door = None, None
+        lost, last_door = None, self.cfg.doors  # nothing lost: read at every door
         if self.missing_due:
             self.missing_due -= 1
             lost = rng.choice([i for _, items in cases for i in items])
@@ -245,11 +245,11 @@ def generate_rfid(
     next_c = float(start_ms - cfg.doors * 100_000) + rng.expovariate(1.0) * mean_gap_ms
     while True:
         while upcoming and upcoming[-1][0] <= next_c + horizon:
-            ep = next(schedule, None)
-            if ep is None:
+            following = next(schedule, None)
+            if following is None:
                 break
-            upcoming.append(ep)
-            wh.reserve(*ep)
+            upcoming.append(following)
+            wh.reserve(*following)
         if upcoming and upcoming[0][0] <= next_c:
             wh.episode(*upcoming.pop(0))
         else:

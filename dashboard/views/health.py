@@ -5,7 +5,7 @@ quarantined payloads, and the version of every Delta table."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 import streamlit as st
@@ -72,7 +72,9 @@ def parts() -> None:
     for column, name in zip(st.columns(len(names)), names, strict=True):
         record = health(name)
         state, detail = status(record, down_after_s)
-        colour = {"up": "green", "down": "red"}.get(state, "gray")
+        colour: Literal["green", "red", "gray"] = (
+            "green" if state == "up" else "red" if state == "down" else "gray"
+        )
         column.metric(name, state, detail, delta_color=colour, delta_arrow="off", border=True)
         if name.startswith("ingest") and record and state == "up":
             column.caption(

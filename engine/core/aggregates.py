@@ -167,7 +167,7 @@ class Count(IncrementalAggregate):
         assert isinstance(other, Count)
         self.n += other.n
 
-    def merged_value(self, later: IncrementalAggregate) -> int:  # type: ignore[override]
+    def merged_value(self, later: IncrementalAggregate) -> int:
         assert isinstance(later, Count)
         return self.n + later.n
 
@@ -201,7 +201,7 @@ class Sum(IncrementalAggregate):
     def get_value(self) -> Any:
         return self.total if self.n else None
 
-    def merged_value(self, later: IncrementalAggregate) -> Any:  # type: ignore[override]
+    def merged_value(self, later: IncrementalAggregate) -> Any:
         assert isinstance(later, Sum)
         if not (self.n and later.n):
             return (self if self.n else later).get_value()
@@ -214,7 +214,7 @@ class Avg(Sum):
     def get_value(self) -> float | None:
         return self.total / self.n if self.n else None
 
-    def merged_value(self, later: IncrementalAggregate) -> float | None:  # type: ignore[override]
+    def merged_value(self, later: IncrementalAggregate) -> float | None:
         assert isinstance(later, Avg)
         if not (self.n and later.n):
             return (self if self.n else later).get_value()
@@ -313,7 +313,7 @@ class Max(IncrementalAggregate):
         if value is not None:
             self.accumulate(value)
 
-    def merged_value(self, later: IncrementalAggregate) -> Any:  # type: ignore[override]
+    def merged_value(self, later: IncrementalAggregate) -> Any:
         mine, theirs = self.get_value(), later.get_value()
         if theirs is None or mine is None:
             return mine if theirs is None else theirs

@@ -351,7 +351,9 @@ class KeyedEvaluator:
         if not count:
             return
         assert self._copies is not None
-        names = [name for name, _ in query.post[0].columns]  # type: ignore[attr-defined]
+        project = query.post[0]
+        assert isinstance(project, Project)  # what _copies was computed from
+        names = [name for name, _ in project.columns]
         have = extents.columns
         columns = {
             name: have[key] if key in have else [None] * count
@@ -438,6 +440,7 @@ class KeyedEvaluator:
             return SavedState(self.snapshot(), {}, [])
         head = self._dump(op.get_state(chunked=True))  # type: ignore[call-arg]
         chunks = op.chunks  # type: ignore[union-attr]
+        assert chunks is not None  # set by store_in_chunks
         return SavedState(head, chunks.writes, chunks.deletes)
 
     def _dump(self, op_state: Any) -> bytes:

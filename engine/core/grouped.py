@@ -22,11 +22,13 @@ Args = tuple[tuple[Any, ...], ...]
 
 
 def _fresh(calls: tuple[AggCall, ...]) -> list[IncrementalAggregate]:
-    aggs = [make_aggregate(c.name, c.factory) for c in calls]
-    for call, agg in zip(calls, aggs, strict=True):
+    aggs: list[IncrementalAggregate] = []
+    for call in calls:
+        agg = make_aggregate(call.name, call.factory)
         if not isinstance(agg, IncrementalAggregate):
             raise ValueError(f"'{call.name}' over a grouped ROWS window must be incremental")
-    return aggs  # type: ignore[return-value]
+        aggs.append(agg)
+    return aggs
 
 
 class GroupFrame:

@@ -228,7 +228,7 @@ class StreamSequencer:
             on_time = ts[readings] >= before[readings]
             verdicts[readings] = np.where(on_time, Verdict.ON_TIME, Verdict.LATE)
             keys = list(
-                zip((sources[i] for i in readings), (epochs[i] for i in readings), strict=True)
+                zip((sources[i] for i in readings), (epochs[i] for i in readings), strict=True)  # type: ignore[call-overload]
             )
             groups: dict[tuple[str, str], list[int]] = {}
             for position, key in zip(readings.tolist(), keys, strict=True):

@@ -533,7 +533,7 @@ class OverOperator(_Aggregating):
             out = _combine(*self.pending[:2], self.calls, self.pending[2])
             self.pending, self.pending_close = None, None
             return out
-        out: list[Result] = []
+        out = []
         while (due := self._expiry_instant()) is not None and due <= instant:
             row, emitted = self._expire_oldest()
             if row is not None:
@@ -658,19 +658,22 @@ class ExtentOperator(_Aggregating):
         self.showing = bool(self.buffer)
         if not self.buffer:
             return []
-        values = [
-            [agg.get_value()] if inc else list(agg.terminate(view))  # type: ignore[attr-defined]
-            for agg, inc, view in zip(self.aggs, self.incremental, self.views, strict=True)
-        ]
+        values: list[list[Any]] = []
+        for agg, inc, view in zip(self.aggs, self.incremental, self.views, strict=True):
+            if inc:
+                values.append([agg.get_value()])  # type: ignore[attr-defined]
+            else:
+                assert view is not None  # an ESL-shaped aggregate has its inwindow
+                values.append(list(agg.terminate(view)))
         row = {**(self.key or {}), "window_start": start, "window_end": end}
         return _combine(end, row, self.calls, values)
 
     def settle(self, watermark: int) -> None:
         """Tuples leave at extent closes (timers), never in between."""
 
-    def get_state(self) -> Any:
+    def get_state(self, chunked: bool = False) -> Any:
         """The frame's state plus the group key and the last extent closed."""
-        return (super().get_state(), self.key, self.closed, self.showing)
+        return (super().get_state(chunked), self.key, self.closed, self.showing)
 
     def set_state(self, state: Any) -> None:
         """Restore what ``get_state`` returned."""

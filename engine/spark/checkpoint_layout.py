@@ -48,7 +48,7 @@ def check_checkpoint_layout(config: Config) -> None:
                 f"{marker}: expected a layout number (this version writes "
                 f"{CHECKPOINT_LAYOUT}), found {text!r}; it is not a file Lookout wrote"
             )
-        found = int(text)
+        found: int | None = int(text)
     else:
         listing = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
         queries = [Path(i.path).name for i in listing]

@@ -148,7 +148,7 @@ class EngineJob:
         totals: dict[str, int] = {"quarantined": 0}
         heartbeats = 0
         for query, committer in self.queries:
-            progress = query.lastProgress or {}
+            progress: dict[str, Any] = query.lastProgress or {}
             seen = committer.health()
             figures = seen["figures"]
             queries.append(

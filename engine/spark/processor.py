@@ -102,11 +102,11 @@ class SparkStore:
 
     def scan(self, kind: str) -> Iterator[tuple[StateKey, bytes]]:
         for key, value in self.maps[kind].iterator():
-            yield (kind, *key), value[0]  # type: ignore[misc]
+            yield (kind, *key), value[0]
 
     def keys(self, kind: str) -> Iterator[StateKey]:
         for key in self.maps[kind].keys():  # noqa: SIM118 (a MapState: it lists its keys)
-            yield (kind, *key)  # type: ignore[misc]
+            yield (kind, *key)
 
 
 @dataclass(frozen=True)

@@ -315,6 +315,7 @@ class Checker:
                 f"Python aggregate '{target}' must subclass engine.core.aggregates.WindowAggregate",
             )
             return None
+        needed: tuple[str, ...]
         if issubclass(cls, IncrementalAggregate):
             needed = ("accumulate", "retract", "get_value")
         else:

@@ -49,7 +49,7 @@ def _explain(args: argparse.Namespace) -> int:
     return 1 if analysis.errors else 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `rules` command (with `check` and `explain`) to an argparse subparsers."""
     rules = subparsers.add_parser("rules", help="check and explain rule files")
     sub = rules.add_subparsers(dest="rules_command", required=True)

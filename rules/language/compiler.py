@@ -135,8 +135,8 @@ def _copies(
     for expr in exprs:
         if isinstance(expr, ast.Column):
             copied.append(_row_key(expr, keys or {}))
-        elif expr in aggregates:
-            copied.append(aggregates[expr])  # type: ignore[index]
+        elif isinstance(expr, ast.Call) and expr in aggregates:
+            copied.append(aggregates[expr])
         else:
             return None
     return tuple(copied)
@@ -543,11 +543,11 @@ def _lookup_join(
     pairs: list[tuple[Fn, str]] = []
     vectors: list[Vector | None] = []
     for cond in _conjuncts(on):
-        sides = (cond.left, cond.right) if isinstance(cond, ast.Binary) else ()
-        if not sides or cond.op != "=":  # type: ignore[union-attr]
+        if not isinstance(cond, ast.Binary) or cond.op != "=":
             raise Unsupported(
                 expr_pos(cond), f"this ON condition (only equalities with '{label}' columns)"
             )
+        sides = (cond.left, cond.right)
         mine = [s for s in sides if isinstance(s, ast.Column) and owner(s) == label]
         if len(mine) != 1:
             raise Unsupported(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from lark import Lark, Token, Transformer, Tree, UnexpectedInput, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedToken, VisitError
@@ -163,7 +163,9 @@ def _syntax_error(file: str, text: str, exc: UnexpectedInput) -> RuleError:
         else:
             message = f"syntax error: unexpected {found}; expected {_words(expected)}"
     elif isinstance(exc, UnexpectedCharacters):
-        char = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else "?"
+        # lark types it None (the base class's default); UnexpectedCharacters sets an int
+        at: int = exc.pos_in_stream  # type: ignore[assignment]
+        char = text[at] if at < len(text) else "?"
         message = f"syntax error: unexpected character '{char}'"
         if exc.allowed:
             message += f"; expected {_words(set(exc.allowed))}"
@@ -207,7 +209,7 @@ def _strip(children: list[Any]) -> list[Any]:
 class _R2S(NamedTuple):
     """`ISTREAM(list)` and friends, on its way into `ast.Select`."""
 
-    operator: str
+    operator: ast.R2S
     items: tuple[ast.SelectItem, ...]
 
 
@@ -362,8 +364,8 @@ class _Build(Transformer[Token, Any]):
             left,
         )
 
-    def r2s(self, children: list[Token]) -> str:
-        return str(children[0]).upper()
+    def r2s(self, children: list[Token]) -> ast.R2S:
+        return cast(ast.R2S, str(children[0]).upper())  # the grammar's three tokens
 
     def r2s_projection(self, children: list[Any]) -> _R2S:
         return _R2S(children[0], children[1])

@@ -69,7 +69,7 @@ def _convert(
 ) -> tuple[Values, ...]:
     rows = []
     for number, record in enumerate(records):
-        values = []
+        values: list[Any] = []
         for name, typ in columns.items():
             raw = record.get(name)
             if raw is None or raw == "":

@@ -13,7 +13,7 @@ query on the per-row path. The equivalence is property-tested against the row cl
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from rules.language import ast
 
-Datum = pa.Array | pa.ChunkedArray | pa.Scalar
+Datum: TypeAlias = pa.Array | pa.ChunkedArray | pa.Scalar
 Vector = Callable[[pa.Table], Datum]
 """A compiled expression over a batch; the result may be a scalar (a constant)."""
 

@@ -39,8 +39,8 @@ class PaneParts:
 
     def select(self, keep: np.ndarray) -> PaneParts:
         return PaneParts(
-            tuple(a[keep] for a in self.before),  # type: ignore[arg-type]
-            tuple(a[keep] for a in self.end),  # type: ignore[arg-type]
+            tuple(a[keep] for a in self.before),
+            tuple(a[keep] for a in self.end),
             self.least[keep],
             self.most[keep],
         )
@@ -111,8 +111,8 @@ class ExtentRunner(ColumnarRunner):
                 column = agg.Column.of(call.vector_args[0](rows) if call.args else None, n)  # type: ignore[index]
                 prefix = agg.Prefix.after(column, start)
                 least, most = agg.extremes(column, lo, hi)
-                ends = (prefix.rows[hi - 1], prefix.valid[hi - 1], prefix.total[hi - 1])
-                fresh.append(PaneParts(prefix.before(lo), ends, least, most))
+                end = (prefix.rows[hi - 1], prefix.valid[hi - 1], prefix.total[hi - 1])
+                fresh.append(PaneParts(prefix.before(lo), end, least, most))
                 totals.append(prefix.end())
             state.totals = totals
             self._merge(state, numbers[lo], fresh)

@@ -433,7 +433,7 @@ class OverRunner(ColumnarRunner):
         data = store.get(("slice", self.stage.name, key_json(self._loading), number))
         if data is None:
             raise KeyError(f"slice {number} of {self.stage.name} {self._loading} missing")
-        return pickle.loads(data)  # type: ignore[no-any-return]
+        return pickle.loads(data)
 
     def dump(self, key: Key, store: StateStore) -> Any:
         state: OverKey = self.states[key]
