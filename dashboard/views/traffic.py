@@ -21,7 +21,7 @@ from dashboard.charts import channel, chart, tip, with_threshold
 from dashboard.data import alert_source, query, sql_text, sql_time, table_version
 from dashboard.rule_folder import book_of, configured_alert_problem
 from dashboard.settings import rule_store, settings
-from dashboard.ui import empty, panel
+from dashboard.ui import duration_text, empty, panel
 from lookout.config import DashboardConfig
 
 READINGS = "readings_traffic"
@@ -90,17 +90,6 @@ def station_states(now: datetime, config: DashboardConfig) -> pd.DataFrame:
     return stations
 
 
-def _age(seconds: float) -> str:
-    """A duration as the strip says it, in whole minutes or hours: the text then stays
-    the same across most refreshes (no tile changes size under the operator's cursor)."""
-    minutes = max(0.0, seconds) / 60  # an arrival stamped by a clock a little ahead: 0
-    if minutes < 1:
-        return "< 1 min"
-    if minutes < 120:
-        return f"{minutes:.0f} min"
-    return f"{minutes / 60:.0f} h"
-
-
 def strip_html(stations: pd.DataFrame, now: datetime, config: DashboardConfig) -> str:
     """The highway as a row of coloured station boxes, in station order: each with its
     speed, how long ago (wall clock) its newest reading arrived, and how far that
@@ -111,8 +100,8 @@ def strip_html(stations: pd.DataFrame, now: datetime, config: DashboardConfig) -
         arrived = (wall - row.last_arrival).total_seconds()
         behind = (pd.Timestamp(now) - row.last_reading).total_seconds()
         speed = "n/a" if pd.isna(row.avg_speed) else f"{row.avg_speed:.1f} m/s"
-        ages = f"arrived {_age(arrived)} ago" + (
-            f" · {_age(behind)} behind" if behind >= 60 else ""
+        ages = f"arrived {duration_text(arrived)} ago" + (
+            f" · {duration_text(behind)} behind" if behind >= 60 else ""
         )
         boxes.append(
             f'<div style="flex:1;min-width:6.5em;padding:0.5em;border-radius:0.4em;'
