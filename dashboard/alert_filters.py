@@ -1,4 +1,5 @@
-"""The Alerts page's filters as SQL: rules, severities, time range, key text, status."""
+"""The Alerts page's filters as SQL: rules, severities, time range, key text, status (the
+incidents take the first three and the key text)."""
 
 from __future__ import annotations
 
@@ -18,20 +19,28 @@ RANGES: dict[str, timedelta | None] = {
 def where_clause(
     rules: list[str], severities: list[str], since: datetime | None, key: str, status: str
 ) -> str:
-    """The SQL filter for the chosen rules, severities, start time, key text and status."""
+    """The SQL filter of the alerts for the chosen rules, severities, start time, key text
+    and status."""
+    terms = [incident_clause(rules, severities, key)]
+    if since is not None:
+        terms.append(f"event_time >= {sql_time(since)}")
+    if status == "open":
+        terms.append("acked_at IS NULL")
+    elif status == "acknowledged":
+        terms.append("acked_at IS NOT NULL")
+    return " AND ".join(terms)
+
+
+def incident_clause(rules: list[str], severities: list[str], key: str) -> str:
+    """The SQL filter for the chosen rules, severities and key text (columns the alerts
+    and the incidents share)."""
     terms = ["TRUE"]
     if rules:
         terms.append(f"rule IN ({', '.join(map(sql_text, rules))})")
     if severities:
         terms.append(f"severity IN ({', '.join(map(sql_text, severities))})")
-    if since is not None:
-        terms.append(f"event_time >= {sql_time(since)}")
     if key.strip():
         terms.append(f"strpos(key, {sql_text(key.strip())}) > 0")
-    if status == "open":
-        terms.append("acked_at IS NULL")
-    elif status == "acknowledged":
-        terms.append("acked_at IS NOT NULL")
     return " AND ".join(terms)
 
 

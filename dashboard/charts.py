@@ -2,7 +2,8 @@
 
 `st.vega_lite_chart` draws a dict directly; building the same charts with altair cost
 its import (about 0.6 s on the first page a new server draws) and a schema walk on
-every refresh. Time axes are shown in UTC, as their titles say.
+every refresh. Time axes are shown in UTC, as their titles say, on a 24-hour clock like
+the tables beside them (Vega's default labels hours on a 12-hour clock without am/pm).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 Spec = dict[str, Any]
+CLOCK = "%H:%M"
+"""A time axis's labels: hours and minutes, 24-hour clock."""
 
 
 def channel(field: str, kind: str, title: str | None = None, **extra: Any) -> Spec:
@@ -19,6 +22,7 @@ def channel(field: str, kind: str, title: str | None = None, **extra: Any) -> Sp
         spec["title"] = title
     if kind == "temporal":  # a UTC scale labels the axis in UTC, not the browser's zone
         spec.setdefault("scale", {"type": "utc"})
+        spec.setdefault("axis", {"format": CLOCK})
     return spec
 
 

@@ -4,8 +4,11 @@ Queries run in DataFusion (delta-rs's `QueryBuilder`) so a page aggregates a mil
 readings without loading them into pandas first. Results are cached per table version:
 a refresh that finds no new commit costs one small metadata read per table.
 
-The dashboard writes one table itself, `alert_acks` (alert_id, acked_at, note, acked_by),
-so an acknowledgement survives restarts.
+The dashboard writes two tables itself, `alert_acks` and `incident_acks` (the alert's or
+incident's id, acked_at, note, acked_by), so an acknowledgement survives restarts. They
+are appended to and joined at read time: the engine merges `incidents` every batch, and
+an acknowledgement written into that table would race its merges (one of the two
+writers retrying, the engine's batch failing after its last retry).
 
 The lakehouse is a local folder or an `s3://` prefix, reached as the configuration's
 `[s3]` says (`lookout.storage`), like the engine that writes it.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,15 +33,31 @@ from lookout.config import ConfigError, S3Config, load_config
 from lookout.health import health_parts, read_health
 from lookout.storage import delta_options, exists, is_object_store, list_names
 
-ACKS = "alert_acks"
-ACKS_SCHEMA = pa.schema(
-    [
-        ("alert_id", pa.string()),
-        ("acked_at", pa.timestamp("us", tz="UTC")),
-        ("note", pa.string()),
-        ("acked_by", pa.string()),
-    ]
-)
+
+@dataclass(frozen=True)
+class AckTable:
+    """A table of acknowledgements: its name, the table whose rows it acknowledges and
+    the id column the two share."""
+
+    name: str
+    subject: str
+    id_column: str
+
+    @property
+    def schema(self) -> pa.Schema:
+        """Its columns: the id, when, the note, who."""
+        return pa.schema(
+            [
+                (self.id_column, pa.string()),
+                ("acked_at", pa.timestamp("us", tz="UTC")),
+                ("note", pa.string()),
+                ("acked_by", pa.string()),
+            ]
+        )
+
+
+ALERT_ACKS = AckTable("alert_acks", "alerts", "alert_id")
+INCIDENT_ACKS = AckTable("incident_acks", "incidents", "incident_id")
 
 
 class DataError(Exception):
@@ -158,22 +178,31 @@ def sql_time(when: datetime) -> str:
 
 def acknowledge(alert_ids: list[str], note: str, user: str) -> None:
     """Record that `user` acknowledged the alerts now, with a note."""
-    if not alert_ids:
+    _record_acks(ALERT_ACKS, alert_ids, note, user)
+
+
+def acknowledge_incident(incident_id: str, note: str, user: str) -> None:
+    """Record that `user` acknowledged the incident now, with a note."""
+    _record_acks(INCIDENT_ACKS, [incident_id], note, user)
+
+
+def _record_acks(acks: AckTable, ids: list[str], note: str, user: str) -> None:
+    if not ids:
         return
     now = datetime.now(UTC)
     rows = pa.table(
         {
-            "alert_id": alert_ids,
-            "acked_at": [now] * len(alert_ids),
-            "note": [note] * len(alert_ids),
-            "acked_by": [user] * len(alert_ids),
+            acks.id_column: ids,
+            "acked_at": [now] * len(ids),
+            "note": [note] * len(ids),
+            "acked_by": [user] * len(ids),
         },
-        schema=ACKS_SCHEMA,
+        schema=acks.schema,
     )
     try:
         # "merge" adds `acked_by` to a table written before acknowledgements named anyone.
         write_deltalake(
-            _location(ACKS),
+            _location(acks.name),
             rows,
             mode="append",
             schema_mode="merge",
@@ -181,7 +210,7 @@ def acknowledge(alert_ids: list[str], note: str, user: str) -> None:
         )
     except Exception as exc:
         raise DataError(f"could not record the acknowledgement: {exc}") from exc
-    _forget(ACKS)  # the next read must see it
+    _forget(acks.name)  # the next read must see it
 
 
 def health(part: str) -> dict[str, Any] | None:
@@ -232,17 +261,28 @@ def delta_tables() -> pd.DataFrame:
 def alert_source() -> tuple[str, tuple[str, ...]]:
     """A SQL subquery of the alerts with `acked_at`, `note` and `acked_by` (NULL while
     open), and the tables it reads."""
-    if table_version(ACKS) is None:
+    return _acknowledged(ALERT_ACKS)
+
+
+def incident_source() -> tuple[str, tuple[str, ...]]:
+    """A SQL subquery of the incidents with `acked_at`, `note` and `acked_by` (NULL while
+    not acknowledged), and the tables it reads."""
+    return _acknowledged(INCIDENT_ACKS)
+
+
+def _acknowledged(acks: AckTable) -> tuple[str, tuple[str, ...]]:
+    """`acks.subject`'s rows with their latest acknowledgement, and the tables read."""
+    if table_version(acks.name) is None:
         return (
             "(SELECT *, CAST(NULL AS TIMESTAMP) AS acked_at, CAST(NULL AS VARCHAR) AS note, "
-            "CAST(NULL AS VARCHAR) AS acked_by FROM alerts)",
-            ("alerts",),
+            f"CAST(NULL AS VARCHAR) AS acked_by FROM {acks.subject})",
+            (acks.subject,),
         )
     return (
-        "(SELECT a.*, k.acked_at, k.note, k.acked_by FROM alerts a LEFT JOIN "
-        "(SELECT alert_id, max(acked_at) AS acked_at, "
+        f"(SELECT a.*, k.acked_at, k.note, k.acked_by FROM {acks.subject} a LEFT JOIN "
+        f"(SELECT {acks.id_column}, max(acked_at) AS acked_at, "
         "first_value(note ORDER BY acked_at DESC) AS note, "
         "first_value(acked_by ORDER BY acked_at DESC) AS acked_by "
-        "FROM alert_acks GROUP BY alert_id) k USING (alert_id))",
-        ("alerts", ACKS),
+        f"FROM {acks.name} GROUP BY {acks.id_column}) k USING ({acks.id_column}))",
+        (acks.subject, acks.name),
     )

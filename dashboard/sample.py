@@ -4,7 +4,8 @@
 schemas of `engine/tables.py` and the shipped rules) and the health files, ending at
 the current time:
 eight traffic stations (3 and 7 congested, 5 silent for the last ten minutes), four
-RFID doors with packing groups and a theft alarm, some late and quarantined readings.
+RFID doors with packing groups and a theft alarm, the incidents of those alerts (firing
+and resolved), some late and quarantined readings.
 `--readings` and `--alerts` scale it up for the load benchmark.
 """
 
@@ -19,9 +20,10 @@ from typing import Any
 import numpy as np
 import orjson
 import pyarrow as pa
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 
 from engine import tables
+from engine.alerts import incident_id
 from rules.language.loader import RULES_DIR, load_rules
 
 TS = tables.TIMESTAMP
@@ -165,6 +167,106 @@ def alerts_table(end_ms: int, count: int, seed: int = 7) -> pa.Table:
             table.schema.get_field_index(column), column, _ts([r[column] for r in rows])
         )
     return table
+
+
+def incident_rows(end_ms: int) -> list[dict[str, object]]:
+    """The incidents of the sample's alerts, as the engine leaves them (times in epoch ms):
+    firing congestion at stations 3 and 7, the silent station 5 and the theft at door 4;
+    resolved, the stopped vehicle (after 2 minutes) and an earlier congestion at station 7
+    (after 30 minutes)."""
+
+    def incident(
+        rule: str,
+        severity: str,
+        key: str,
+        opened_ms: int,
+        last_ms: int,
+        resolved_ms: int | None,
+        reports: int,
+        message: str,
+    ) -> dict[str, object]:
+        return {
+            "incident_id": incident_id(rule, key, opened_ms),
+            "rule": rule,
+            "severity": severity,
+            "key": key,
+            "message": message,
+            "opened_at": opened_ms,
+            "last_report_at": last_ms,
+            "resolved_at": resolved_ms,
+            "reports": reports,
+        }
+
+    minute = 60_000
+    return [
+        *(
+            incident(
+                "congestion",
+                "warning",
+                f"station={s}",
+                end_ms - 20 * minute,
+                end_ms - minute,
+                None,
+                19,
+                f"station {s}: {9.5 + s / 10:.1f} m/s over 15 minutes",
+            )
+            for s in CONGESTED
+        ),
+        incident(
+            "silent_detector",
+            "warning",
+            f"station={SILENT}",
+            end_ms - 5 * minute,
+            end_ms - 5 * minute,
+            None,
+            1,
+            f"station {SILENT}: no reading since 10 minutes ago",
+        ),
+        incident(
+            "larceny",
+            "critical",
+            "door=4",
+            end_ms - 7 * minute,
+            end_ms - 7 * minute,
+            None,
+            1,
+            "item item-0042 left through door 4 without an authorised person",
+        ),
+        incident(
+            "stopped_vehicle",
+            "critical",
+            "station=2, lane=1",
+            end_ms - 40 * minute,
+            end_ms - 40 * minute,
+            end_ms - 38 * minute,
+            1,
+            "station 2 lane 1: vehicle stopped (4 reports under 1 m/s)",
+        ),
+        incident(
+            "congestion",
+            "warning",
+            "station=7",
+            end_ms - 180 * minute,
+            end_ms - 151 * minute,
+            end_ms - 150 * minute,
+            29,
+            "station 7: 12.4 m/s over 15 minutes",
+        ),
+    ]
+
+
+def write_incidents(root: Path, rows: list[dict[str, object]]) -> None:
+    """Merge incident states (times in epoch ms) into `root`'s `incidents` table by id, as
+    the engine's batches do (`engine.tables.merge_files`), as the next batch of a writer
+    named `sample`."""
+    location = str(root / "incidents")
+    tables.ensure_table(location, tables.INCIDENTS)
+    batch = (DeltaTable(location).transaction_version("sample") or 0) + 1
+    data = tables.ms_table(rows, tables.INCIDENTS)
+    files = [tables.write_data_file("incidents", location, data)]
+    tables.merge_files(
+        location, tables.INCIDENTS, files, *tables.MERGED["incidents"], "sample", batch
+    )
 
 
 def rfid_readings(end_ms: int, seed: int = 7) -> tuple[pa.Table, pa.Table]:
@@ -382,6 +484,7 @@ def write_sample(
     _write(root, "readings_traffic", traffic)
     _write(root, "station_speed", station_speed(traffic))
     _write(root, "alerts", alerts_table(end_ms, alerts))
+    write_incidents(root, incident_rows(end_ms))
     tags, packing = rfid_readings(end_ms)
     _write(root, "readings_tag_readings", tags)
     _write(root, "packing_groups", packing)

@@ -3,9 +3,9 @@
     .venv/bin/python -m dashboard.screenshots docs/screenshots
 
 Writes `<page>.png` for each page: the sample of `dashboard.sample` (with one alert
-acknowledged), station 3 opened on the Traffic page, item-0110's path on the RFID page,
-the congestion rule shown on the Rules page, and `rules-editor.png`: a rule with an
-error checked in the editor.
+and the theft incident acknowledged), station 3 opened on the Traffic page, item-0110's
+path on the RFID page, the congestion rule shown on the Rules page, and
+`rules-editor.png`: a rule with an error checked in the editor.
 """
 
 from __future__ import annotations
@@ -64,11 +64,14 @@ def capture(out: Path) -> None:
         root, rules = work / "lakehouse", copy_rules(work / "rules")
         write_sample(root)
         os.environ["LOOKOUT_LAKEHOUSE_PATH"] = str(root)
-        from dashboard.data import acknowledge, query
+        from dashboard.data import acknowledge, acknowledge_incident, query
 
         stopped = query("SELECT alert_id FROM alerts WHERE rule = 'stopped_vehicle'", "alerts")
         assert stopped is not None
         acknowledge(list(stopped["alert_id"]), "tow truck called", "operator")
+        theft = query("SELECT incident_id FROM incidents WHERE rule = 'larceny'", "incidents")
+        assert theft is not None
+        acknowledge_incident(theft.at[0, "incident_id"], "security at door 4", "operator")
         out.mkdir(parents=True, exist_ok=True)
         with served(root, rules, refresh_seconds=30) as url, chromium() as browser:
             tab = browser.new_page(viewport={"width": 1400, "height": 1700})

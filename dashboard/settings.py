@@ -1,7 +1,8 @@
-"""Dashboard settings: the `[dashboard]`, `[health]` and `[rules]` sections of lookout.toml (or of
-the file in `LOOKOUT_CONFIG`) with `LOOKOUT_<SECTION>_<KEY>` environment overrides, the
-same way every Lookout part reads its configuration. Read at each page run (a small
-file), so a changed setting applies from the next refresh."""
+"""Dashboard settings: the `[dashboard]`, `[health]`, `[rules]` and `[alertmanager]`
+sections of lookout.toml (or of the file in `LOOKOUT_CONFIG`) with
+`LOOKOUT_<SECTION>_<KEY>` environment overrides, the same way every Lookout part reads
+its configuration. Read at each page run (a small file), so a changed setting applies
+from the next refresh."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from pathlib import Path
 
 from dashboard.data import DataError
 from dashboard.rule_store import RuleStore
-from lookout.config import Config, ConfigError, DashboardConfig, HealthConfig, load_config
+from lookout.config import (
+    AlertmanagerConfig,
+    Config,
+    ConfigError,
+    DashboardConfig,
+    HealthConfig,
+    load_config,
+)
 
 
 def _config() -> Config:
@@ -27,6 +35,12 @@ def settings() -> DashboardConfig:
 def health_limits() -> HealthConfig:
     """When the Health page turns red (`[health]`)."""
     return _config().health
+
+
+def alertmanager() -> AlertmanagerConfig:
+    """The Alertmanager incidents are routed through, where silences are made
+    (`[alertmanager]`)."""
+    return _config().alertmanager
 
 
 def rule_store() -> RuleStore:

@@ -1,4 +1,5 @@
-"""Page helpers: panels that show a plain error instead of a stack trace, empty states."""
+"""Page helpers: panels that show a plain error instead of a stack trace, empty states,
+durations in words."""
 
 from __future__ import annotations
 
@@ -41,3 +42,14 @@ def panel(fn: Callable[P, None]) -> Callable[P, None]:
 def empty(what: str, how: str = START_HINT) -> None:
     """An empty state: what is missing and what to do about it."""
     st.info(f"{what} {how}")
+
+
+def duration_text(seconds: float) -> str:
+    """A duration in whole minutes or hours (`< 1 min`, `12 min`, `3 h`): the text then
+    stays the same across most refreshes (nothing changes size under the cursor)."""
+    minutes = max(0.0, seconds) / 60  # a time stamped by a clock a little ahead: 0
+    if minutes < 1:
+        return "< 1 min"
+    if minutes < 120:
+        return f"{minutes:.0f} min"
+    return f"{minutes / 60:.0f} h"

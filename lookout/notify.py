@@ -29,6 +29,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -55,6 +56,17 @@ def key_labels(key: str) -> dict[str, str]:
     return {name: value for name, value in _KEY_PART.findall(key)}
 
 
+def incident_labels(incident: Mapping[str, Any]) -> dict[str, str]:
+    """The labels an incident is posted with (its rule, severity and key): what a silence
+    of it matches."""
+    # The key's columns first: a column named like alertname or severity cannot hide them.
+    return {
+        **key_labels(incident["key"]),
+        "alertname": incident["rule"],
+        "severity": incident["severity"],
+    }
+
+
 def state_location(config: Config) -> str:
     """Where the notifier's progress is kept: beside the tables it describes."""
     return f"{config.lakehouse.rstrip('/')}/_notify/alertmanager.json"
@@ -74,14 +86,8 @@ def to_alert(incident: dict[str, Any], now: datetime, config: Config) -> dict[st
         ends = now + timedelta(seconds=ENDS_AFTER_RESENDS * config.alertmanager.resend_seconds)
     else:
         ends = resolved
-    # The key's columns first: a column named like alertname or severity cannot hide them.
-    labels = {
-        **key_labels(incident["key"]),
-        "alertname": incident["rule"],
-        "severity": incident["severity"],
-    }
     return {
-        "labels": labels,
+        "labels": incident_labels(incident),
         "annotations": {
             "message": incident["message"] or "",
             "incident_id": incident["incident_id"],

@@ -18,6 +18,9 @@ from lookout.broker import Broker, free_port
 from lookout.config import Config, EngineConfig
 from tests.s3server import S3Server
 
+# Alertmanager and its webhook receiver, for the notifier's and the dashboard's tests.
+pytest_plugins = ["tests.alertmanager"]
+
 # The fast lane's profile: a fifth of every property test's examples (`tests/examples.py`).
 settings.register_profile("dev", max_examples=20)
 

@@ -1,20 +1,52 @@
-"""Alerts: the live list (newest first) with filters, acknowledgement and counts over time."""
+"""Alerts: the incidents firing now, then the recently resolved ones, each to acknowledge
+or silence one at a time; below them the alerts (every report) newest first, with
+filters, acknowledgement and counts over time."""
 
 from __future__ import annotations
 
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+import pandas as pd
 import streamlit as st
 
-from dashboard.alert_filters import RANGES, since, where_clause
-from dashboard.charts import channel, chart, tip
-from dashboard.data import DataError, acknowledge, alert_source, query, table_version
+from dashboard.alert_filters import RANGES, incident_clause, since, where_clause
+from dashboard.charts import CLOCK, channel, chart, tip
+from dashboard.data import (
+    DataError,
+    acknowledge,
+    acknowledge_incident,
+    alert_source,
+    incident_source,
+    query,
+    sql_text,
+    sql_time,
+    table_version,
+)
 from dashboard.login import current_user
-from dashboard.settings import settings
-from dashboard.ui import empty, panel
+from dashboard.settings import alertmanager, settings
+from dashboard.ui import duration_text, empty, panel
+from lookout.alertmanager import AlertmanagerError, create_silence
+from lookout.notify import incident_labels
 
 # Chart bucket sizes (seconds), the smallest giving at most ~120 bars is used.
 BUCKETS = (60, 300, 900, 3600, 6 * 3600, 86400, 7 * 86400)
 LIST_LIMIT = 500
 ACK_CHOICES = 200
+RESOLVED_LIMIT = 50
+SILENCE_FOR = {
+    "1 hour": timedelta(hours=1),
+    "2 hours": timedelta(hours=2),
+    "8 hours": timedelta(hours=8),
+    "1 day": timedelta(days=1),
+}
+# Highest first; a severity not named here sorts after them.
+SEVERITY_ORDER = "CASE severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END"
+INCIDENT_COLUMNS = (
+    "incident_id, rule, key, severity, message, opened_at, last_report_at, resolved_at, "
+    "reports, acked_at, acked_by, note"
+)
 
 
 def _on_ack() -> None:
@@ -29,6 +61,236 @@ def _on_ack() -> None:
         st.session_state["ack_message"] = ("error", str(exc))
         return
     st.session_state["ack_message"] = ("success", f"Acknowledged {len(ids)} alert(s).")
+
+
+def firing_incidents(where: str) -> pd.DataFrame | None:
+    """The firing incidents matching `where`, the most severe first, then the newest; None
+    before the engine wrote the incidents table."""
+    source, tables = incident_source()
+    return query(
+        f"SELECT {INCIDENT_COLUMNS} FROM {source} WHERE resolved_at IS NULL AND {where} "
+        f"ORDER BY {SEVERITY_ORDER}, opened_at DESC, incident_id",
+        *tables,
+    )
+
+
+def resolved_incidents(where: str, start: datetime | None) -> pd.DataFrame | None:
+    """The newest RESOLVED_LIMIT incidents matching `where` resolved since `start`."""
+    source, tables = incident_source()
+    after = "" if start is None else f"AND resolved_at >= {sql_time(start)}"
+    return query(
+        f"SELECT {INCIDENT_COLUMNS} FROM {source} WHERE resolved_at IS NOT NULL {after} "
+        f"AND {where} ORDER BY resolved_at DESC, incident_id LIMIT {RESOLVED_LIMIT}",
+        *tables,
+    )
+
+
+FIRING_COLUMNS = [
+    "severity",
+    "rule",
+    "key",
+    "opened_at",
+    "duration",
+    "message",
+    "reports",
+    "last_report_at",
+    "acked_by",
+    "note",
+]
+RESOLVED_COLUMNS = [
+    "severity",
+    "rule",
+    "key",
+    "opened_at",
+    "resolved_at",
+    "duration",
+    "reports",
+    "message",
+    "acked_by",
+    "note",
+]
+INCIDENT_TABLE_COLUMNS = {
+    "opened_at": st.column_config.DatetimeColumn("since (UTC)"),
+    "last_report_at": st.column_config.DatetimeColumn("last report (UTC)"),
+    "resolved_at": st.column_config.DatetimeColumn("resolved (UTC)"),
+    "message": st.column_config.TextColumn("latest message"),
+    "acked_by": st.column_config.TextColumn("acknowledged by"),
+}
+
+
+def show_incidents(
+    incidents: pd.DataFrame, ends: pd.Series | pd.Timestamp, columns: list[str]
+) -> None:
+    """A table of incidents with their duration up to `ends` (now, or their resolution)."""
+    shown = incidents.assign(
+        duration=(ends - incidents["opened_at"]).dt.total_seconds().map(duration_text)
+    )
+    st.dataframe(
+        shown[columns],
+        hide_index=True,
+        width="stretch",
+        column_config=INCIDENT_TABLE_COLUMNS,
+    )
+
+
+@panel
+def incidents(where: str, start: datetime | None) -> None:
+    """Firing now, then recently resolved (since the time range's start)."""
+    st.subheader("Firing now")
+    firing = firing_incidents(where)
+    if firing is None:
+        empty("No incidents yet: the engine has not written the `incidents` table.")
+        return
+    wall = pd.Timestamp(time.time(), unit="s", tz="UTC")
+    if firing.empty:
+        st.success("No incident is firing under these filters.")
+    else:
+        show_incidents(
+            firing,
+            wall,
+            FIRING_COLUMNS,
+        )
+    st.subheader("Recently resolved")
+    resolved = resolved_incidents(where, start)
+    assert resolved is not None
+    if resolved.empty:
+        st.caption("No incident resolved in this time range.")
+    else:
+        show_incidents(
+            resolved,
+            resolved["resolved_at"],
+            RESOLVED_COLUMNS,
+        )
+    with st.expander("Acknowledge or silence an incident", expanded=not firing.empty):
+        incident_actions(pd.concat([firing, resolved], ignore_index=True))
+        message = st.session_state.get("incident_message")
+        if message:  # the outcome of the last action, until the next one
+            getattr(st, message[0])(message[1])
+
+
+def _label(row: pd.Series) -> str:
+    state = "firing" if pd.isna(row["resolved_at"]) else "resolved"
+    acked = "" if pd.isna(row["acked_at"]) else " · acknowledged"
+    return (
+        f"{state} · {row['severity']} · {row['rule']} · {row['key']} · "
+        f"since {row['opened_at']:%Y-%m-%d %H:%M} UTC{acked}"
+    )
+
+
+def incident_actions(shown: pd.DataFrame) -> None:
+    """One incident (of those listed) at a time: acknowledge it with a note, or silence
+    it in Alertmanager. Nothing is chosen until the operator chooses."""
+    if shown.empty:
+        st.caption("No incident listed to act on.")
+        return
+    labels = {row["incident_id"]: _label(row) for _, row in shown.iterrows()}
+    st.selectbox(
+        "Incident",
+        list(labels),
+        index=None,
+        format_func=labels.__getitem__,
+        key="incident_pick",
+        placeholder="Choose one incident",
+    )
+    left, right = st.columns(2)
+    with left.form("incident_ack", clear_on_submit=True):
+        st.text_input(
+            "Note on the incident", key="incident_note", placeholder="e.g. crew dispatched"
+        )
+        st.form_submit_button(
+            "Acknowledge incident", key="incident_ack_submit", on_click=_on_incident_ack
+        )
+    with right.form("incident_silence", clear_on_submit=True):
+        st.selectbox("Silence for", list(SILENCE_FOR), key="silence_for")
+        st.text_input("Why (Alertmanager keeps it)", key="silence_comment")
+        st.form_submit_button(
+            "Silence in Alertmanager", key="incident_silence_submit", on_click=_on_silence
+        )
+    st.caption(
+        "A silence mutes Alertmanager's notifications of every alert with this incident's "
+        "labels (rule, severity, key) until it ends, later incidents of the same key too; "
+        "`lookout silence list` shows it, `lookout silence expire ID` ends it."
+    )
+
+
+def _chosen_incident() -> dict[str, Any] | None:
+    """The chosen incident's row, or None (with the message saying why)."""
+    chosen = st.session_state.get("incident_pick")
+    if chosen is None:
+        st.session_state["incident_message"] = ("warning", "Choose an incident first.")
+        return None
+    source, tables = incident_source()
+    found = query(
+        f"SELECT {INCIDENT_COLUMNS} FROM {source} WHERE incident_id = {sql_text(chosen)}",
+        *tables,
+    )
+    if found is None or found.empty:
+        st.session_state["incident_message"] = (
+            "warning",
+            "That incident is no longer in the incidents table.",
+        )
+        return None
+    return found.iloc[0].to_dict()
+
+
+def _on_incident_ack() -> None:
+    # Runs before the rerun, so the tables drawn next already show the acknowledgement.
+    try:
+        incident = _chosen_incident()
+        if incident is None:
+            return
+        acknowledge_incident(
+            incident["incident_id"], st.session_state.get("incident_note", ""), current_user()
+        )
+    except DataError as exc:
+        st.session_state["incident_message"] = ("error", str(exc))
+        return
+    st.session_state["incident_message"] = (
+        "success",
+        f"Acknowledged {incident['rule']} at {incident['key']}.",
+    )
+
+
+def _on_silence() -> None:
+    try:
+        incident = _chosen_incident()
+    except DataError as exc:
+        st.session_state["incident_message"] = ("error", str(exc))
+        return
+    if incident is None:
+        return
+    comment = st.session_state.get("silence_comment", "").strip()
+    if not comment:
+        st.session_state["incident_message"] = (
+            "warning",
+            "Say why: Alertmanager requires a comment.",
+        )
+        return
+    config = alertmanager()
+    if not config.enabled:
+        st.session_state["incident_message"] = (
+            "error",
+            "Incidents are not routed through Alertmanager (`[alertmanager] enabled = false`): "
+            "there is nothing to silence.",
+        )
+        return
+    chosen_for = st.session_state.get("silence_for") or next(iter(SILENCE_FOR))
+    try:
+        silence = create_silence(
+            config.url,
+            incident_labels(incident),
+            SILENCE_FOR[chosen_for],
+            current_user(),
+            comment,
+            config.timeout_seconds,
+        )
+    except AlertmanagerError as exc:
+        st.session_state["incident_message"] = ("error", f"No silence was made: {exc}")
+        return
+    st.session_state["incident_message"] = (
+        "success",
+        f"Silenced {incident['rule']} at {incident['key']} for {chosen_for} (silence {silence}).",
+    )
 
 
 @panel
@@ -95,7 +357,13 @@ def counts_chart(source: str, tables: tuple[str, ...], where: str) -> None:
     st.subheader("Alerts over time")
     spec = chart(
         "bar",
-        x=channel("bucket", "temporal", f"event time (UTC), {bucket // 60}-minute bins"),
+        x=channel(
+            "bucket",
+            "temporal",
+            f"event time (UTC), {bucket // 60}-minute bins",
+            # Over a day, the date too (still on the 24-hour clock).
+            axis={"format": CLOCK if seconds <= 86400 else f"%d %b {CLOCK}"},
+        ),
         y=channel("alerts", "quantitative", "alerts", stack=True),
         color=channel("rule", "nominal", "rule"),
         tooltip=[tip("bucket", "temporal"), tip("rule", "nominal"), tip("alerts", "quantitative")],
@@ -127,9 +395,10 @@ def ack_form(where: str) -> None:
             format_func=labels.__getitem__,
             key="ack_ids",
             placeholder="Choose alerts to acknowledge",
+            select_all=False,  # no one-click bulk action atop the list
         )
         st.text_input("Note", key="ack_note", placeholder="e.g. crew dispatched")
-        st.form_submit_button("Acknowledge", on_click=_on_ack)
+        st.form_submit_button("Acknowledge", key="ack_submit", on_click=_on_ack)
 
 
 def main() -> None:
@@ -166,6 +435,9 @@ def main() -> None:
     def live() -> None:
         # The time range moves with the clock, so it is recomputed at every refresh.
         start = since(range_name)
+        incidents(incident_clause(rules, severities, key), start)
+        st.subheader("Alerts")
+        st.caption("Every report of every alert rule, newest first.")
         live_alerts(where_clause(rules, severities, start, key, status))
         with st.expander("Acknowledge alerts", expanded=True):
             ack_form(where_clause(rules, severities, start, key, "open"))

@@ -25,6 +25,7 @@ from dashboard.ui import empty, panel
 from lookout.health import ARRIVALS, Problem, problems
 
 QUARANTINE_ROWS = 50
+NO_READINGS = "no readings yet"
 
 
 def status(record: dict[str, Any] | None, down_after_s: float) -> tuple[str, str]:
@@ -212,8 +213,17 @@ def streams() -> None:
         if row is None:
             continue
         reasons = red.get(f"stream {row['stream']}")
-        row["status"] = "red: " + ", ".join(reasons) if reasons else "ok"
-        rows.append(row | _engine_figures(engine.get(row["stream"], {}), window_s))
+        figures = _engine_figures(engine.get(row["stream"], {}), window_s)
+        if reasons:
+            row["status"] = "red: " + ", ".join(reasons)
+        elif row["readings"] == 0:
+            # No reading, no event time: a watermark reported for the stream is no
+            # reading's (1970 at worst), and a lag from it would read as decades.
+            row["status"] = NO_READINGS
+            figures |= {"watermark": None, "engine lag (s)": None}
+        else:
+            row["status"] = "ok"
+        rows.append(row | figures)
     seconds = st.column_config.NumberColumn(format="%.1f")
     st.dataframe(
         pd.DataFrame(rows, columns=STREAM_COLUMNS),

@@ -21,7 +21,7 @@ from dashboard.charts import channel, chart, tip, with_threshold
 from dashboard.data import alert_source, query, sql_text, sql_time, table_version
 from dashboard.rule_folder import book_of, configured_alert_problem
 from dashboard.settings import rule_store, settings
-from dashboard.ui import empty, panel
+from dashboard.ui import duration_text, empty, panel
 from lookout.config import DashboardConfig
 
 READINGS = "readings_traffic"
@@ -62,9 +62,10 @@ def congested_stations(now: datetime, rule: str, minutes: float) -> set[int]:
     return found
 
 
-def station_states(now: datetime, config: DashboardConfig) -> pd.DataFrame:
+def station_states(now: datetime, config: DashboardConfig, can_congest: bool) -> pd.DataFrame:
     """Per station: its newest reading's event time and arrival, average speed and
-    vehicles over 15 minutes, state."""
+    vehicles over 15 minutes, state (never congested unless `can_congest`: the configured
+    congestion rule is an alert keyed by station)."""
     recent = sql_time(now - timedelta(minutes=15))
     stations = query(
         f"SELECT station, max(ts) AS last_reading, max(received_at) AS last_arrival, "
@@ -75,7 +76,11 @@ def station_states(now: datetime, config: DashboardConfig) -> pd.DataFrame:
         READINGS,
     )
     assert stations is not None
-    congested = congested_stations(now, config.congestion_rule, config.congested_minutes)
+    congested = (
+        congested_stations(now, config.congestion_rule, config.congested_minutes)
+        if can_congest
+        else set()
+    )
     silent = pd.Timedelta(minutes=config.silent_minutes)
     wall = pd.Timestamp(time.time(), unit="s", tz="UTC")
 
@@ -90,17 +95,6 @@ def station_states(now: datetime, config: DashboardConfig) -> pd.DataFrame:
     return stations
 
 
-def _age(seconds: float) -> str:
-    """A duration as the strip says it, in whole minutes or hours: the text then stays
-    the same across most refreshes (no tile changes size under the operator's cursor)."""
-    minutes = max(0.0, seconds) / 60  # an arrival stamped by a clock a little ahead: 0
-    if minutes < 1:
-        return "< 1 min"
-    if minutes < 120:
-        return f"{minutes:.0f} min"
-    return f"{minutes / 60:.0f} h"
-
-
 def strip_html(stations: pd.DataFrame, now: datetime, config: DashboardConfig) -> str:
     """The highway as a row of coloured station boxes, in station order: each with its
     speed, how long ago (wall clock) its newest reading arrived, and how far that
@@ -111,11 +105,11 @@ def strip_html(stations: pd.DataFrame, now: datetime, config: DashboardConfig) -
         arrived = (wall - row.last_arrival).total_seconds()
         behind = (pd.Timestamp(now) - row.last_reading).total_seconds()
         speed = "n/a" if pd.isna(row.avg_speed) else f"{row.avg_speed:.1f} m/s"
-        ages = f"arrived {_age(arrived)} ago" + (
-            f" · {_age(behind)} behind" if behind >= 60 else ""
+        ages = f"arrived {duration_text(arrived)} ago" + (
+            f" · {duration_text(behind)} behind" if behind >= 60 else ""
         )
         boxes.append(
-            f'<div style="flex:1;min-width:6.5em;padding:0.5em;border-radius:0.4em;'
+            f'<div style="padding:0.5em;border-radius:0.4em;'
             f'background:{COLOURS[row.state]};color:white;text-align:center">'
             f"<b>station {row.station}</b><br>{html.escape(row.state)}<br>"
             f'<span style="font-size:0.8em">{speed} · {html.escape(ages)}'
@@ -123,7 +117,10 @@ def strip_html(stations: pd.DataFrame, now: datetime, config: DashboardConfig) -
         )
     legend = " ".join(f'<span style="color:{c}">■</span> {s}' for s, c in COLOURS.items())
     return (
-        '<div style="display:flex;gap:0.4em;flex-wrap:wrap">' + "".join(boxes) + "</div>"
+        # A grid of equal columns: a row left short keeps the tiles' width (a wrapped
+        # flex row stretched its tiles to fill it).
+        '<div style="display:grid;gap:0.4em;'
+        'grid-template-columns:repeat(auto-fill,minmax(6.5em,1fr))">' + "".join(boxes) + "</div>"
         f'<div style="font-size:0.8em;margin-top:0.3em">{legend} — congested: an open '
         f"<code>{html.escape(config.congestion_rule)}</code> alert in the last "
         f"{config.congested_minutes:g} min; silent: no reading arrived for "
@@ -135,13 +132,18 @@ def strip_html(stations: pd.DataFrame, now: datetime, config: DashboardConfig) -
 
 
 def per_minute(now: datetime, station: int | None = None) -> pd.DataFrame:
-    """Average speed and vehicles per minute (per station, or per lane of one station)."""
+    """Average speed and vehicles per minute (per station, or per lane of one station)
+    over the last CHART_MINUTES whole minutes: the minute still running at `now` is left
+    out, as is any minute cut by the window's start, since a partial minute would be
+    drawn as a fall in volume."""
     group = "station" if station is None else "lane"
     only = "" if station is None else f"AND station = {int(station)}"
+    end = now.replace(second=0, microsecond=0)
     frame = query(
         f"SELECT date_trunc('minute', ts) AS minute, {group}, avg(speed) AS avg_speed, "
         f"count(*) AS vehicles FROM {READINGS} "
-        f"WHERE ts >= {sql_time(now - timedelta(minutes=CHART_MINUTES))} {only} "
+        f"WHERE ts >= {sql_time(end - timedelta(minutes=CHART_MINUTES))} "
+        f"AND ts < {sql_time(end)} {only} "
         f"GROUP BY 1, 2 ORDER BY 1, 2",
         READINGS,
     )
@@ -190,11 +192,12 @@ def overview() -> None:
         empty("No traffic readings yet.", "Start the simulator: `lookout simulate traffic`.")
         return
     config = settings()  # read at each refresh: an edited lookout.toml applies at once
-    stations = station_states(now, config)
+    # Before the strip: alerts of a rule that is not (or no longer) an alert keyed by
+    # station colour no tile, as the warning below the strip says.
+    problem = configured_alert_problem("congestion_rule", config.congestion_rule, "station")
+    stations = station_states(now, config, can_congest=problem is None)
     st.caption(f"Stream clock (newest reading): {now:%Y-%m-%d %H:%M:%S} UTC")
     st.markdown(strip_html(stations, now, config), unsafe_allow_html=True)
-    # After the strip, so checking the rule folder never delays it.
-    problem = configured_alert_problem("congestion_rule", config.congestion_rule, "station")
     if problem:
         st.warning(f"No station can show as congested. {problem}")
     st.subheader(f"Per station, last {CHART_MINUTES} minutes")

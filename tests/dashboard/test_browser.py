@@ -70,9 +70,9 @@ def visit(page: Any, path: str, *expected: str) -> None:
 
 
 def choose(page: Any, box: str, text: str) -> None:
-    """Pick the first option containing `text` in a multiselect. Typing filters the options
-    (and keeps "Select all" out of the way); a rerun right after a page switch redraws the
-    widget and closes its list, so the typing is retried until the list stays open."""
+    """Pick the first option containing `text` in a multiselect or selectbox. Typing
+    filters the options; a rerun right after a page switch redraws the widget and closes
+    its list, so the typing is retried until the list stays open."""
     combobox = page.get_by_role("combobox", name=box)
     option = page.get_by_role("option").filter(has_text=text).first
     for _ in range(10):
@@ -112,12 +112,18 @@ def test_every_page_acknowledge_and_rules(page: Any, lakehouse: Path, rule_store
     )
     assert page.get_by_text("up", exact=True).count() == 2  # engine and ingest-0
 
-    # Acknowledge the newest open alert with a note.
+    # Acknowledge one firing incident, then the newest open alert, each with a note.
     visit(page, "", "Acknowledge alerts")
+    choose(page, "Incident", "station=3")
+    page.get_by_label("Note on the incident").fill("lane closed")
+    page.get_by_role("button", name="Acknowledge incident").click()
+    page.get_by_text("Acknowledged congestion at station=3.").wait_for()
+    acks = DeltaTable(str(lakehouse / "incident_acks")).to_pyarrow_table().to_pylist()
+    assert [(a["note"], a["acked_by"]) for a in acks] == [("lane closed", "operator")]
     choose(page, "Open alerts", "station=7")
     page.keyboard.press("Escape")
-    page.get_by_label("Note").fill("crew dispatched")
-    page.get_by_role("button", name="Acknowledge").click()
+    page.get_by_label("Note", exact=True).fill("crew dispatched")
+    page.get_by_role("button", name="Acknowledge", exact=True).click()
     page.get_by_text("Acknowledged 1 alert(s).").wait_for()
     acks = DeltaTable(str(lakehouse / "alert_acks")).to_pyarrow_table().to_pylist()
     assert [(a["note"], a["acked_by"]) for a in acks] == [("crew dispatched", "operator")]
@@ -190,14 +196,14 @@ def test_typed_text_and_choices_survive_refreshes(page: Any, lakehouse: Path) ->
     visit(page, "", "Acknowledge alerts", "Alerts over time")
     choose(page, "Open alerts", "station=7")
     page.keyboard.press("Escape")
-    page.get_by_label("Note").fill("crew on the way")
+    page.get_by_label("Note", exact=True).fill("crew on the way")
     key_filter = page.get_by_label("Key contains")
     key_filter.click()
     key_filter.press_sequentially("station=", delay=50)
     refreshed_twice(page, "stMetricValue", "", new_alert)
     assert shown(page, "stMetricValue") == "42"  # 40 + 2: the filter was never sent
     assert key_filter.input_value() == "station="
-    assert page.get_by_label("Note").input_value() == "crew on the way"
+    assert page.get_by_label("Note", exact=True).input_value() == "crew on the way"
     chosen = page.get_by_test_id("stMultiSelect").filter(has_text="Open alerts")
     assert "station=7" in chosen.inner_text()
 

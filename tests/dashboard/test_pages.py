@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,17 +19,25 @@ import orjson
 import pandas as pd
 import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
+from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from dashboard.data import VERSION_TTL_S
 from dashboard.sample import (
+    TS,
     alerts_table,
+    incident_rows,
     traffic_readings,
     write_health,
+    write_incidents,
     write_red_health,
     write_sample,
 )
+from lookout.alertmanager import Alertmanager, list_silences, request
+from lookout.config import AlertmanagerConfig, Config
+from lookout.notify import Notifier
+from tests.waiting import wait_for
 
 Open = Callable[[str], AppTest]
 
@@ -45,6 +54,11 @@ def texts(app: AppTest) -> str:
 
 def metrics(app: AppTest) -> dict[str, str]:
     return {m.label: m.value for m in app.metric}
+
+
+def alert_list(app: AppTest) -> pd.DataFrame:
+    """The Alerts page's list of alerts (every report), below the incidents."""
+    return next(d.value for d in app.dataframe if "alert_id" in d.value.columns)
 
 
 # ---- empty states --------------------------------------------------------------------
@@ -76,7 +90,7 @@ def test_a_broken_table_shows_a_plain_error_not_a_trace(
 def test_alerts_newest_first_with_counts(lakehouse: Path, open_page: Open) -> None:
     app = open_page("alerts")
     assert metrics(app) == {"matching alerts": "40", "open": "40", "acknowledged": "0"}
-    table = app.dataframe[0].value
+    table = alert_list(app)
     assert list(table["event_time"]) == sorted(table["event_time"], reverse=True)
     assert {"status", "severity", "rule", "key", "event_time", "detected_at", "message"} <= set(
         table.columns
@@ -88,16 +102,16 @@ def test_alert_filters(lakehouse: Path, open_page: Open) -> None:
     app = open_page("alerts")
     app.multiselect[0].select("larceny").run()
     assert metrics(app)["matching alerts"] == "1"
-    assert app.dataframe[0].value["message"].iloc[0].startswith("item item-0042")
+    assert alert_list(app)["message"].iloc[0].startswith("item item-0042")
     app.multiselect[0].unselect("larceny").run()
     app.multiselect[1].select("critical").run()
-    assert set(app.dataframe[0].value["severity"]) == {"critical"}
+    assert set(alert_list(app)["severity"]) == {"critical"}
     app.multiselect[1].unselect("critical").run()
     app.text_input[0].input("station=7").run()
-    assert set(app.dataframe[0].value["key"]) == {"station=7"}
+    assert set(alert_list(app)["key"]) == {"station=7"}
     app.text_input[0].input("").run()
     app.selectbox[0].select("last 15 minutes").run()
-    recent = app.dataframe[0].value["event_time"]
+    recent = alert_list(app)["event_time"]
     assert 0 < len(recent) < 40
     assert (time.time() - recent.min().timestamp()) <= 15 * 60 + 30
 
@@ -108,18 +122,158 @@ def test_acknowledging_an_alert_survives_a_restart(lakehouse: Path, open_page: O
     first = choices.options[0]
     choices.select(first)
     app.text_input(key="ack_note").input("crew on the way")
-    app.button[0].click().run()
+    app.button(key="ack_submit").click().run()
     assert "Acknowledged 1 alert(s)." in texts(app)
     assert metrics(app)["acknowledged"] == "1"
     assert (lakehouse / "alert_acks" / "_delta_log").is_dir()
 
+    assert choices.proto.select_all == 0  # no one-click "select all" to acknowledge
+
     restarted = open_page("alerts")  # a new session reads the acks from Delta
     restarted.selectbox[1].select("acknowledged").run()
-    table = restarted.dataframe[0].value
+    table = alert_list(restarted)
     assert len(table) == 1
     assert table["status"].iloc[0] == "acknowledged"
     assert table["note"].iloc[0] == "crew on the way"
     assert first not in restarted.multiselect(key="ack_ids").options
+
+
+# ---- incidents -----------------------------------------------------------------------
+
+
+def incident_tables(app: AppTest) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The Firing now and Recently resolved tables, in that order on the page."""
+    firing, resolved = (d.value for d in app.dataframe if "duration" in d.value.columns)
+    return firing, resolved
+
+
+def keyed(frame: pd.DataFrame) -> set[tuple[str, str]]:
+    return set(zip(frame["rule"], frame["key"], strict=True))
+
+
+def test_firing_incidents_lead_and_resolved_ones_follow(lakehouse: Path, open_page: Open) -> None:
+    app = open_page("alerts")
+    headers = [h.value for h in app.subheader]
+    assert headers[:3] == ["Firing now", "Recently resolved", "Alerts"]
+    firing, resolved = incident_tables(app)
+    assert keyed(firing) == {
+        ("congestion", "station=3"),
+        ("congestion", "station=7"),
+        ("silent_detector", "station=5"),
+        ("larceny", "door=4"),
+    }
+    assert firing["severity"].iloc[0] == "critical"  # the most severe first
+    assert firing.set_index("key").at["station=3", "duration"] == "20 min"
+    assert firing.set_index("key").at["station=3", "reports"] == 19
+    assert list(resolved["rule"]) == ["stopped_vehicle", "congestion"]  # newest first
+    assert list(resolved["duration"]) == ["2 min", "30 min"]
+    assert resolved["resolved_at"].notna().all()
+
+    app.selectbox(key="filter_range").select("last hour").run()  # resolved 2.5 h ago: gone
+    firing, resolved = incident_tables(app)
+    assert len(firing) == 4 and list(resolved["rule"]) == ["stopped_vehicle"]
+    app.text_input(key="filter_key").input("station=7").run()
+    assert "No incident resolved in this time range." in texts(app)
+    assert keyed(next(d.value for d in app.dataframe if "duration" in d.value.columns)) == {
+        ("congestion", "station=7")
+    }
+
+
+def test_acknowledging_one_incident_acknowledges_exactly_that_one(
+    lakehouse: Path, open_page: Open
+) -> None:
+    app = open_page("alerts")
+    pick = app.selectbox(key="incident_pick")
+    assert pick.value is None  # nothing is chosen for the operator
+    app.button(key="incident_ack_submit").click().run()
+    assert "Choose an incident first." in texts(app)
+    assert not (lakehouse / "incident_acks").exists()
+
+    incidents = DeltaTable(str(lakehouse / "incidents")).to_pandas()
+    (station_3,) = incidents.query("key == 'station=3' and resolved_at.isna()")["incident_id"]
+    assert any(o.startswith("firing · warning · congestion · station=3") for o in pick.options)
+    app.selectbox(key="incident_pick").select(station_3).run()
+    app.text_input(key="incident_note").input("crew on the way")
+    app.button(key="incident_ack_submit").click().run()
+    assert "Acknowledged congestion at station=3." in texts(app)
+    firing = incident_tables(app)[0].set_index("key")
+    assert firing.at["station=3", "acked_by"] == "anonymous"
+    assert firing.at["station=3", "note"] == "crew on the way"
+    assert firing.drop(index="station=3")["acked_by"].isna().all()
+    assert incident_tables(app)[1]["acked_by"].isna().all()
+    # The alerts (reports) of that incident are not acknowledged by it.
+    assert metrics(app)["acknowledged"] == "0"
+
+    # The engine goes on merging the incident (a new report); the acknowledgement stays,
+    # and a new session reads it from Delta.
+    rows = [r for r in incident_rows(int(time.time() * 1000)) if r["key"] == "station=3"]
+    write_incidents(lakehouse, [{**rows[0], "incident_id": station_3, "reports": 20}])
+    time.sleep(VERSION_TTL_S + 0.1)
+    firing = incident_tables(open_page("alerts"))[0].set_index("key")
+    assert firing.at["station=3", "reports"] == 20
+    assert firing.at["station=3", "note"] == "crew on the way"
+    assert firing["acked_by"].notna().sum() == 1
+
+
+def test_silencing_an_incident_silences_exactly_it_in_alertmanager(
+    lakehouse: Path,
+    open_page: Open,
+    alertmanager: Alertmanager,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LOOKOUT_ALERTMANAGER_URL", alertmanager.url)
+    config = Config(
+        lakehouse=str(lakehouse),
+        alertmanager=AlertmanagerConfig(url=alertmanager.url, poll_seconds=0.2),
+    )
+    stop = threading.Event()
+    notifier = threading.Thread(target=Notifier(config).run, args=(stop,), daemon=True)
+    notifier.start()
+    try:
+
+        def states() -> dict[tuple[str, str], str]:
+            alerts = request(alertmanager.url, "GET", "/api/v2/alerts")
+            return {
+                (a["labels"]["alertname"], a["labels"].get("station", "")): a["status"]["state"]
+                for a in alerts
+            }
+
+        wait_for(lambda: len(states()) == 4, 20, "the firing incidents to reach Alertmanager")
+        app = open_page("alerts")
+        incidents = DeltaTable(str(lakehouse / "incidents")).to_pandas()
+        (station_3,) = incidents.query("key == 'station=3' and resolved_at.isna()")["incident_id"]
+        app.selectbox(key="incident_pick").select(station_3).run()
+        app.button(key="incident_silence_submit").click().run()
+        assert "Say why: Alertmanager requires a comment." in texts(app)
+        assert list_silences(alertmanager.url) == []
+
+        app.selectbox(key="silence_for").select("8 hours")
+        app.text_input(key="silence_comment").input("roadworks")
+        app.button(key="incident_silence_submit").click().run()
+        assert "Silenced congestion at station=3 for 8 hours" in texts(app)
+        (silence,) = list_silences(alertmanager.url)
+        assert {m["name"]: m["value"] for m in silence["matchers"]} == {
+            "alertname": "congestion",
+            "severity": "warning",
+            "station": "3",
+        }
+        assert (silence["createdBy"], silence["comment"]) == ("anonymous", "roadworks")
+        wait_for(
+            lambda: (
+                states()
+                == {
+                    ("congestion", "3"): "suppressed",
+                    ("congestion", "7"): "active",
+                    ("silent_detector", "5"): "active",
+                    ("larceny", ""): "active",
+                }
+            ),
+            20,
+            "the silence to apply to station 3's congestion only",
+        )
+    finally:
+        stop.set()
+        notifier.join(timeout=10)
 
 
 # ---- traffic -------------------------------------------------------------------------
@@ -186,10 +340,61 @@ def test_an_acknowledged_congestion_no_longer_colours_the_station(
     ack = alerts.multiselect(key="ack_ids")
     for option in ack.options:
         ack.select(option)
-    alerts.button[0].click().run()
+    alerts.button(key="ack_submit").click().run()
     strip = next(m.value for m in open_page("traffic").markdown if "station 1" in m.value)
     assert "<b>station 3</b><br>normal" in strip
     assert "<b>station 7</b><br>congested" in strip
+
+
+def chart_data(app: AppTest, index: int) -> pd.DataFrame:
+    """The rows the page's `index`-th Vega-Lite chart draws."""
+    return convert_arrow_bytes_to_pandas_df(app.get("vega_lite_chart")[index].proto.data.data)
+
+
+def test_per_minute_charts_draw_whole_minutes_only(lakehouse: Path, open_page: Open) -> None:
+    # Readings from before the chart's hour too, so that its start cuts a minute.
+    older = traffic_readings(int(time.time() * 1000) - 3_000_000, 1500, seed=5)
+    write_deltalake(str(lakehouse / "readings_traffic"), older, mode="append")
+    readings = DeltaTable(str(lakehouse / "readings_traffic")).to_pandas()
+    clock = readings["ts"].max()
+    app = open_page("traffic")
+    volume = chart_data(app, 1).groupby("minute")["vehicles"].sum()
+    # Neither the minute still running at the stream clock nor one cut by the window's start.
+    assert volume.index.max() == clock.floor("min") - pd.Timedelta(minutes=1)
+    assert volume.index.min() == clock.floor("min") - pd.Timedelta(minutes=60)
+    whole = readings.groupby(readings["ts"].dt.floor("min")).size()
+    assert volume.iloc[0] == whole[volume.index.min()]
+    assert volume.iloc[-1] == whole[volume.index.max()]
+
+
+def test_time_axes_use_the_24_hour_clock(lakehouse: Path, open_page: Open) -> None:
+    for page in ("alerts", "traffic", "rfid"):
+        app = open_page(page)
+        for chart in app.get("vega_lite_chart"):
+            spec = json.loads(chart.proto.spec)
+            layers = spec.get("layer", [spec])
+            x = layers[0]["encoding"]["x"]
+            assert x["type"] == "temporal" and x["axis"]["format"].endswith("%H:%M"), page
+
+
+def test_station_tiles_keep_one_width_on_a_short_last_row(lakehouse: Path, open_page: Open) -> None:
+    strip = next(m.value for m in open_page("traffic").markdown if "station 1" in m.value)
+    assert "grid-template-columns:repeat(auto-fill,minmax(6.5em,1fr))" in strip
+    assert "flex:1" not in strip  # a wrapped flex row stretched its tiles to fill it
+
+
+def test_no_tile_is_congested_while_the_page_says_none_can_be(
+    lakehouse: Path, rules_folder: Path, open_page: Open
+) -> None:
+    # `congestion` alerts stand at stations 3 and 7, but the rule is now called `jam`.
+    traffic = rules_folder / "traffic.sql"
+    traffic.write_text(traffic.read_text().replace("CREATE ALERT congestion", "CREATE ALERT jam"))
+    app = open_page("traffic")
+    (warning,) = [w.value for w in app.warning]
+    assert warning.startswith("No station can show as congested.")
+    states = strip_states(app)
+    assert "congested" not in states.values()
+    assert states[3] == states[7] == "normal"
 
 
 # ---- RFID ----------------------------------------------------------------------------
@@ -350,8 +555,27 @@ def test_health_down_when_the_files_are_stale(lakehouse: Path, open_page: Open) 
     app = open_page("health")
     assert metrics(app)["engine"] == "down"
     assert metrics(app)["ingest-0"] == "down"
-    # The page reads the clock a moment after the file was written.
+    # 120 s when written, a second or so more once the page has read it.
     assert re.search(r"- engine is down: its last report is 12\d s old", app.error[0].value)
+
+
+def test_an_idle_stream_shows_no_watermark_or_lag(lakehouse: Path, open_page: Open) -> None:
+    now_ms = int(time.time() * 1000)
+    write_health(lakehouse, now_ms)
+    # A stream declared and ingested but without a reading yet, which the engine reports
+    # with a watermark at the start of time.
+    write_deltalake(str(lakehouse / "readings_weather"), pa.table({"ts": pa.array([], TS)}))
+    path = lakehouse / "_health" / "engine.json"
+    record = orjson.loads(path.read_bytes())
+    idle = {"stream": "weather", "watermark_ms": 0, "lag_ms": now_ms, "max_event_ms": 0}
+    record["streams"].append(idle)
+    path.write_bytes(orjson.dumps(record))
+    streams = open_page("health").dataframe[1].value.set_index("stream")
+    assert streams.at["weather", "status"] == "no readings yet"
+    assert pd.isna(streams.at["weather", "watermark"])
+    assert pd.isna(streams.at["weather", "engine lag (s)"])
+    assert streams.at["traffic", "status"] == "ok"
+    assert streams.at["traffic", "watermark"].year > 2000
 
 
 # ---- inputs survive reruns -------------------------------------------------------------

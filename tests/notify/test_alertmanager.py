@@ -25,34 +25,11 @@ from lookout.alertmanager import (
 from lookout.broker import free_port
 from lookout.config import AlertmanagerConfig, Config
 from lookout.notify import Notifier, key_labels
+from tests.alertmanager import GROUP_INTERVAL
 from tests.waiting import wait_for
 
-GROUP_INTERVAL = 3.0
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z, in ms
 _batches = itertools.count()
-
-
-@pytest.fixture
-def webhook() -> Iterator[WebhookLog]:
-    receiver = WebhookLog().start()
-    yield receiver
-    receiver.stop()
-
-
-@pytest.fixture
-def alertmanager(tmp_path: Path, webhook: WebhookLog) -> Iterator[Alertmanager]:
-    """One group per alert (`...`), so each notification is about one incident."""
-    manager = Alertmanager(
-        "127.0.0.1",
-        free_port(),
-        tmp_path / "alertmanager",
-        webhook.url,
-        group_by=("...",),
-        group_wait="1s",
-        group_interval=f"{GROUP_INTERVAL:.0f}s",
-    ).start()
-    yield manager
-    manager.stop()
 
 
 def config_for(tmp_path: Path, manager: Alertmanager) -> Config:
