@@ -18,15 +18,15 @@ import pyarrow.fs as pafs
 from lookout.config import Config
 from lookout.storage import filesystem
 
-CHECKPOINT_LAYOUT = 8
+CHECKPOINT_LAYOUT = 9
 """The layout this version writes: one engine query (`engine`) from the landing files to
 every table, a group per connected part of the stream graph, each part's pipeline state
-in a map per kind of entry. Layout 7 had a query per connected part; layouts 1 to 6 a
-landing query and rules queries reading Delta tables; none of them can be resumed by
-this version."""
+in two maps (`engine.spark.processor`). Layout 8 kept a map per kind of entry; layout 7
+had a query per connected part; layouts 1 to 6 a landing query and rules queries reading
+Delta tables; none of them can be resumed by this version."""
 CHECKPOINT_LAYOUT_CHANGE = (
     "one query runs sequencing and every rule from the landing files to the tables, a "
-    "group per connected part of the rules"
+    "group per connected part of the rules, its state in two maps"
 )
 
 

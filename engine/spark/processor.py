@@ -9,9 +9,9 @@ with one row per file. The processor:
 
 1. reads the files' arrivals (Arrow, parsed by the source's executors) in landing order;
 2. runs the pipeline over them, and saves what changed into Spark's state store
-   (`SparkStore`: a map of bytes per kind of entry, so a batch writes only the
-   evaluators it touched, through a `JournaledStore`: one write per batch, as each
-   write is a round trip to the JVM);
+   (`SparkStore`: bytes under (kind, name, key, number) in two maps, so a batch
+   writes only the evaluators it touched, through a `JournaledStore`: one write per
+   batch, as each write is a round trip to the JVM);
 3. writes every table's new rows as Parquet files into the table's folder
    (`engine.outputs`, `engine.tables.write_data_file`) and yields one small row per
    file, plus one row of health figures. The driver commits the files
@@ -53,7 +53,8 @@ from engine import tables
 from engine.alerts import AlertSpec
 from engine.core.pipeline import BatchResult, Pipeline
 from engine.core.plan import Plan
-from engine.core.state import JOURNAL, JournaledStore, StateKey
+from engine.core.runners import STAGE_PIECE_KINDS
+from engine.core.state import JournaledStore, StateKey
 from engine.ipc import read_ipc
 from engine.landed_files import QUARANTINE_FOLDER
 from engine.outputs import batch_tables
@@ -68,45 +69,77 @@ OUTPUT_SCHEMA = (
 
 _KEY = T.StructType(
     [
+        T.StructField("kind", T.StringType()),
         T.StructField("name", T.StringType()),
         T.StructField("key", T.StringType()),
         T.StructField("number", T.LongType()),
     ]
 )
 _VALUE = T.StructType([T.StructField("data", T.BinaryType())])
-KINDS = ("sequencer", "recent", "held", "head", "chunk", "cstate", "slice", JOURNAL)
-"""The kinds of entries a pipeline saves (engine.core.state), one state variable each:
-listing one kind never reads another's values."""
-_TOKEN = T.StructType([T.StructField("token", T.StringType())])
+ENTRIES, PIECES = "entries", "pieces"
+"""The group's two state variables. Each one a task registers costs a round trip to
+the JVM that creates it, every batch (~25 ms here), so kinds share them: ``pieces``
+holds the entries read one at a time (a window's chunks and slices, kinds
+:data:`~engine.core.runners.STAGE_PIECE_KINDS`), ``entries`` every other kind, read
+whole when a pipeline is rebuilt, and the token."""
+_TOKEN: StateKey = ("token", "", "", 0)
 
 _PIPELINES: dict[str, tuple[str, Pipeline]] = {}
 """Per query and component: (the token of the state it saved last, the pipeline)."""
 
 
 class SparkStore:
-    """A :class:`~engine.core.state.StateStore` over the group's `MapState` s, one per
-    kind of entry."""
+    """A :class:`~engine.core.state.StateStore` over the group's two `MapState` s.
 
-    def __init__(self, maps: Mapping[str, MapState]) -> None:
-        self.maps = maps
+    Listing a kind of ``entries`` reads the whole map once and keeps it, grouped by
+    kind, until the next write: rebuilding a pipeline lists every kind in turn."""
+
+    def __init__(self, entries: MapState, pieces: MapState) -> None:
+        self.entries = entries
+        self.pieces = pieces
+        self._listed: dict[str, list[tuple[StateKey, bytes]]] | None = None
+
+    def _map(self, kind: str) -> MapState:
+        return self.pieces if kind in STAGE_PIECE_KINDS else self.entries
 
     def get(self, key: StateKey) -> bytes | None:
-        found = self.maps[key[0]].getValue(key[1:])
+        found = self._map(key[0]).getValue(key)
         return None if found is None else found[0]
 
     def put(self, key: StateKey, value: bytes) -> None:
-        self.maps[key[0]].updateValue(key[1:], (value,))
+        self._listed = None
+        self._map(key[0]).updateValue(key, (value,))
 
     def delete(self, key: StateKey) -> None:
-        self.maps[key[0]].removeKey(key[1:])
+        self._listed = None
+        self._map(key[0]).removeKey(key)
 
     def scan(self, kind: str) -> Iterator[tuple[StateKey, bytes]]:
-        for key, value in self.maps[kind].iterator():
-            yield (kind, *key), value[0]
+        if kind in STAGE_PIECE_KINDS:
+            for key, value in self.pieces.iterator():
+                if key[0] == kind:
+                    yield tuple(key), value[0]
+            return
+        if self._listed is None:
+            listed: dict[str, list[tuple[StateKey, bytes]]] = {}
+            for key, value in self.entries.iterator():
+                listed.setdefault(key[0], []).append((tuple(key), value[0]))
+            self._listed = listed
+        yield from self._listed.get(kind, [])
 
     def keys(self, kind: str) -> Iterator[StateKey]:
-        for key in self.maps[kind].keys():  # noqa: SIM118 (a MapState: it lists its keys)
-            yield (kind, *key)
+        for key in self._map(kind).keys():  # noqa: SIM118 (a MapState: it lists its keys)
+            if key[0] == kind:
+                yield tuple(key)
+
+    def token(self) -> str | None:
+        """The token the last batch stored beside the state."""
+        found = self.get(_TOKEN)
+        return None if found is None else found.decode()
+
+    def set_token(self, token: str) -> None:
+        """Store this batch's token (not through a journal: it is read every batch)."""
+        self.put(_TOKEN, token.encode())
 
 
 @dataclass(frozen=True)
@@ -134,8 +167,8 @@ class EngineProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         freeze_worker_heap()
-        self.maps = {kind: handle.getMapState(kind, _KEY, _VALUE) for kind in KINDS}
-        self.token = handle.getValueState("token", _TOKEN)
+        self.entries = handle.getMapState(ENTRIES, _KEY, _VALUE)
+        self.pieces = handle.getMapState(PIECES, _KEY, _VALUE)
 
     def handleInputRows(
         self, key: Any, rows: Iterator[Row], timerValues: TimerValues
@@ -146,7 +179,8 @@ class EngineProcessor(StatefulProcessor):
         with collector_paused():
             arrivals, quarantine = _arrivals(rows)
             read_s = time.perf_counter() - started
-            pipeline, journal, reused = self._pipeline(component, memo_id)
+            store = SparkStore(self.entries, self.pieces)
+            pipeline, journal, reused = self._pipeline(component, memo_id, store)
             restore_s = time.perf_counter() - started - read_s
             result = pipeline.process(arrivals)
             saving = time.perf_counter()
@@ -156,7 +190,7 @@ class EngineProcessor(StatefulProcessor):
             evaluated_s = time.perf_counter() - started - read_s
             written = self._write(component, result, quarantine)
             token = uuid.uuid4().hex
-            self.token.update((token,))
+            store.set_token(token)
             _PIPELINES[memo_id] = (token, pipeline)
         figures = {
             "component": component.name,
@@ -195,14 +229,12 @@ class EngineProcessor(StatefulProcessor):
         )
 
     def _pipeline(
-        self, component: Component, memo_id: str
+        self, component: Component, memo_id: str, store: SparkStore
     ) -> tuple[Pipeline, JournaledStore, bool]:
         """The pipeline this batch starts from, its store, and whether it was still in
         memory."""
         memo = _PIPELINES.pop(memo_id, None)
-        saved = self.token.get()
-        store = SparkStore(self.maps)
-        if memo is not None and saved is not None and memo[0] == saved[0]:
+        if memo is not None and memo[0] == store.token():
             pipeline = memo[1]
             assert isinstance(pipeline.store, JournaledStore)
             pipeline.store.inner = store

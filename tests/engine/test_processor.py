@@ -1,0 +1,157 @@
+"""The engine query's stateful step (`engine.spark.processor`) under PySpark's
+`TwsTester`: no Spark, the processor's own code over in-memory state variables.
+
+Batches of real landing files (written by ingest's `LandingWriter`, read by the
+engine's source) go through the processor twice: once with its pipeline kept in memory
+between batches, and once with the memo emptied before some batches, as when another
+Python worker ran the last batch: the pipeline is then rebuilt from the state
+variables. Both runs must write the same rows to every table.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyspark.sql import Row
+from pyspark.sql.streaming.tws_tester import TwsTester
+
+from engine import tables
+from engine.core.state import MemoryStore
+from engine.spark import processor as processor_module
+from engine.spark.commit import table_schemas
+from engine.spark.landing_source import (
+    FilesPartition,
+    LandingReader,
+    landing_files,
+    source_options,
+)
+from engine.spark.processor import ENTRIES, PIECES, EngineProcessor, SparkStore
+from engine.spark.query import engine_components
+from ingest.landing import LandingWriter
+from lookout.config import Config, S3Config
+from lookout.services import alert_specs
+from rules.language.loader import load_rules
+from tests.e2e.test_congestion import arrival_order, make_readings
+from tests.examples import examples
+
+RULES = Path(__file__).resolve().parents[2] / "rules" / "traffic.sql"
+_LIBRARY = load_rules([RULES])
+PARTS = engine_components(_LIBRARY.plan, alert_specs(_LIBRARY))
+WALL_CLOCK = {"detected_at"}  # when the batch ran: differs between any two runs
+
+
+def landing_batches(root: Path, readings: list[dict], files_per_batch: int) -> list[list[Row]]:
+    """`readings` landed as files of 10 readings, read back by the engine's source in
+    batches of `files_per_batch` files: each batch's rows as the stateful step gets them."""
+    plan = load_rules([RULES]).plan
+    writer = LandingWriter(str(root / "landing"), "t")
+    for i in range(0, len(readings), 10):
+        chunk = [dict(r) for r in readings[i : i + 10]]
+        writer.add_readings("traffic", chunk, "lookout/traffic/1/readings", chunk[-1]["ts"])
+        writer.flush()
+    options = source_options(
+        str(root / "landing"), "", S3Config(), {"traffic": [plan.streams["traffic"]]}, ""
+    )
+    reader = LandingReader(options)
+    files = sorted(landing_files(pafs.LocalFileSystem(), str(root / "landing"), ["traffic"]))
+    batches = []
+    for i in range(0, len(files), files_per_batch):
+        table = next(iter(reader.read(FilesPartition(tuple(files[i : i + files_per_batch])))))
+        batches.append([Row(**row) for row in table.to_pylist()])
+    return batches
+
+
+def run(lakehouse: Path, batches: list[list[Row]], forget: set[int]) -> dict[str, Counter]:
+    """Every batch through one processor; the worker's memo emptied before the batches
+    in `forget`. Each table's rows written, as a multiset."""
+    rule_set = load_rules([RULES])
+    config = Config(lakehouse=str(lakehouse))
+    parts = engine_components(rule_set.plan, alert_specs(rule_set))
+    for name, schema in table_schemas(rule_set.plan, ("traffic", "positions")).items():
+        tables.ensure_table(config.table(name), schema)
+    processor = EngineProcessor(parts, config, memo_id=str(lakehouse))
+    tester = TwsTester(processor)
+    written: dict[str, Counter] = {}
+    restores = 0
+    for number, rows in enumerate(batches):
+        if number in forget:
+            processor_module._PIPELINES.clear()
+        for out in tester.test("traffic", rows):
+            if out["kind"] == "health":
+                restores += not orjson.loads(out["stats"])["reused"]
+                continue
+            found = pq.read_table(f"{config.table(out['table'])}/{out['path']}").to_pylist()
+            written.setdefault(out["table"], Counter()).update(
+                tuple(sorted((k, repr(v)) for k, v in row.items() if k not in WALL_CLOCK))
+                for row in found
+            )
+    assert restores == len(forget | {0}), "a forgotten pipeline is rebuilt, a kept one reused"
+    return written
+
+
+@pytest.fixture(scope="module")
+def batches(tmp_path_factory: pytest.TempPathFactory) -> list[list[Row]]:
+    readings = arrival_order(make_readings(seed=5), seed=6, max_delay_ms=1_500)
+    return landing_batches(tmp_path_factory.mktemp("landing"), readings, files_per_batch=2)
+
+
+def test_the_processor_keeps_its_state_in_two_variables(tmp_path: Path) -> None:
+    # Each state variable costs every task a round trip to the JVM that creates it.
+    tester = TwsTester(EngineProcessor(PARTS, Config(lakehouse=str(tmp_path)), "memo"))
+    assert set(tester.handle.map_states) == {ENTRIES, PIECES}
+    assert not tester.handle.value_states and not tester.handle.list_states
+
+
+KINDS = ("sequencer", "head", "cstate", "journal", "chunk", "slice")
+state_keys = st.tuples(
+    st.sampled_from(KINDS), st.sampled_from(["a", "b"]), st.sampled_from(["", "[1]"]),
+    st.integers(0, 2),
+)  # fmt: skip
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), state_keys, st.binary(max_size=3)),
+        st.tuples(st.just("delete"), state_keys),
+        st.tuples(st.just("get"), state_keys),
+        st.tuples(st.sampled_from(["scan", "keys"]), st.sampled_from(KINDS)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(operations)
+def test_the_spark_store_answers_as_a_dict_does(ops: list[tuple]) -> None:
+    tester = TwsTester(EngineProcessor(PARTS, Config(), "memo"))
+    tester.handle.grouping_key = ("traffic",)  # as while Spark hands it a group
+    maps = tester.handle.map_states
+    store, model = SparkStore(maps[ENTRIES], maps[PIECES]), MemoryStore()
+    for op, *args in ops:
+        if op in ("put", "delete"):
+            getattr(store, op)(*args)
+            getattr(model, op)(*args)
+        elif op == "get":
+            assert store.get(args[0]) == model.get(args[0])
+        elif op == "scan":
+            assert sorted(store.scan(args[0])) == sorted(model.scan(args[0]))
+        else:
+            assert sorted(store.keys(args[0])) == sorted(model.keys(args[0]))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_worker_without_the_pipeline_rebuilds_it_and_writes_the_same(
+    tmp_path: Path, batches: list[list[Row]], seed: int
+) -> None:
+    assert len(batches) > 10
+    kept = run(tmp_path / "kept", batches, forget=set())
+    forget = set(random.Random(seed).sample(range(1, len(batches)), len(batches) // 3))
+    rebuilt = run(tmp_path / "rebuilt", batches, forget=forget)
+    assert kept["alerts"], "the readings must raise alerts"
+    assert kept == rebuilt
