@@ -103,17 +103,22 @@ def _render(row: dict[str, Any], schema: StreamSchema | None) -> dict[str, Any]:
     return {k: iso_utc(v) if k in stamps and isinstance(v, int) else v for k, v in row.items()}
 
 
+def output_key(stage_keys: dict[str, tuple[str, ...]], out: Output) -> str:
+    """The key of an output as the live job writes it (e.g. `station=3`), from its tie
+    order; `stage_keys` maps each stage's name to its key columns."""
+    stage, *values = orjson.loads(out.source)  # derived_source: [stage, *key]
+    return format_key(stage_keys[stage], tuple(values))
+
+
 def alert_ids(plan: Plan, outputs: Iterable[Output]) -> list[str]:
     """The ids the live job gives the alerts among `outputs` (one per alert output)."""
     alerts = {q.sink.name for q in plan.queries if q.sink.kind == SinkKind.ALERT}
     keys = {stage.name: stage.key for stage in plan.stages()}
-    ids = []
-    for out in outputs:
-        if out.sink in alerts:
-            stage, *values = orjson.loads(out.source)  # derived_source: [stage, *key]
-            key = format_key(keys[stage], tuple(values))
-            ids.append(alert_id(out.sink, key, out.ts, out.row, out.source, out.seq))
-    return ids
+    return [
+        alert_id(out.sink, output_key(keys, out), out.ts, out.row, out.source, out.seq)
+        for out in outputs
+        if out.sink in alerts
+    ]
 
 
 def incident_lines(rule_set: RuleSet, result: ReplayResult) -> list[dict[str, Any]]:
