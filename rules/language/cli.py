@@ -2,7 +2,7 @@
 `lookout rules test [PATH...]`.
 
 `lookout/cli.py` calls `register(subparsers)` and dispatches with `args.func(args)`,
-which returns the process exit code. Without paths, both take the rule set the engine
+which returns the process exit code. Without paths, each takes the rule set the engine
 loads (the configured library and user rule store); either way the rules reach only
 what the configuration allows (`[rules]` in lookout.toml).
 """
@@ -60,7 +60,7 @@ def _test(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `rules` command (with `check`, `explain` and `test`) to an argparse
     subparsers."""
-    rules = subparsers.add_parser("rules", help="check and explain rule files")
+    rules = subparsers.add_parser("rules", help="check, explain and test rule files")
     sub = rules.add_subparsers(dest="rules_command", required=True)
     check = sub.add_parser("check", help="check rule files; exit 1 on any error")
     check.add_argument(
