@@ -70,9 +70,14 @@ def _broker(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from lookout.replay import run_replay
+    from lookout.replay import parse_end_at, run_replay
 
-    return run_replay(args.rules, args.input, args.out)
+    try:
+        end_at = parse_end_at(args.end_at)
+    except ValueError as err:
+        print(f"lookout replay: --end-at: {err}", file=sys.stderr)
+        return 2
+    return run_replay(args.rules, args.input, args.out, end_at)
 
 
 def _cluster(args: argparse.Namespace) -> int:
@@ -151,6 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="readings of STREAM, or (no STREAM=) of whichever source stream each line fits",
     )
     replay.add_argument("--out", required=True, help="output folder")
+    replay.add_argument(
+        "--end-at",
+        default="infinity",
+        metavar="TIME|watermark|infinity",
+        help="the final heartbeat: at TIME (ISO-8601 with offset, or epoch ms), none "
+        "(watermark: nothing expires because the input ends) or at +infinity (default: "
+        "every window closes, every expiration fires)",
+    )
     replay.set_defaults(func=_replay)
 
     cluster = commands.add_parser(

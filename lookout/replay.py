@@ -18,9 +18,9 @@ import orjson
 
 from engine.alerts import alert_id, alert_keys, format_key, incident_record, iso_utc
 from engine.core.evaluator import Output
-from engine.core.plan import ColumnType, Plan, SinkKind, StreamSchema
+from engine.core.plan import END_OF_TIME, ColumnType, Plan, SinkKind, StreamSchema
 from engine.core.replay import ReplayResult, run
-from ingest.validate import normalize_reading
+from ingest.validate import normalize_reading, parse_timestamp
 from lookout.services import alert_specs
 from rules.language.loader import RuleCheckError, RuleSet, load_rules
 
@@ -103,17 +103,22 @@ def _render(row: dict[str, Any], schema: StreamSchema | None) -> dict[str, Any]:
     return {k: iso_utc(v) if k in stamps and isinstance(v, int) else v for k, v in row.items()}
 
 
+def output_key(stage_keys: dict[str, tuple[str, ...]], out: Output) -> str:
+    """The key of an output as the live job writes it (e.g. `station=3`), from its tie
+    order; `stage_keys` maps each stage's name to its key columns."""
+    stage, *values = orjson.loads(out.source)  # derived_source: [stage, *key]
+    return format_key(stage_keys[stage], tuple(values))
+
+
 def alert_ids(plan: Plan, outputs: Iterable[Output]) -> list[str]:
     """The ids the live job gives the alerts among `outputs` (one per alert output)."""
     alerts = {q.sink.name for q in plan.queries if q.sink.kind == SinkKind.ALERT}
     keys = {stage.name: stage.key for stage in plan.stages()}
-    ids = []
-    for out in outputs:
-        if out.sink in alerts:
-            stage, *values = orjson.loads(out.source)  # derived_source: [stage, *key]
-            key = format_key(keys[stage], tuple(values))
-            ids.append(alert_id(out.sink, key, out.ts, out.row, out.source, out.seq))
-    return ids
+    return [
+        alert_id(out.sink, output_key(keys, out), out.ts, out.row, out.source, out.seq)
+        for out in outputs
+        if out.sink in alerts
+    ]
 
 
 def incident_lines(rule_set: RuleSet, result: ReplayResult) -> list[dict[str, Any]]:
@@ -130,8 +135,31 @@ def incident_lines(rule_set: RuleSet, result: ReplayResult) -> list[dict[str, An
     return records
 
 
-def run_replay(rule_paths: Sequence[str], input_specs: Sequence[str], out: str) -> int:
-    """Evaluate the rules over the inputs and write DIR/<sink>.jsonl files."""
+def parse_end_at(text: str) -> int | None:
+    """`--end-at`: `infinity` (END_OF_TIME), `watermark` (None: no final heartbeat), or
+    the final heartbeat's time as ISO-8601 with offset or epoch ms; ValueError if none."""
+    if text == "infinity":
+        return END_OF_TIME
+    if text == "watermark":
+        return None
+    return parse_timestamp(int(text) if text.lstrip("-").isdigit() else text)
+
+
+def _describe_end(end_at: int | None) -> str:
+    if end_at is None:
+        return "the input's watermark"
+    return "+infinity" if end_at == END_OF_TIME else iso_utc(end_at)
+
+
+def run_replay(
+    rule_paths: Sequence[str],
+    input_specs: Sequence[str],
+    out: str,
+    end_at: int | None = END_OF_TIME,
+) -> int:
+    """Evaluate the rules over the inputs, ending with a heartbeat at `end_at` (None:
+    at the input's watermark, see `engine.core.replay.run`), and write
+    DIR/<sink>.jsonl files."""
     try:
         rule_set = load_rules(rule_paths)
     except RuleCheckError as err:
@@ -141,7 +169,7 @@ def run_replay(rule_paths: Sequence[str], input_specs: Sequence[str], out: str) 
     plan = rule_set.plan
     try:
         inputs = _parse_inputs(input_specs, plan)
-        result = run(plan, read_readings(inputs))
+        result = run(plan, read_readings(inputs), end_at=end_at)
     except (ReplayInputError, OSError) as err:
         print(f"lookout replay: {err}", file=sys.stderr)
         return 2
@@ -164,6 +192,14 @@ def run_replay(rule_paths: Sequence[str], input_specs: Sequence[str], out: str) 
         f"replay: {len(result.outputs)} output rows, {len(result.incidents)} incidents, "
         f"{len(result.late)} late readings, "
         f"{sum(result.duplicates.values())} duplicates removed -> {folder}",
+        file=sys.stderr,
+    )
+    # How much of the output is only there because the input ended (pending expirations
+    # and windows closed by the final heartbeat), per output.
+    closed = ", ".join(f"{sink} {rows}" for sink, rows in sorted(result.closed.items()))
+    print(
+        f"replay: ended at {_describe_end(end_at)}; the final close produced "
+        + (f"{sum(result.closed.values())} output rows: {closed}" if closed else "no output rows"),
         file=sys.stderr,
     )
     return 0

@@ -256,11 +256,13 @@ class Pipeline:
         result.watermarks = watermarks
         return result
 
-    def finish(self) -> BatchResult:
-        """The end of input: a final heartbeat at +infinity closes every window and fires
-        every pending expiration."""
+    def finish(self, at: int = END_OF_TIME) -> BatchResult:
+        """The end of input: a final heartbeat at `at` on every source stream (one that is
+        past it already stays where it is). At +infinity, the default, it closes every
+        window and fires every pending expiration."""
         result = BatchResult()
-        self._advance(dict.fromkeys(self.sources, END_OF_TIME), result)
+        ends = {name: max(at, s.clock.watermark) for name, s in self.sequencers.items()}
+        self._advance(ends, result)
         result.watermarks = {name: s.clock.watermark for name, s in self.sequencers.items()}
         return result
 

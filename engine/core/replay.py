@@ -4,13 +4,16 @@ fed from a file instead of the landing.
 Every reading goes through the same sequencer as live: a repeated (source, epoch, seq)
 is a duplicate (counted, dropped) or a conflict (set aside), a reading below its
 stream's slack watermark is late (set aside, never processed). End of input is a final
-heartbeat at :data:`~engine.core.plan.END_OF_TIME`: every window closes and every
-expiration fires.
+heartbeat at :data:`~engine.core.plan.END_OF_TIME` by default: every window closes and
+every expiration fires. Ending at a given time closes what that heartbeat would; ending
+at the input's own watermarks closes nothing the input did not (nothing expires just
+because the recording stops).
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +29,7 @@ from engine.core.pipeline import (
     LateReading,
     Pipeline,
 )
-from engine.core.plan import Plan, StreamSchema
+from engine.core.plan import END_OF_TIME, Plan, StreamSchema
 from engine.core.runners import emitted_outputs
 from engine.core.schema import arrival_type
 from engine.core.sequencer import sort_key
@@ -47,6 +50,11 @@ class ReplayResult:
     late: list[LateReading] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)
     duplicates: dict[str, int] = field(default_factory=dict)
+    watermarks: dict[str, int] = field(default_factory=dict)
+    """Each source stream's watermark at the end of the input (before the final heartbeat;
+    empty for no input)."""
+    closed: dict[str, int] = field(default_factory=dict)
+    """How many output rows the final heartbeat produced, per output (sink)."""
 
 
 def arrival_table(schema: StreamSchema, rows: list[Row]) -> pa.Table:
@@ -63,8 +71,14 @@ def arrival_table(schema: StreamSchema, rows: list[Row]) -> pa.Table:
     return pa.table(columns)
 
 
-def run(plan: Plan, readings: Iterable[tuple[str, Row]], batch: int = 10_000) -> ReplayResult:
-    """Evaluate ``plan`` over ``(stream, row)`` readings in arrival order.
+def run(
+    plan: Plan,
+    readings: Iterable[tuple[str, Row]],
+    batch: int = 10_000,
+    end_at: int | None = END_OF_TIME,
+) -> ReplayResult:
+    """Evaluate ``plan`` over ``(stream, row)`` readings in arrival order, then end with
+    a heartbeat at ``end_at`` (int ms; None: none, the input's own watermarks end it).
 
     Rows carry their stream's columns with the timestamp as int ms; ``source`` and
     ``seq`` default to ``""`` and the arrival index (ties then follow arrival order, and
@@ -81,7 +95,9 @@ def run(plan: Plan, readings: Iterable[tuple[str, Row]], batch: int = 10_000) ->
 
     incidents: dict[tuple[str, str, int], IncidentUpdate] = {}
 
-    def collect(step: BatchResult) -> None:
+    def collect(step: BatchResult) -> Counter[str]:
+        """Take in what a step produced; return its number of output rows per sink."""
+        rows: Counter[str] = Counter()
         for update in step.incidents:
             incidents[(update.alert, update.key, update.opened_at)] = update
         result.late += step.late
@@ -89,10 +105,10 @@ def run(plan: Plan, readings: Iterable[tuple[str, Row]], batch: int = 10_000) ->
         for stream, count in step.duplicates.items():
             result.duplicates[stream] = result.duplicates.get(stream, 0) + count
         for emitted in step.outputs:
-            produced.extend(
-                (o.ts, emitted.stage, sort_key(key), o.seq, o)
-                for key, o in emitted_outputs(emitted)
-            )
+            for key, o in emitted_outputs(emitted):
+                produced.append((o.ts, emitted.stage, sort_key(key), o.seq, o))
+                rows[o.sink] += 1
+        return rows
 
     iterator = iter(readings)
     arrived = 0
@@ -110,10 +126,13 @@ def run(plan: Plan, readings: Iterable[tuple[str, Row]], batch: int = 10_000) ->
         arrived += len(chunk)
         # Streams are judged apart (each has its own clock), so grouping a chunk's
         # readings by stream keeps every stream's arrival order.
-        collect(
-            pipeline.process({s: arrival_table(pipeline.sources[s], by_stream[s]) for s in order})
+        step = pipeline.process(
+            {s: arrival_table(pipeline.sources[s], by_stream[s]) for s in order}
         )
-    collect(pipeline.finish())
+        collect(step)
+        result.watermarks = {s: step.watermarks[s] for s in pipeline.sources}
+    if end_at is not None:
+        result.closed = dict(collect(pipeline.finish(end_at)))
     produced.sort(key=lambda p: p[:4])
     result.outputs = [p[4] for p in produced]
     result.incidents = [incidents[k] for k in sorted(incidents, key=lambda k: (k[2], k[0], k[1]))]

@@ -334,7 +334,7 @@ class Checker:
         return cls
 
     def _create_query(self, stmt: ast.CreateDerived | ast.CreateAlert) -> None:
-        selects = [self._select(stmt.file, sel) for sel in stmt.query.selects]
+        selects = [self._select(stmt, sel) for sel in stmt.query.selects]
         if len(selects) > 1:
             self._union(stmt.file, selects)
         first = selects[0]
@@ -448,18 +448,14 @@ class Checker:
                 )
 
     # -- SELECT
-    def _select(self, file: str, sel: ast.Select) -> SelectInfo:
+    def _select(self, stmt: ast.CreateDerived | ast.CreateAlert, sel: ast.Select) -> SelectInfo:
+        file = stmt.file
         info = SelectInfo(sel)
         scope: list[tuple[ast.SourceRef, Relation]] = []
         for src in sel.sources:
             rel = self.catalog.relations.get(src.name.name)
             if rel is None and src.name.name.lower() in self._relations:
-                self.error(
-                    file,
-                    src.name.pos,
-                    f"'{src.name.name}' reads, directly or through other streams, what this "
-                    "statement defines: a cycle",
-                )
+                self.error(file, src.name.pos, self._cycle(stmt, src.name.name))
                 continue
             if rel is None:
                 self.error(
@@ -533,6 +529,17 @@ class Checker:
         if sel.r2s is not None and info.window is not None and not _stamped_at_own_time(info):
             info.timestamp = None  # rows are (re)emitted at other instants than their time
         return info
+
+    def _cycle(self, stmt: ast.Statement, read: str) -> str:
+        """The error of `stmt` reading `read`, a stream not checked yet because it reads,
+        directly or through other streams, what `stmt` defines: every statement of the
+        cycle, as file:line:col."""
+        chain = cycle_path(self._first[read.lower()], stmt, self._first)
+        links = [stmt, *chain]
+        steps = ", which reads ".join(
+            f"'{s.name.name}' ({s.file}:{s.name.pos.line}:{s.name.pos.col})" for s in links
+        )
+        return f"a cycle: {steps}, which reads '{stmt.name.name}'"
 
     def _known(self, what: str) -> str:
         names = sorted(self.catalog.relations)
@@ -1110,6 +1117,28 @@ def dependency_order(
                 stack.pop()
                 ordered.append(stmt)
     return ordered
+
+
+def cycle_path(
+    start: ast.Statement, target: ast.Statement, declared: dict[str, ast.Statement]
+) -> list[ast.Statement]:
+    """The statements from `start` on through what each reads (`declared`: name -> its
+    declaration), breadth first, to the one that reads `target`; `start` alone if none
+    does (then `start` reads `target` itself or not at all)."""
+    came_from: dict[int, ast.Statement | None] = {id(start): None}
+    queue = [start]
+    for stmt in queue:
+        if target.name.name.lower() in set(_reads(stmt)):
+            path = [stmt]
+            while (before := came_from[id(path[-1])]) is not None:
+                path.append(before)
+            return path[::-1]
+        for name in _reads(stmt):
+            dep = declared.get(name)
+            if dep is not None and id(dep) not in came_from:
+                came_from[id(dep)] = stmt
+                queue.append(dep)
+    return [start]
 
 
 def check_statements(

@@ -1,7 +1,8 @@
-"""`lookout rules check [PATH...]` and `lookout rules explain NAME`.
+"""`lookout rules check [PATH...]`, `lookout rules explain NAME` and
+`lookout rules test [PATH...]`.
 
 `lookout/cli.py` calls `register(subparsers)` and dispatches with `args.func(args)`,
-which returns the process exit code. Without paths, both take the rule set the engine
+which returns the process exit code. Without paths, each takes the rule set the engine
 loads (the configured library and user rule store); either way the rules reach only
 what the configuration allows (`[rules]` in lookout.toml).
 """
@@ -49,9 +50,17 @@ def _explain(args: argparse.Namespace) -> int:
     return 1 if analysis.errors else 0
 
 
+def _test(args: argparse.Namespace) -> int:
+    from lookout.rule_tests import run_rule_tests  # the engine core: only for this command
+
+    config = _config(args)
+    return run_rule_tests(args.paths or config.rule_paths, config.rule_policy)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the `rules` command (with `check` and `explain`) to an argparse subparsers."""
-    rules = subparsers.add_parser("rules", help="check and explain rule files")
+    """Add the `rules` command (with `check`, `explain` and `test`) to an argparse
+    subparsers."""
+    rules = subparsers.add_parser("rules", help="check, explain and test rule files")
     sub = rules.add_subparsers(dest="rules_command", required=True)
     check = sub.add_parser("check", help="check rule files; exit 1 on any error")
     check.add_argument(
@@ -73,3 +82,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="rule files or folders (default: the configured rule library and user rules)",
     )
     expl.set_defaults(func=_explain)
+    test = sub.add_parser(
+        "test",
+        help="run the rule files' tests (NAME.test.yaml beside NAME.sql); exit 1 on a failure",
+    )
+    test.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="rule files or folders (default: the configured rule library and user rules)",
+    )
+    test.set_defaults(func=_test)

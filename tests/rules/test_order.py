@@ -4,12 +4,18 @@ and of the statements in them: names resolve across all of them."""
 from __future__ import annotations
 
 import argparse
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from engine.core.plan import Plan
 from rules.language.cli import register
-from rules.language.loader import check_paths, load_rules
+from rules.language.loader import RULES_DIR, check_paths, load_rules
+from tests.examples import examples
 from tests.rules.helpers import TRAFFIC
 
 ALERT = "CREATE ALERT slow SEVERITY info AS SELECT station, ts, speed FROM fast WHERE speed < 40;\n"
@@ -68,7 +74,93 @@ def test_a_cycle_is_an_error_at_the_statement_closing_it(tmp_path: Path) -> None
     )
     (error,) = check_paths([tmp_path])
     assert (error.line, error.col) == (4, 44)
-    assert (
-        error.message
-        == "'a' reads, directly or through other streams, what this statement defines: a cycle"
+    r = tmp_path / "r.sql"
+    assert error.message == f"a cycle: 'b' ({r}:4:15), which reads 'a' ({r}:3:15), which reads 'b'"
+
+
+def test_a_cycle_across_files_names_each_statement_of_it(tmp_path: Path) -> None:
+    """a -> c -> b -> a over three files, beside the traffic stream and an alert reading
+    a: reported once, at the FROM of the statement the check reaches last (b's)."""
+    (tmp_path / "t.sql").write_text(TRAFFIC + ALERT.replace("fast", "a"))
+    (tmp_path / "x.sql").write_text(
+        "CREATE STREAM a AS SELECT station, ts, speed FROM c UNION ALL "
+        "SELECT station, ts, speed FROM traffic;\n"
     )
+    (tmp_path / "y.sql").write_text("CREATE STREAM b AS SELECT station, ts, speed FROM a;\n")
+    (tmp_path / "z.sql").write_text("CREATE STREAM c AS SELECT station, ts, speed FROM b;\n")
+    errors = check_paths([tmp_path])
+    x, y, z = (tmp_path / f"{n}.sql" for n in "xyz")
+    assert [(Path(e.file).name, e.line, e.col, e.message) for e in errors] == [
+        (
+            "y.sql",
+            1,
+            51,
+            f"a cycle: 'b' ({y}:1:15), which reads 'a' ({x}:1:15), which reads 'c' "
+            f"({z}:1:15), which reads 'b'",
+        )
+    ]
+
+
+def _statements(text: str) -> list[str]:
+    """A rule file's statements as texts, each with the comments above it (a statement
+    ends at the line ending in ';'; no string or comment of the library has one)."""
+    statements, lines = [], []
+    for line in text.splitlines(keepends=True):
+        lines.append(line)
+        if line.rstrip().endswith(";"):
+            statements.append("".join(lines))
+            lines = []
+    return statements
+
+
+LIBRARY = [
+    s for name in ("traffic.sql", "rfid.sql") for s in _statements((RULES_DIR / name).read_text())
+]
+
+
+def _plan_summary(plan: Plan) -> object:
+    """What a plan is, positions and the order of independent queries aside: streams,
+    each query (input, sink, key, definition digest) and each alert's incidents."""
+    return (
+        dict(plan.streams),
+        {q.name: (q.input, q.sink, q.key, q.definition) for q in plan.queries},
+        {
+            i.alert: (i.observe, i.quiet_ms, i.pending_ms, i.keep_firing_ms, i.definition)
+            for i in plan.incidents
+        },
+        sorted(stage.name for stage in plan.stages()),
+    )
+
+
+def _in_dependency_order(plan: Plan) -> bool:
+    """Whether every query comes after all the queries writing the stream it reads."""
+    return not any(
+        later.sink.name == query.input
+        for i, query in enumerate(plan.queries)
+        for later in plan.queries[i + 1 :]
+    )
+
+
+@settings(max_examples=examples(50), deadline=None)
+@given(
+    order=st.permutations(range(len(LIBRARY))),
+    files=st.lists(st.integers(0, 3), min_size=len(LIBRARY), max_size=len(LIBRARY)),
+)
+def test_the_library_split_and_shuffled_into_files_has_the_same_plan(
+    order: list[int], files: list[int]
+) -> None:
+    """The library's statements in any order, spread over up to four files (each file
+    keeping the drawn order), compile to the library's plan."""
+    canonical = load_rules([RULES_DIR / "traffic.sql", RULES_DIR / "rfid.sql"]).plan
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        for table in ("stations.csv", "doors.csv"):
+            shutil.copy(RULES_DIR / table, root / table)
+        texts: dict[int, str] = {}
+        for index, file in zip(order, files, strict=True):
+            texts[file] = texts.get(file, "") + LIBRARY[index]
+        for file, text in texts.items():
+            (root / f"part{file}.sql").write_text(text)
+        shuffled = load_rules([root]).plan
+    assert _plan_summary(shuffled) == _plan_summary(canonical)
+    assert _in_dependency_order(shuffled)
