@@ -1,4 +1,5 @@
-"""`lookout rules check [PATH...]` and `lookout rules explain NAME`.
+"""`lookout rules check [PATH...]` and `lookout rules explain NAME` (and `lookout rules
+preview FILE`, from `lookout.preview_cli`).
 
 `lookout/cli.py` calls `register(subparsers)` and dispatches with `args.func(args)`,
 which returns the process exit code. Without paths, both take the rule set the engine
@@ -73,3 +74,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="rule files or folders (default: the configured rule library and user rules)",
     )
     expl.set_defaults(func=_explain)
+    from lookout.preview_cli import register as register_preview  # imports the engine: late
+
+    register_preview(sub)
