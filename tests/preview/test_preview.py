@@ -5,6 +5,7 @@ what the readings plainly say."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,7 @@ def test_the_alerts_are_replays_cut_at_the_stored_watermark(
     replay = replayed(tmp_path, rows)
     # The instant each replayed alert became final: its window's end, its reading's
     # time, its expiration (the newest reading plus the 2 minutes).
-    final = {
+    final: dict[str, Callable[[dict[str, Any]], int]] = {
         "slow_minute": lambda r: ms(r["window_end"]),
         "crawl": lambda r: ms(r["ts"]) + 1,
         "quiet": lambda r: ms(r["last_reading"]) + 2 * 60_000,
