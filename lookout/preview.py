@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
 
-from engine.alerts import AlertSpec, format_key, incident_record, render_message
+from engine.alerts import AlertSpec, alert_keys, format_key, incident_record, render_message
 from engine.core.incidents import IncidentUpdate
 from engine.core.pipeline import HEARTBEAT, BatchResult, Pipeline
 from engine.core.plan import Plan, StreamSchema
@@ -306,9 +306,7 @@ def evaluate(
     (never past it): the alerts of `specs` by event time, and their incidents as
     records (:func:`~engine.alerts.incident_record`) by opening time."""
     pipeline = Pipeline(plan)
-    keys = {
-        q.sink.name: stage.key for stage in plan.stages() for q in (stage.query, *stage.downstream)
-    }
+    keys = alert_keys(plan)
     alerts: list[tuple[int, str, str, int, PreviewAlert]] = []
     incidents: dict[tuple[str, str, int], IncidentUpdate] = {}
 
