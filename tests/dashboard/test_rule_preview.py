@@ -53,7 +53,9 @@ def test_preview_shows_alerts_per_rule_and_key_and_saves_nothing(
 def test_preview_shows_located_errors_and_refuses_modules(
     lakehouse: Path, rule_store: Path, open_page: Open
 ) -> None:
-    app = edit(open_page("rules"), "CREATE ALERT slow SEVERITY warning\n  AS SELECT ts FROM trafic;\n")
+    app = edit(
+        open_page("rules"), "CREATE ALERT slow SEVERITY warning\n  AS SELECT ts FROM trafic;\n"
+    )
     app.button(key="rule_preview").click().run()
     said = texts(app)
     assert "nothing was evaluated" in said
