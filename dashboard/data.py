@@ -80,6 +80,11 @@ def _s3() -> S3Config:
         raise DataError(f"the configuration cannot be read: {exc}") from exc
 
 
+def storage() -> S3Config:
+    """How to reach the lakehouse: the configuration's `[s3]` when it is on S3."""
+    return _s3()
+
+
 def _location(name: str) -> str:
     return f"{lakehouse()}/{name}"
 

@@ -78,6 +78,10 @@ class RuleStore:
         path = self._file(name)
         return (path if path.exists() else self._disabled(name)).read_text(encoding="utf-8")
 
+    def path(self, name: str) -> Path:
+        """Where the store keeps `<name>.sql` (RuleNameError for a name it refuses)."""
+        return self._file(name)
+
     def check(self, name: str, text: str) -> list[RuleError]:
         """The errors of the rule set with `<name>.sql` in the store holding `text`;
         nothing is written."""

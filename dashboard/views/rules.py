@@ -1,23 +1,31 @@
 """Rules: every rule with its text, explanation and alert count; an editor that checks a
-rule file with the rest of the rule set like `lookout rules check` and saves it into the
-user rule store when valid; renaming, disabling and deleting the user's files; who
-changed what."""
+rule file with the rest of the rule set like `lookout rules check`, previews what its
+alerts would have raised on the stored readings like `lookout rules preview`, and saves
+it into the user rule store when valid; renaming, disabling and deleting the user's
+files; who changed what."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from dashboard.data import DataError, query, table_version
+from dashboard.charts import channel, chart, tip
+from dashboard.data import DataError, lakehouse, query, storage, table_version
 from dashboard.login import current_user
 from dashboard.rule_folder import book_of
 from dashboard.rule_store import RuleNameError, RuleStore
-from dashboard.rulebook import Book, annotate
+from dashboard.rulebook import Book, annotate, shown
 from dashboard.settings import rule_store
 from dashboard.ui import panel
+from engine.alerts import iso_utc
+from lookout.preview import Preview, PreviewError, preview
 from rules.language.errors import RuleError
+from rules.language.loader import RuleCheckError
 
 NEW = "(new file)"
+HISTORY = {"last 15 minutes": 15, "last hour": 60, "last 6 hours": 360, "last 24 hours": 1440}
+"""How much stored history the Preview button evaluates, in minutes back from the
+stored watermark."""
 
 
 def alert_counts() -> dict[str, int]:
@@ -64,11 +72,12 @@ def rule_list(book: Book) -> None:
     right.code(rule.explanation or "(no explanation)", language=None, wrap_lines=True)
 
 
-def _show_errors(name: str, text: str, errors: list[RuleError]) -> None:
+def _show_errors(
+    name: str, text: str, errors: list[RuleError], outcome: str = "nothing was saved"
+) -> None:
     """The errors in the edited file inline under their lines, then any others."""
     st.error(
-        f"{len(errors)} error{'s' if len(errors) != 1 else ''}: fix them before saving "
-        "(nothing was saved)."
+        f"{len(errors)} error{'s' if len(errors) != 1 else ''}: fix them before saving ({outcome})."
     )
     here = [e for e in errors if e.file == f"{name}.sql"]
     elsewhere = [e for e in errors if e.file != f"{name}.sql"]
@@ -97,9 +106,14 @@ def editor(store: RuleStore) -> None:
         key=f"rule_text::{choice}",
         placeholder="CREATE ALERT ... AS SELECT ... FROM traffic WHERE ...",
     )
-    check, save = st.columns([1, 6])
+    check, look, span, save = st.columns([1, 1, 2, 3], vertical_alignment="bottom")
     checked = check.button("Check", key="rule_check")
+    previewed = look.button("Preview", key="rule_preview")
+    history = span.selectbox("Preview over", list(HISTORY), index=1, key="rule_preview_span")
     saved = save.button("Save", type="primary", key="rule_save")
+    if previewed:
+        _preview(store, name, text, HISTORY[history])
+        return
     if not (checked or saved):
         return
     try:
@@ -116,6 +130,69 @@ def editor(store: RuleStore) -> None:
         )
     else:
         st.success("No errors.")
+
+
+def _preview(store: RuleStore, name: str, text: str, minutes: int) -> None:
+    """Evaluate the edited text's alerts over the stored readings (after the same
+    checks as saving, the sandbox among them) and show what they would have raised."""
+    try:
+        with st.spinner("Evaluating the rules over the stored readings…"):
+            result = preview(
+                store.rule_paths(),
+                store.path(name),
+                text,
+                lakehouse(),
+                minutes * 60_000,
+                store.policy,
+                storage(),
+            )
+    except RuleNameError as exc:
+        st.error(str(exc))
+        return
+    except RuleCheckError as exc:
+        _show_errors(name, text, shown(exc.errors), "nothing was evaluated")
+        return
+    except (PreviewError, DataError) as exc:
+        st.warning(str(exc))
+        return
+    _show_preview(result)
+
+
+def _show_preview(result: Preview) -> None:
+    """Per rule and key the alerts and incidents, a chart of alerts per minute, the
+    incidents, and the time taken."""
+    read = ", ".join(f"{s.readings:,} {s.stream} readings" for s in result.streams)
+    st.success(
+        f"Preview from {iso_utc(result.start)} to {iso_utc(result.end)} (the stored "
+        f"watermark): {read}; evaluated in {result.evaluate_s:.2f} s (reading "
+        f"{result.read_s:.2f} s). Nothing was saved."
+    )
+    st.dataframe(pd.DataFrame(result.summary()), hide_index=True, width="stretch")
+    alerts = pd.DataFrame(
+        [{"rule": a.rule, "key": a.key or "-", "ts": a.ts} for a in result.alerts],
+        columns=["rule", "key", "ts"],
+    )
+    alerts["minute"] = pd.to_datetime(alerts["ts"] // 60_000 * 60_000, unit="ms", utc=True)
+    per_minute = alerts.groupby(["rule", "key", "minute"]).size().reset_index(name="alerts")
+    for rule in result.rules:
+        rows = per_minute[per_minute["rule"] == rule]
+        if rows.empty:
+            st.caption(f"{rule}: no alert in this history.")
+            continue
+        spec = chart(
+            "bar",
+            channel("minute", "temporal", "minute (UTC)"),
+            channel("alerts", "quantitative", f"{rule} alerts"),
+            channel("key", "nominal"),
+            [tip("minute", "temporal"), tip("key", "nominal"), tip("alerts", "quantitative")],
+        )
+        st.vega_lite_chart(rows, spec, width="stretch")
+    if result.incidents:
+        incidents = pd.DataFrame(result.incidents)
+        for column in ("opened_at", "last_report_at", "resolved_at"):
+            incidents[column] = pd.to_datetime(incidents[column], unit="ms", utc=True)
+        shown_columns = ["rule", "key", "opened_at", "resolved_at", "reports", "message"]
+        st.dataframe(incidents[shown_columns], hide_index=True, width="stretch")
 
 
 def _file_name(choice: str) -> str:

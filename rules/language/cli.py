@@ -1,5 +1,5 @@
-"""`lookout rules check [PATH...]`, `lookout rules explain NAME` and
-`lookout rules test [PATH...]`.
+"""`lookout rules check [PATH...]`, `lookout rules explain NAME`, `lookout rules test
+[PATH...]` (and `lookout rules preview FILE`, from `lookout.preview_cli`).
 
 `lookout/cli.py` calls `register(subparsers)` and dispatches with `args.func(args)`,
 which returns the process exit code. Without paths, each takes the rule set the engine
@@ -93,3 +93,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="rule files or folders (default: the configured rule library and user rules)",
     )
     test.set_defaults(func=_test)
+    from lookout.preview_cli import register as register_preview  # imports the engine: late
+
+    register_preview(sub)
