@@ -19,6 +19,7 @@ import orjson
 import pytest
 
 from engine.core.state import JOURNAL
+from engine.spark.processor import ENTRIES
 from lookout.replay import run_replay
 from rules.language.loader import load_rules
 from tests.e2e.test_live_equals_replay import normalised
@@ -129,20 +130,21 @@ def test_an_edited_rule_restarts_and_an_unchanged_one_resumes(
 
     # The state store, read back with Spark's state reader: each stage's saved state,
     # in its own entries or in the journal of the batches since the last fold.
-    def entries(kind: str) -> list:
-        return (
-            spark.read.format("statestore")
-            .option("stateVarName", kind)
-            .load(lookout_config.table("_checkpoints/engine"))
-            .collect()
-        )
-
-    stored = {
-        (kind, *(row["user_map_key"][f] for f in ("name", "key", "number")))
-        for kind in ("head", "cstate")
-        for row in entries(kind)
-    }
-    for row in sorted(entries(JOURNAL), key=lambda r: r["user_map_key"]["number"]):
+    rows = (
+        spark.read.format("statestore")
+        .option("stateVarName", ENTRIES)
+        .load(lookout_config.table("_checkpoints/engine"))
+        .collect()
+    )
+    keys = [
+        tuple(row["user_map_key"][f] for f in ("kind", "name", "key", "number")) for row in rows
+    ]
+    stored = {key for key in keys if key[0] in ("head", "cstate")}
+    journal = sorted(
+        ((key[3], row) for key, row in zip(keys, rows, strict=True) if key[0] == JOURNAL),
+        key=lambda entry: entry[0],
+    )
+    for _, row in journal:
         for key, value in pickle.loads(row["user_map_value"]["data"]).items():
             (stored.add if value is not None else stored.discard)(key)
     assert {key[1] for key in stored if key[0] in ("head", "cstate")} == {"kept", "edited"}
