@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from lookout.cli import build_parser
-from lookout.config import Config
+from lookout.config import Config, load_config
 from lookout.demo import lookout_argv, simulator_argvs
+from lookout.services import alert_specs, load_rule_set
+from rules.language.loader import RULES_DIR
 from simulators.cli import register
 
 
@@ -50,6 +52,14 @@ def test_the_demo_runs_traffic_and_rfid_with_a_theft_and_a_missing_item_planted(
         assert args.duration == 0 and args.heartbeats is True and args.speedup == 1
     assert demo_simulators("--rfid-rate", "20")["rfid-simulator"].rate == 20
     assert list(demo_simulators("--rfid-rate", "0")) == ["traffic-simulator"]
+
+
+def test_the_demos_engine_loads_the_rfid_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lookout engine` without --rules on the shipped lookout.toml, as the demo starts
+    it from the checkout."""
+    monkeypatch.chdir(RULES_DIR.parent)
+    alerts = alert_specs(load_rule_set(load_config("lookout.toml"), None))
+    assert {"congestion", "larceny", "missed_shipping"} <= alerts.keys()
 
 
 @pytest.mark.parametrize(
