@@ -115,10 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = commands.add_parser("demo", help="run broker, simulator, ingest, engine and dashboard")
-    demo.add_argument("--rate", type=float, default=200.0, help="simulated readings per second")
+    demo = commands.add_parser(
+        "demo", help="run broker, simulators, ingest, engine, notifier and dashboard"
+    )
+    demo.add_argument("--rate", type=float, default=200.0, help="traffic readings per second")
     demo.add_argument("--stations", type=int, default=10)
     demo.add_argument("--congestion", default="3,7", help="stations with a congestion episode")
+    demo.add_argument(
+        "--rfid-rate",
+        type=float,
+        default=50.0,
+        help="RFID door readings per second, with a theft and a missing item planted; 0: no RFID",
+    )
     demo.add_argument("--no-browser-hint", action="store_true", help=argparse.SUPPRESS)
     demo.set_defaults(func=_demo)
 

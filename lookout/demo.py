@@ -2,10 +2,11 @@
 
 Start order matters for losing nothing: the broker first, then ingest (whose persistent
 session must exist before the first reading is published), then the engine, the
-simulator and the dashboard. Alertmanager starts with the broker; the notifier, which
-posts incidents to it, with ingest. If any part dies, the demo says which and shows the end of
-its log, then stops the rest. While it runs, a status line every 10 s says what ingest
-landed and whether health is red, and why (`lookout.health.problems`).
+simulators (traffic and RFID) and the dashboard. Alertmanager starts with the broker;
+the notifier, which posts incidents to it, with ingest. If any part dies, the demo says
+which and shows the end of its log, then stops the rest. While it runs, a status line
+every 10 s says what ingest landed and whether health is red, and why
+(`lookout.health.problems`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ from lookout.mqtt_auth import load_or_create_credentials
 from lookout.passwords import OPERATOR, PASSWORD_VARIABLE, read_users
 
 STATE = Path(".lookout")
-# The parts that write health records in a demo (the simulator and dashboard write none).
+# The parts that write health records in a demo (the simulators and dashboard write none).
 DEMO_PARTS = ("engine", "ingest-0")
+# The RFID simulator's episode period (seconds): its first theft comes 90 s into the
+# demo, its first missing item at 210 s, and both again every 4 minutes.
+RFID_PERIOD_S = 240.0
 
 
 @dataclass
@@ -117,6 +121,23 @@ def status_line(config: Config, now_ms: int) -> str:
         f"{ingest.get('quarantined', 0)} quarantined, "
         f"{ingest.get('readings_per_s', 0):.0f}/s; health: {verdict}"
     )
+
+
+def simulator_argvs(config: Config, args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """The demo's simulators as (name, command line): the traffic stations, and the
+    warehouse doors unless `--rfid-rate 0`. Both run until stopped, on the wall clock."""
+    mqtt = ["--host", config.mqtt.host, "--port", str(config.mqtt.port), "--duration", "0"]
+    traffic = ["--rate", str(args.rate), "--stations", str(args.stations)]
+    traffic += ["--congestion", args.congestion]
+    found = [("traffic-simulator", lookout_argv("simulate", "traffic", *mqtt, *traffic))]
+    if args.rfid_rate > 0:
+        # One of each planted episode per period (evenly spaced, in this order): packing
+        # groups, a theft, an authorised exit, a missing item. The doors are the default
+        # layout rules/doors.csv describes.
+        rfid = ["--rate", str(args.rfid_rate), "--period", str(RFID_PERIOD_S)]
+        rfid += ["--packing", "1", "--theft", "1", "--authorised-exit", "1", "--missing", "1"]
+        found.append(("rfid-simulator", lookout_argv("simulate", "rfid", *mqtt, *rfid)))
+    return found
 
 
 def dashboard_sign_in(config: Config, env: dict[str, str]) -> tuple[dict[str, str], str]:
@@ -235,28 +256,13 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
         if broker is not None:
             broker.stop()
         return 1
-    mqtt = ["--host", config.mqtt.host, "--port", str(config.mqtt.port)]
     parts = [
         Part("ingest", lookout_argv("ingest"), logs / "ingest.log"),
         Part("engine", lookout_argv("engine"), logs / "engine.log"),
-        Part(
-            "simulator",
-            lookout_argv(
-                "simulate",
-                "traffic",
-                *mqtt,
-                "--rate",
-                str(args.rate),
-                "--stations",
-                str(args.stations),
-                "--congestion",
-                args.congestion,
-                "--duration",
-                "0",
-            ),
-            logs / "simulator.log",
-        ),
         Part("dashboard", lookout_argv("dashboard"), logs / "dashboard.log"),
+    ]
+    simulators = [
+        Part(name, argv, logs / f"{name}.log") for name, argv in simulator_argvs(config, args)
     ]
     # The notifier reads the incidents table on its own schedule: it needs no engine yet.
     notifier = Part("notifier", lookout_argv("notify"), logs / "notify.log")
@@ -269,7 +275,7 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     started: list[Part] = []
     try:
-        ingest, engine, simulator, dashboard = parts
+        ingest, engine, dashboard = parts
         since_ms = int(time.time() * 1000)
         first = (ingest, engine, notifier) if config.alertmanager.enabled else (ingest, engine)
         for part in first:
@@ -289,9 +295,11 @@ def run_demo(config: Config, args: argparse.Namespace) -> int:
             started,
             900,
         )
-        simulator.start(env)
+        for simulator in simulators:
+            simulator.start(env)
+            started.append(simulator)
         dashboard.start(dashboard_env)  # `lookout dashboard` passes on what it needs only
-        started += [simulator, dashboard]
+        started.append(dashboard)
         url = f"http://{config.dashboard.address}:{config.dashboard.port}"
         wait_for_parts(
             lambda: port_is_open(config.dashboard.address, config.dashboard.port),

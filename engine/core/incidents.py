@@ -48,6 +48,8 @@ from engine.core.state import StateKey, StateStore
 IDLE, PENDING, FIRING, RECOVERING = 0, 1, 2, 3
 """A key's phase: no incident; the condition holds, FOR not yet over; an incident is
 open; it is open but its condition stopped, KEEP FIRING FOR not yet over."""
+OPEN = (FIRING, RECOVERING)
+"""The phases of a key whose incident is open."""
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
 
@@ -114,6 +116,8 @@ class IncidentTracker:
         self._fed: set[str] = set()
         self._touched: set[str] = set()
         self._gone: set[str] = set()
+        # Kept as keys change phase, not counted over every key each batch.
+        self._open = 0
 
     @property
     def name(self) -> str:
@@ -199,7 +203,9 @@ class IncidentTracker:
         changed: dict[tuple[str, int], IncidentUpdate] = {}
         for key in sorted(due):
             state = self.keys[key]
+            was_open = state.phase in OPEN
             self._run(key, state, watermark, changed)
+            self._open += (state.phase in OPEN) - was_open
             self._touched.add(key)
             if state.idle():
                 del self.keys[key]
@@ -266,7 +272,7 @@ class IncidentTracker:
             if i < len(instants) and instants[i] == now:
                 i += 1
             here = reports.get(now)
-            opened_before = state.phase in (FIRING, RECOVERING)
+            opened_before = state.phase in OPEN
             # What the instant's rows say, then what its timers say.
             if here:
                 if state.phase == IDLE:
@@ -280,7 +286,7 @@ class IncidentTracker:
             elif spec.quiet_ms is not None and state.holds:
                 state.holds = now < state.last_report + spec.quiet_ms
             resolved = self._step(state, now)
-            open_now = state.phase in (FIRING, RECOVERING)
+            open_now = state.phase in OPEN
             if resolved is not None or (open_now and (here or not opened_before)):
                 changed[(key, state.opened)] = IncidentUpdate(
                     spec.alert,
@@ -335,6 +341,7 @@ class IncidentTracker:
                 stale.append(entry)
                 continue
             self.keys[entry[2]] = state
+            self._open += state.phase in OPEN
             self._schedule(entry[2], wakeup)
         others = [e for kind, entries in saved.items() if kind != "head" for e, _ in entries]
         return stale + others
@@ -342,3 +349,7 @@ class IncidentTracker:
     def live_keys(self) -> int:
         """How many keys hold state."""
         return len(self.keys)
+
+    def firing(self) -> int:
+        """How many incidents are open now (firing, or within KEEP FIRING FOR)."""
+        return self._open

@@ -443,3 +443,7 @@ class Pipeline:
         live = {stage.name: self.runners[i].live_keys() for i, stage in self.stages}
         live.update({t.name: t.live_keys() for t in self.trackers.values()})
         return live
+
+    def firing(self) -> dict[str, int]:
+        """How many incidents of each alert are open now."""
+        return {alert: tracker.firing() for alert, tracker in self.trackers.items()}

@@ -52,12 +52,14 @@ def _timings(figures: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def merge_figures(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """The figures of several components' steps as one: streams and keys side by side,
-    counts and durations summed (the steps' work), `reused` only if every part's was."""
-    merged: dict[str, Any] = {"streams": {}, "keys": {}, "quarantined": 0, "dropped": []}
+    """The figures of several components' steps as one: streams, keys and open
+    incidents per alert side by side, counts and durations summed (the steps' work),
+    `reused` only if every part's was."""
+    merged: dict[str, Any] = {"streams": {}, "keys": {}, "firing": {}, "quarantined": 0}
+    merged["dropped"] = []
     for part in parts:
-        merged["streams"].update(part.get("streams", {}))
-        merged["keys"].update(part.get("keys", {}))
+        for name in ("streams", "keys", "firing"):
+            merged[name].update(part.get(name, {}))
         merged["quarantined"] += part.get("quarantined", 0)
         merged["dropped"] += part.get("dropped", [])
         merged["reused"] = merged.get("reused", True) and part.get("reused", False)

@@ -18,7 +18,9 @@ the dashboard's Health page:
 * `lookout_engine_state_restores_total{query}`: batches that rebuilt their pipeline
   from the state store (another Python worker ran the one before);
 * `lookout_engine_live_keys{query}`, `lookout_engine_resident_bytes{process}` (the
-  driver's Python, its JVM, the Python workers).
+  driver's Python, its JVM, the Python workers);
+* `lookout_incidents_firing{rule}`: the alert rule's incidents open now (firing, or
+  within KEEP FIRING FOR), as of the last batch of the rule's part of the rules.
 
 Metrics are process-wide (Prometheus' default registry): one engine per process.
 """
@@ -62,6 +64,7 @@ RESTORES = Counter(
 )
 LIVE_KEYS = Gauge("lookout_engine_live_keys", "Keys with state in the rules", ["query"])
 RESIDENT = Gauge("lookout_engine_resident_bytes", "Resident memory", ["process"])
+INCIDENTS_FIRING = Gauge("lookout_incidents_firing", "Incidents open now, per alert rule", ["rule"])
 
 # Spark's progress phases (durationMs keys) under shorter names.
 _SPARK_PHASES = {
@@ -101,6 +104,10 @@ def observe_step(query: str, figures: Mapping[str, Any], job_s: float, commit_s:
         RESTORES.labels(query).inc()
     if figures.get("keys") is not None:
         LIVE_KEYS.labels(query).set(sum(figures["keys"].values()))
+    # Only the parts of the rules that ran this batch report; the others' incidents
+    # cannot have changed (their watermarks stood still), so their gauges stand.
+    for rule, count in (figures.get("firing") or {}).items():
+        INCIDENTS_FIRING.labels(rule).set(count)
 
 
 def refresh(now_s: float | None = None) -> dict[str, int]:

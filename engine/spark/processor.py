@@ -209,6 +209,7 @@ class EngineProcessor(StatefulProcessor):
             },
             "quarantined": len(quarantine),
             "keys": pipeline.live_keys(),
+            "firing": pipeline.firing(),
             "dropped": pipeline.dropped if not reused else [],
             "reused": reused,
             "restore_ms": round(restore_s * 1000, 1),

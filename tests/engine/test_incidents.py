@@ -33,6 +33,7 @@ from engine.core.plan import END_OF_TIME
 from engine.core.replay import arrival_table
 from engine.core.state import MemoryStore
 from rules.language.loader import load_rules
+from tests.examples import examples
 
 SLACK = 10
 STREAM = (
@@ -130,8 +131,9 @@ def recordings(draw: Any) -> tuple[list[dict], list[dict], int | None]:
 
 def incidents(
     text: str, arrivals: list[dict], beat: int | None, cuts: list[int], restart: bool
-) -> tuple[set[tuple], int]:
-    """The incidents the pipeline gives (their last updates), and the final watermark."""
+) -> tuple[set[tuple], int, list[tuple[int, int]]]:
+    """The incidents the pipeline gives (their last updates), the final watermark, and
+    after each batch its watermark and the pipeline's count of open incidents."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "rule.sql"
         path.write_text(STREAM + text)
@@ -143,6 +145,7 @@ def incidents(
     rows = [*arrivals, {"k": None, "v": None, "ts": beat, HEARTBEAT: True}] if beat else arrivals
     cuts = sorted({c for c in cuts if 0 < c < len(rows)})
     watermark = END_OF_TIME
+    firing = []
     for start, end in zip([0, *cuts], [*cuts, len(rows)], strict=True):
         if restart:
             pipeline = Pipeline(plan, store=store)
@@ -153,18 +156,20 @@ def incidents(
         watermark = step.watermarks["s"]
         for update in step.incidents:
             last[(update.key, update.opened_at)] = update
+        firing.append((watermark, pipeline.firing()["a"]))
         pipeline.save()
     if beat is None:
         for update in pipeline.finish().incidents:
             last[(update.key, update.opened_at)] = update
         watermark = END_OF_TIME
+        firing.append((watermark, pipeline.firing()["a"]))
     got = {
         (int(u.key[1:-1]), u.opened_at, u.resolved_at, u.reports, u.last_report_at)
         for u in last.values()
     }
     for update in last.values():
         assert update.row["ts" if "ts" in update.row else "k"] is not None
-    return got, watermark
+    return got, watermark, firing
 
 
 @settings(max_examples=300, deadline=None)
@@ -181,8 +186,29 @@ def test_incidents_equal_the_brute_force(
     data: tuple, form: str, pending: int, keep: int, quiet: int, cuts: list[int], restart: bool
 ) -> None:
     in_order, arrivals, beat = data
-    got, watermark = incidents(rule(form, pending, keep, quiet), arrivals, beat, cuts, restart)
+    got, watermark, _ = incidents(rule(form, pending, keep, quiet), arrivals, beat, cuts, restart)
     assert got == expected(in_order, form, pending, keep, quiet, watermark)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    data=recordings(),
+    form=st.sampled_from(["default", "when", "after"]),
+    pending=st.sampled_from([0, 3]),
+    keep=st.sampled_from([0, 4]),
+    cuts=st.lists(st.integers(0, 45), max_size=4),
+    restart=st.booleans(),
+)
+def test_the_count_of_open_incidents_equals_the_brute_force(
+    data: tuple, form: str, pending: int, keep: int, cuts: list[int], restart: bool
+) -> None:
+    """After every batch (and from the saved state, on restarts), the incidents the
+    brute force has open as far as the batch's watermark decides them."""
+    in_order, arrivals, beat = data
+    _, _, firing = incidents(rule(form, pending, keep, 5), arrivals, beat, cuts, restart)
+    for watermark, count in firing:
+        brute = expected(in_order, form, pending, keep, 5, watermark)
+        assert count == sum(1 for _, _, resolved, _, _ in brute if resolved is None)
 
 
 @pytest.mark.parametrize(
@@ -205,5 +231,5 @@ def test_the_timeline_of_the_docs(pending: int, keep: int, want: set) -> None:
         {"k": 3, "v": 1 if mark == "x" else -1, "ts": t, "source": "g", "seq": t}
         for t, mark in enumerate(marks, start=1)
     ]
-    got, _ = incidents(rule("default", pending, keep, 0), rows, None, [], False)
+    got, _, _ = incidents(rule("default", pending, keep, 0), rows, None, [], False)
     assert got == want

@@ -1,17 +1,22 @@
 """`lookout replay` on a simulator's file: `STREAM=FILE` takes every line as that stream's,
 a bare `FILE` sends each line to the source stream whose columns it carries (a traffic
-recording with accidents mixes loop-detector readings and position reports)."""
+recording with accidents mixes loop-detector readings and position reports). The RFID
+simulator as `lookout demo` runs it raises its theft alarm within the demo's first
+minutes."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import orjson
 
 from lookout.replay import run_replay
 from rules.language.loader import RULES_DIR
+from simulators.cli import FILE_START
+from tests.simulators.test_cli import demo_simulators
 
 
 def simulate(tmp_path: Path) -> Path:
@@ -85,3 +90,28 @@ def test_congestion_that_stops_resolves_at_the_first_row_above_the_limit(tmp_pat
             "reports": len(lines("congestion")),
         }
     ]
+
+
+def test_the_demos_rfid_simulator_raises_a_larceny_alarm_within_two_minutes(
+    tmp_path: Path,
+) -> None:
+    """The demo's RFID simulator, written to a file for one episode period (whose
+    schedule is then the endless run's first), through rules/rfid.sql: the theft it
+    plants is a `larceny` alert and incident by two minutes in; the authorised exit is
+    none."""
+    args = demo_simulators()["rfid-simulator"]
+    recording, truth = tmp_path / "rfid.jsonl", tmp_path / "truth.jsonl"
+    args.duration, args.out, args.truth, args.quiet = args.period, str(recording), str(truth), True
+    assert args.func(args) == 0
+    episodes = [orjson.loads(x) for x in truth.read_bytes().splitlines()]
+    thefts = [e["tagid"] for e in episodes if e.get("kind") == "theft"]
+    exits = [e["tagid"] for e in episodes if e.get("kind") == "authorised_exit"]
+    assert thefts and exits
+
+    out = tmp_path / "out"
+    assert run_replay([str(RULES_DIR / "rfid.sql")], [str(recording)], str(out)) == 0
+    alarms = [orjson.loads(x) for x in (out / "larceny.jsonl").read_bytes().splitlines()]
+    assert [a["tagid"] for a in alarms] == thefts
+    incidents = [orjson.loads(x) for x in (out / "incidents.jsonl").read_bytes().splitlines()]
+    opened = [datetime.fromisoformat(i["opened_at"]) for i in incidents if i["rule"] == "larceny"]
+    assert opened and opened[0] - datetime.fromisoformat(FILE_START) <= timedelta(minutes=2)

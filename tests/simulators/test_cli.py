@@ -7,6 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from lookout.cli import build_parser
+from lookout.config import Config, load_config
+from lookout.demo import lookout_argv, simulator_argvs
+from lookout.services import alert_specs, load_rule_set
+from rules.language.loader import RULES_DIR
 from simulators.cli import register
 
 
@@ -25,22 +30,36 @@ def test_register_and_dispatch(tmp_path: Path) -> None:
     assert out.stat().st_size > 0
 
 
-def test_demo_flags_parse() -> None:
-    args = _parse(
-        "simulate",
-        "traffic",
-        "--rate",
-        "200",
-        "--stations",
-        "10",
-        "--congestion",
-        "3,7",
-        "--duration",
-        "0",
-        "--no-heartbeats",
-    )
-    assert (args.rate, args.stations, args.congestion, args.duration) == (200, 10, "3,7", 0)
-    assert args.heartbeats is False and args.speedup == 1
+def demo_simulators(*demo_args: str) -> dict[str, argparse.Namespace]:
+    """The simulators `lookout demo` starts (with `demo_args`), by part name, their
+    command lines parsed as `lookout` parses them."""
+    args = build_parser().parse_args(["demo", *demo_args])
+    parts = simulator_argvs(Config(), args)
+    prefix = lookout_argv()
+    assert all(argv[: len(prefix)] == prefix for _, argv in parts)
+    return {name: build_parser().parse_args(argv[len(prefix) :]) for name, argv in parts}
+
+
+def test_the_demo_runs_traffic_and_rfid_with_a_theft_and_a_missing_item_planted() -> None:
+    found = demo_simulators()
+    traffic, rfid = found["traffic-simulator"], found["rfid-simulator"]
+    assert traffic.simulate_command == "traffic"
+    assert (traffic.rate, traffic.stations, traffic.congestion) == (200, 10, "3,7")
+    assert rfid.simulate_command == "rfid"
+    assert rfid.theft >= 1 and rfid.missing >= 1 and rfid.packing >= 1
+    assert rfid.rate <= 100  # the demo shares two cores with Spark
+    for args in found.values():
+        assert args.duration == 0 and args.heartbeats is True and args.speedup == 1
+    assert demo_simulators("--rfid-rate", "20")["rfid-simulator"].rate == 20
+    assert list(demo_simulators("--rfid-rate", "0")) == ["traffic-simulator"]
+
+
+def test_the_demos_engine_loads_the_rfid_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lookout engine` without --rules on the shipped lookout.toml, as the demo starts
+    it from the checkout."""
+    monkeypatch.chdir(RULES_DIR.parent)
+    alerts = alert_specs(load_rule_set(load_config("lookout.toml"), None))
+    assert {"congestion", "larceny", "missed_shipping"} <= alerts.keys()
 
 
 @pytest.mark.parametrize(

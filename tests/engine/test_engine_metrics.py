@@ -1,0 +1,68 @@
+"""`lookout_incidents_firing{rule}`, without Spark: the stateful step's health row counts
+the incidents it leaves open per alert, and the gauge is set from those figures per part
+of the rules (merged as the driver merges them)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pyarrow.parquet as pq
+from prometheus_client import REGISTRY
+from pyspark.sql.streaming.tws_tester import TwsTester
+
+from engine import tables
+from engine.spark.commit import merge_figures, table_schemas
+from engine.spark.metrics import observe_step
+from engine.spark.processor import EngineProcessor
+from lookout.config import Config
+from tests.e2e.test_congestion import arrival_order, make_readings
+from tests.engine.test_processor import _LIBRARY, PARTS, landing_batches
+
+RULES = ("congestion", "accident", "larceny", "missed_shipping")
+
+
+def firing() -> dict[str, float | None]:
+    """The gauge's value per rule of RULES (None: never set)."""
+    return {
+        rule: REGISTRY.get_sample_value("lookout_incidents_firing", {"rule": rule})
+        for rule in RULES
+    }
+
+
+def test_incidents_firing_per_rule_as_the_parts_that_ran_last_reported() -> None:
+    traffic = {"component": "traffic", "firing": {"congestion": 2, "accident": 0}}
+    rfid = {"component": "rfid", "firing": {"larceny": 1, "missed_shipping": 3}}
+    observe_step("engine", merge_figures([traffic, rfid]), 0.1, 0.01)
+    assert firing() == {"congestion": 2, "accident": 0, "larceny": 1, "missed_shipping": 3}
+    # Only the traffic part ran: its incident resolved; the RFID rules' figures stand.
+    traffic["firing"] = {"congestion": 1, "accident": 0}
+    observe_step("engine", merge_figures([traffic]), 0.1, 0.01)
+    assert firing() == {"congestion": 1, "accident": 0, "larceny": 1, "missed_shipping": 3}
+
+
+def test_the_stateful_step_reports_the_incidents_it_left_open(tmp_path: Path) -> None:
+    """Under TwsTester: after each batch, the health row's `firing` per alert equals the
+    incidents whose latest state the batch's files (and the earlier ones) leave open."""
+    readings = arrival_order(make_readings(seed=5), seed=6, max_delay_ms=1_500)
+    batches = landing_batches(tmp_path / "in", readings, files_per_batch=20)
+    config = Config(lakehouse=str(tmp_path / "lakehouse"))
+    for name, schema in table_schemas(_LIBRARY.plan, ("traffic", "positions")).items():
+        tables.ensure_table(config.table(name), schema)
+    tester = TwsTester(EngineProcessor(PARTS, config, memo_id=str(tmp_path)))
+    latest: dict[str, dict] = {}  # incident id -> its latest state
+    opened = 0
+    for rows in batches:
+        health = {}
+        for out in tester.test("traffic", rows):
+            if out["kind"] == "health":
+                health = orjson.loads(out["stats"])
+            elif out["table"] == "incidents":
+                found = pq.read_table(f"{config.table('incidents')}/{out['path']}")
+                latest.update((row["incident_id"], row) for row in found.to_pylist())
+        still_open = Counter(i["rule"] for i in latest.values() if i["resolved_at"] is None)
+        assert health["firing"] == {rule: still_open[rule] for rule in health["firing"]}
+        assert {"congestion", "speeding"} <= health["firing"].keys()  # 0s too
+        opened = max(opened, health["firing"]["congestion"])
+    assert opened, "some batch left a congestion incident open"
