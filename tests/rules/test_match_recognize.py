@@ -25,7 +25,9 @@ from hypothesis import strategies as st
 
 from engine.core.plan import PatternAlt, PatternRepeat, PatternSeq, PatternVar, PatternWindow
 from engine.core.replay import run
-from rules.language.loader import load_rules
+from rules.language.access import RulePolicy
+from rules.language.explain import explain
+from rules.language.loader import analyse, load_rules
 from tests.engine.test_determinism import disordered, drive
 from tests.examples import examples
 from tests.rules.helpers import check_text
@@ -40,7 +42,8 @@ RULE = """CREATE STREAM out AS SELECT station, a_ts, last_ts, nb, total, k, cmax
              sum(speed) AS total, MATCH_NUMBER() AS k, max(C.speed) AS cmax
     ONE ROW PER MATCH AFTER MATCH SKIP {skip}
     PATTERN ({pattern}) {within}
-    DEFINE A AS speed >= 2, B AS speed < A.speed, C AS speed <= 1 OR speed > LAST(B.speed)
+    DEFINE A AS speed >= 2, B AS speed < A.speed AND count(B.*) <= 2,
+           C AS speed <= 1 OR speed > LAST(B.speed)
   );
 """
 # Each shape: the pattern's text, whether it needs WITHIN (an unbounded quantifier).
@@ -64,8 +67,8 @@ def holds(var: str, mapped: list[tuple[str, dict[str, Any]]]) -> bool:
     b = [r for v, r in mapped if v == "B"]
     if var == "A":
         return bool(row["speed"] >= 2)
-    if var == "B":
-        return bool(a) and row["speed"] < a[-1]["speed"]
+    if var == "B":  # count(B.*) counts the row being mapped
+        return bool(a) and row["speed"] < a[-1]["speed"] and len(b) <= 2
     if var == "C":
         return row["speed"] <= 1 or (bool(b) and row["speed"] > b[-1]["speed"])
     return True  # D has no DEFINE
@@ -313,10 +316,6 @@ def test_batching_disorder_and_restarts_do_not_change_matches(
 
 
 def test_explain_describes_the_pattern(tmp_path: Path) -> None:
-    from rules.language.access import RulePolicy
-    from rules.language.explain import explain
-    from rules.language.loader import analyse
-
     (tmp_path / "r.sql").write_text(
         STREAM + RULE.format(pattern="A B+ C", skip="TO NEXT ROW", within="WITHIN 2 SECONDS")
     )
@@ -326,3 +325,18 @@ def test_explain_describes_the_pattern(tmp_path: Path) -> None:
     assert "variables: A, B, C" in text
     assert "at most 2 seconds after its first" in text
     assert "a row of B ->" in text and "try " in text
+
+
+@pytest.mark.parametrize(("pattern", "last"), [("A B D*? C", 2), ("A B D* C", 4)])
+def test_reluctant_stops_at_the_first_way_greedy_at_the_last(
+    tmp_path: Path, pattern: str, last: int
+) -> None:
+    plan = compile_rule(tmp_path, pattern, "PAST LAST ROW", 8)
+    rows = [
+        {"station": 0, "speed": v, "ts": ts, "source": "s", "seq": ts}
+        for ts, v in ((0, 3), (1, 2), (2, 0), (3, 0), (4, 0))
+    ]
+    window = plan.queries[0].window
+    (expected,) = Oracle(window.pattern, 8, True).matches(rows)
+    (out,) = run(plan, [("md", r) for r in rows]).outputs
+    assert out.row["last_ts"] == expected[2] == last
