@@ -34,12 +34,14 @@ from typing import Any, NamedTuple
 
 from engine.core.chunks import ChunkReader
 from engine.core.grouped import RowsGroupOperator
+from engine.core.patterns import PatternOperator
 from engine.core.plan import (
     END_OF_TIME,
     R2S,
     ExtentWindow,
     OverWindow,
     OverWindows,
+    PatternWindow,
     Project,
     Query,
     RelationWindow,
@@ -162,6 +164,7 @@ class KeyedEvaluator:
             | PaneExtentOperator
             | RelationOperator
             | RowsGroupOperator
+            | PatternOperator
             | SeveralOverOperator
             | StatelessOperator
         )
@@ -176,6 +179,12 @@ class KeyedEvaluator:
             if stage.query.r2s is None:
                 raise ValueError("a grouped ROWS window needs ISTREAM, DSTREAM or RSTREAM")
             self.operator = RowsGroupOperator(window)
+        elif isinstance(window, PatternWindow):
+            if stage.query.r2s is not None:
+                raise ValueError(
+                    "MATCH_RECOGNIZE's rows are a stream: no ISTREAM / DSTREAM / RSTREAM"
+                )
+            self.operator = PatternOperator(window)
         elif isinstance(window, RelationWindow):
             if stage.query.r2s is None:
                 raise ValueError("a relation window needs ISTREAM, DSTREAM or RSTREAM")

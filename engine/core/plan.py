@@ -16,7 +16,8 @@ Contract (read by ``rules/language`` and ``engine/spark``; changes here are addi
   window (:class:`OverWindow` for ``agg OVER (...)``, :class:`OverWindows` for several,
   :class:`ExtentWindow` for ``FROM s [RANGE r SLIDE s] GROUP BY ...``,
   :class:`RelationWindow` for a CQL window of raw tuples under ISTREAM / DSTREAM /
-  RSTREAM, :class:`RowsGroupWindow` for a grouped CQL ``[ROWS n]``), then stateless
+  RSTREAM, :class:`RowsGroupWindow` for a grouped CQL ``[ROWS n]``,
+  :class:`PatternWindow` for ``MATCH_RECOGNIZE``), then stateless
   ``post`` ops (the ``SELECT`` list as a :class:`Project`, ``HAVING`` as a
   :class:`Filter`), optionally a CQL relation-to-stream operator (:class:`R2S`), and
   writes to its :class:`Sink`.
@@ -25,7 +26,8 @@ Contract (read by ``rules/language`` and ``engine/spark``; changes here are addi
   expiring row, for outputs of active expiration) plus one entry per aggregate alias;
   for :class:`ExtentWindow`, the ``group_by`` columns, the aggregate aliases and the
   pseudo-columns ``window_start`` / ``window_end``; for :class:`RowsGroupWindow`, the
-  ``group_by`` columns and the aliases; a :class:`RelationWindow` hands
+  ``group_by`` columns and the aliases; for :class:`PatternWindow`, the partition
+  columns, the measures and the timestamp column; a :class:`RelationWindow` hands
   ``post`` each tuple of the window (and applies the relation-to-stream operator to
   ``post``'s rows itself).
 * Event time travels with every output row outside its columns (``Output.ts`` in
@@ -380,7 +382,89 @@ class RowsGroupWindow:
         return self.partition_by if set(self.partition_by) <= set(self.group_by) else ()
 
 
-Window = OverWindow | OverWindows | ExtentWindow | RelationWindow | RowsGroupWindow
+@dataclass(frozen=True)
+class PatternVar:
+    """A row pattern variable: one row for which its DEFINE condition holds."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class PatternSeq:
+    """Concatenation: the items one after the other."""
+
+    items: tuple[Pattern, ...]
+
+
+@dataclass(frozen=True)
+class PatternAlt:
+    """Alternation: the first option that leads to a match is preferred (SQL:2016)."""
+
+    options: tuple[Pattern, ...]
+
+
+@dataclass(frozen=True)
+class PatternRepeat:
+    """A quantifier: ``item`` between ``low`` and ``high`` times (None: unbounded);
+    greedy prefers more iterations, reluctant fewer."""
+
+    item: Pattern
+    low: int
+    high: int | None
+    greedy: bool = True
+
+
+Pattern = PatternVar | PatternSeq | PatternAlt | PatternRepeat
+"""A row pattern (the regular expression of ``PATTERN (...)``)."""
+
+
+@dataclass(frozen=True)
+class PatternRef:
+    """A value read from a (partial) match, under ``key`` in the row the compiled
+    DEFINE and MEASURES expressions read. ``kind`` is ``first`` / ``last`` (the first /
+    last row mapped to ``var``), ``count`` / ``sum`` / ``avg`` / ``min`` / ``max`` over
+    those rows, or ``match_number``; ``var`` None means every row of the match;
+    ``column`` is None for ``count(X.*)`` and ``match_number``."""
+
+    key: str
+    kind: str
+    var: str | None
+    column: str | None = None
+
+
+class AfterMatch(StrEnum):
+    """Where the search resumes after a match (``AFTER MATCH SKIP ...``)."""
+
+    PAST_LAST_ROW = "PAST LAST ROW"
+    TO_NEXT_ROW = "TO NEXT ROW"
+
+
+@dataclass(frozen=True)
+class PatternWindow:
+    """``FROM s MATCH_RECOGNIZE (PARTITION BY p ORDER BY ts MEASURES ... ONE ROW PER
+    MATCH AFTER MATCH SKIP ... PATTERN (...) [WITHIN d] DEFINE ...)`` (SQL:2016 row
+    pattern recognition). Per ``partition_by`` value, over its rows in (ts, source, seq)
+    order: the match starting at a row is the first in the pattern's preferment order
+    whose rows satisfy their variables' ``defines`` (a condition over a row that reads
+    the current row's columns and the ``refs`` of the partial match; a variable without
+    one is TRUE), with its last row at most ``within_ms`` after its first. A match is
+    final once no more preferred way of matching can use a later row; its row (the
+    partition columns, the ``measures`` evaluated over the ``refs`` of the whole match,
+    and ``timestamp`` = its event time) goes to ``post``. The event time is the instant
+    the match became final: the row that decided it (usually its own last row) or its
+    WITHIN deadline. Matches that could match no rows are refused by the compiler."""
+
+    pattern: Pattern
+    defines: tuple[tuple[str, Expr], ...]
+    measures: tuple[tuple[str, Expr], ...]
+    refs: tuple[PatternRef, ...]
+    timestamp: str
+    partition_by: tuple[str, ...] = ()
+    within_ms: int | None = None
+    after: AfterMatch = AfterMatch.PAST_LAST_ROW
+
+
+Window = OverWindow | OverWindows | ExtentWindow | RelationWindow | RowsGroupWindow | PatternWindow
 """Every window a query may have."""
 
 
@@ -455,7 +539,7 @@ class Query:
     @property
     def key(self) -> tuple[str, ...]:
         """Partition-key columns of the input stream (empty: one evaluator in all)."""
-        if isinstance(self.window, OverWindow | OverWindows | RelationWindow):
+        if isinstance(self.window, OverWindow | OverWindows | RelationWindow | PatternWindow):
             return self.window.partition_by
         if isinstance(self.window, ExtentWindow):
             return self.window.group_by

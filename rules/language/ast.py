@@ -162,12 +162,69 @@ class SelectItem:
 
 
 @dataclass(frozen=True)
+class PatternVar:
+    """A pattern variable in PATTERN (...)."""
+
+    name: str
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class PatternSeq:
+    """Pattern items one after the other."""
+
+    items: tuple[PatternNode, ...]
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class PatternAlt:
+    """`p | q | ...`: the first option that matches is preferred."""
+
+    options: tuple[PatternNode, ...]
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class PatternRepeat:
+    """`p*`, `p+`, `p?`, `p{n}`, `p{n,}`, `p{n,m}` (high None: unbounded), greedy or
+    reluctant (a trailing `?`)."""
+
+    item: PatternNode
+    low: int
+    high: int | None
+    greedy: bool
+    pos: Pos
+
+
+PatternNode = PatternVar | PatternSeq | PatternAlt | PatternRepeat
+
+
+@dataclass(frozen=True)
+class MatchRecognize:
+    """`MATCH_RECOGNIZE (PARTITION BY ... ORDER BY ts MEASURES e AS m, ... [ONE ROW PER
+    MATCH] [AFTER MATCH SKIP PAST LAST ROW | TO NEXT ROW] PATTERN (...) [WITHIN d]
+    [DEFINE V AS cond, ...])`; `skip` is "PAST LAST ROW" or "TO NEXT ROW"."""
+
+    partition: tuple[Ident, ...]
+    order_by: Ident
+    measures: tuple[tuple[Expr, Ident], ...]
+    skip: str
+    pattern: PatternNode
+    within_ms: int | None
+    defines: tuple[tuple[Ident, Expr], ...]
+    pos: Pos
+
+
+@dataclass(frozen=True)
 class SourceRef:
-    """A stream or table in FROM, with an optional CQL window and alias."""
+    """A stream or table in FROM, with an optional CQL window or MATCH_RECOGNIZE, and
+    an alias."""
 
     name: Ident
     window: WindowSpec | None
     alias: Ident | None
+    match: MatchRecognize | None = None
 
     @property
     def label(self) -> str:

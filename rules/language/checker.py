@@ -20,6 +20,13 @@ from rules.language import ast
 from rules.language.access import Access, AccessError
 from rules.language.ast import Pos
 from rules.language.errors import RuleError, make_error
+from rules.language.recognize import (
+    match_reads,
+    matches_empty,
+    pattern_size,
+    pattern_variables,
+    unbounded,
+)
 
 TYPE_ALIASES = {
     "INT": "INT",
@@ -112,6 +119,8 @@ class SelectInfo:
     timestamp: str | None = None
     scope: list[tuple[ast.SourceRef, Relation]] = field(default_factory=list)
     """The FROM items the block's expressions may read (an alert's RESOLVE WHEN too)."""
+    match: ast.MatchRecognize | None = None
+    """The stream's MATCH_RECOGNIZE: the block's expressions read its rows instead."""
 
 
 @dataclass
@@ -424,7 +433,7 @@ class Checker:
                 f"alert '{stmt.name.name}' reports from a UNION ALL of several inputs: say "
                 "how its incidents resolve (RESOLVE AFTER a quiet interval)",
             )
-        elif first.window is not None or first.aggregates:
+        elif first.window is not None or first.aggregates or first.match is not None:
             self.error(
                 stmt.file,
                 where,
@@ -476,6 +485,7 @@ class Checker:
                     )
                 info.stream = rel
                 info.window = src.window
+                info.match = src.match
                 if rel.timestamp is None and rel.name not in self.unresolved:
                     # Replay could feed it at its emission instants, but its table keeps
                     # none: live and replay would disagree, so nobody reads it.
@@ -504,6 +514,11 @@ class Checker:
 
         info.scope = scope
         ctx = _Ctx(self, file, scope, pseudo)
+        if info.match is not None and info.stream is not None:
+            # The block reads the matches' rows; RESOLVE WHEN still reads the stream's.
+            matches = self._match(file, info.match, info.stream)
+            ctx = _Ctx(self, file, [(sel.sources[0], matches)], pseudo)
+            self._match_select(file, info)
         for src, on in zip(sel.sources, sel.joins, strict=True):
             if on is not None:
                 ctx.clause = f"the ON condition of '{src.name.name}'"
@@ -529,6 +544,103 @@ class Checker:
         if sel.r2s is not None and info.window is not None and not _stamped_at_own_time(info):
             info.timestamp = None  # rows are (re)emitted at other instants than their time
         return info
+
+    def _match(self, file: str, match: ast.MatchRecognize, stream: Relation) -> Relation:
+        """Check a MATCH_RECOGNIZE over ``stream``; return the relation of its rows: the
+        partition columns, the measures and the stream's timestamp column."""
+        if match.order_by.name != stream.timestamp:
+            self.error(
+                file,
+                match.order_by.pos,
+                f"MATCH_RECOGNIZE orders rows by the stream's timestamp: ORDER BY "
+                f"{stream.timestamp}",
+            )
+        columns: dict[str, str] = {}
+        for key in match.partition:
+            if key.name not in stream.columns:
+                self.error(file, key.pos, f"unknown column '{key.name}' in PARTITION BY")
+            columns[key.name] = stream.columns.get(key.name, UNKNOWN)
+        self._pattern(file, match)
+        variables = {v.name for v in pattern_variables(match.pattern)}
+        scope = [(ast.SourceRef(ast.Ident(stream.name, match.pos), None, None), stream)]
+        defined: set[str] = set()
+        for var, condition in match.defines:
+            if var.name not in variables:
+                self.error(file, var.pos, f"DEFINE of '{var.name}', which is not in PATTERN")
+            elif var.name in defined:
+                self.error(file, var.pos, f"'{var.name}' is defined twice")
+            defined.add(var.name)
+            reads = self._reads(file, condition, variables, final=False)
+            ctx = _Ctx(self, file, scope, pseudo=False)
+            ctx.clause = "DEFINE"
+            ctx.expect_boolean(reads, f"DEFINE {var.name}")
+        assert stream.timestamp is not None  # a stream without one is refused before
+        for expr, name in match.measures:
+            reads = self._reads(file, expr, variables, final=True)
+            ctx = _Ctx(self, file, scope, pseudo=False)
+            ctx.clause = "MEASURES"
+            typ = ctx.type_of(reads) or UNKNOWN
+            if name.name in columns or name.name == stream.timestamp:
+                self.error(file, name.pos, f"duplicate column name '{name.name}' in MEASURES")
+            columns[name.name] = typ
+        columns[stream.timestamp] = "TIMESTAMP"
+        return Relation(stream.name, "stream", columns, stream.timestamp, stream.statement)
+
+    def _reads(self, file: str, expr: ast.Expr, variables: set[str], final: bool) -> ast.Expr:
+        """``expr`` with its reads of the match typed (and their errors reported)."""
+        reads = match_reads(expr, variables, final)
+        for problem in reads.errors:
+            self.error(file, problem.pos, problem.message)
+        return reads.typed
+
+    def _pattern(self, file: str, match: ast.MatchRecognize) -> None:
+        """A pattern the matcher can run: every match has rows, every quantifier has
+        sensible bounds, and a match's length is bounded, in rows or by WITHIN."""
+        pattern = match.pattern
+        if matches_empty(pattern):
+            self.error(file, pattern.pos, "this pattern can match no rows at all")
+        stack: list[ast.PatternNode] = [pattern]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, ast.PatternRepeat):
+                if node.high is not None and (node.high < node.low or node.high == 0):
+                    self.error(file, node.pos, "a quantifier {n,m} needs 0 <= n <= m and m >= 1")
+                if matches_empty(node.item):
+                    self.error(file, node.pos, "a quantified part of the pattern must match a row")
+                stack.append(node.item)
+            elif isinstance(node, ast.PatternSeq):
+                stack.extend(node.items)
+            elif isinstance(node, ast.PatternAlt):
+                stack.extend(node.options)
+        if pattern_size(pattern) > 1000:
+            self.error(
+                file, pattern.pos, "this pattern is too large (bounds of at most ~1000 rows)"
+            )
+        if match.within_ms is not None and match.within_ms <= 0:
+            self.error(file, match.pos, "WITHIN must be positive")
+        if match.within_ms is None and unbounded(pattern):
+            self.error(
+                file,
+                pattern.pos,
+                "a pattern with * + or {n,} needs WITHIN d: without it a partial match "
+                "could grow without bound",
+            )
+
+    def _match_select(self, file: str, info: SelectInfo) -> None:
+        """What a SELECT over MATCH_RECOGNIZE cannot have yet."""
+        sel = info.select
+        if sel.r2s is not None:
+            self.error(file, sel.pos, f"MATCH_RECOGNIZE's rows are a stream: no {sel.r2s}")
+        if sel.group_by:
+            self.error(
+                file,
+                expr_pos(sel.group_by[0]),
+                "GROUP BY over MATCH_RECOGNIZE: aggregate in a stream derived from this one",
+            )
+        if len(sel.sources) > 1:
+            self.error(
+                file, sel.sources[1].name.pos, "a join next to MATCH_RECOGNIZE is not supported"
+            )
 
     def _cycle(self, stmt: ast.Statement, read: str) -> str:
         """The error of `stmt` reading `read`, a stream not checked yet because it reads,

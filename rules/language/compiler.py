@@ -33,6 +33,7 @@ from rules.language.checker import (
     window_key,
 )
 from rules.language.errors import RuleError, make_error
+from rules.language.recognize import match_reads, pattern_variables
 from rules.language.tables import TableLoadError, load_table
 from rules.language.vectors import compile_vector
 
@@ -383,6 +384,42 @@ def _from_window(
     return plan.RowsGroupWindow(aggs, spec.rows, partition, group_by)
 
 
+def plan_pattern(node: ast.PatternNode) -> plan.Pattern:
+    """The pattern as the plan's plain data (positions dropped)."""
+    if isinstance(node, ast.PatternVar):
+        return plan.PatternVar(node.name)
+    if isinstance(node, ast.PatternSeq):
+        return plan.PatternSeq(tuple(plan_pattern(i) for i in node.items))
+    if isinstance(node, ast.PatternAlt):
+        return plan.PatternAlt(tuple(plan_pattern(o) for o in node.options))
+    return plan.PatternRepeat(plan_pattern(node.item), node.low, node.high, node.greedy)
+
+
+def _pattern_window(match: ast.MatchRecognize, timestamp: str) -> plan.PatternWindow:
+    """MATCH_RECOGNIZE: DEFINE conditions and measures read the match through the
+    refs :func:`rules.language.recognize.match_reads` finds in them."""
+    variables = {v.name for v in pattern_variables(match.pattern)}
+    refs: dict[str, plan.PatternRef] = {}
+
+    def compiled(expr: ast.Expr, final: bool) -> Fn:
+        reads = match_reads(expr, variables, final)
+        refs.update(reads.refs)
+        return compile_expr(expr, reads.calls, reads.columns)
+
+    defines = tuple((var.name, compiled(cond, False)) for var, cond in match.defines)
+    measures = tuple((name.name, compiled(expr, True)) for expr, name in match.measures)
+    return plan.PatternWindow(
+        pattern=plan_pattern(match.pattern),
+        defines=defines,
+        measures=measures,
+        refs=tuple(refs.values()),
+        timestamp=timestamp,
+        partition_by=tuple(p.name for p in match.partition),
+        within_ms=match.within_ms,
+        after=plan.AfterMatch(match.skip),
+    )
+
+
 def _band_filter(spec: ast.WindowSpec, ts: str | None) -> list[plan.Filter]:
     """``[SINCE a]`` / ``[UNTIL b]`` / ``[BETWEEN a AND b]`` with aggregates: only the
     tuples with ``a <= ts <= b`` are ever in the window (membership is per tuple)."""
@@ -635,7 +672,9 @@ def _compile_select(
         agg_calls = (plan.AggCall("count", (), "__group_rows"),)
     window: plan.Window | None = None
     over = next((u.call.over for u in sel.aggregates if u.call.over is not None), None)
-    if sel.window is not None:
+    if sel.match is not None:
+        window = _pattern_window(sel.match, sel.stream.timestamp or "ts")
+    elif sel.window is not None:
         window = _from_window(sel, sel.window, group_by, agg_calls, keys)
     elif over is not None:
         window = _over_windows(sel, agg_calls)
@@ -654,7 +693,11 @@ def _compile_select(
     if select.where is not None:
         pre.append(_filter(select.where, None, keys))
     post: list[plan.StatelessOp] = []
-    if isinstance(window, plan.RelationWindow) and window.units is plan.FrameUnits.ROWS:
+    if isinstance(window, plan.PatternWindow) or (
+        isinstance(window, plan.RelationWindow) and window.units is plan.FrameUnits.ROWS
+    ):
+        # CQL joins and filters the window's tuples: the last n of the stream, not the
+        # last n that match. A WHERE over MATCH_RECOGNIZE filters its matches.
         # CQL joins and filters the window's tuples: the last n of the stream, not the
         # last n that match.
         post, pre = pre, []

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from engine.core.patterns import compile_pattern
 from rules.language import ast
 from rules.language.checker import Catalog, QueryInfo, Relation, SelectInfo, window_key
+from rules.language.compiler import plan_pattern
+from rules.language.recognize import pattern_variables
 
 # Sample instants are shown from this origin: an hour after a midnight, so sample
 # frames reaching back stay on one day.
@@ -177,6 +180,31 @@ _R2S_WORDS = {
 }
 
 
+def pattern_lines(match: ast.MatchRecognize) -> list[str]:
+    """MATCH_RECOGNIZE in words: its variables, its automaton's states, its time bound."""
+    variables = list(dict.fromkeys(v.name for v in pattern_variables(match.pattern)))
+    defined = {var.name for var, _ in match.defines}
+    within = match.within_ms
+    resume = "past its last row" if match.skip == "PAST LAST ROW" else "at the row after its first"
+    lines = [
+        "MATCH_RECOGNIZE (SQL:2016 row pattern recognition), one row per match; after a "
+        f"match the search resumes {resume}",
+        "  variables: "
+        + ", ".join(v if v in defined else f"{v} (no DEFINE: any row)" for v in variables),
+        "  time bound: "
+        + (
+            f"a match's last row is at most {duration_words(within)} after its first"
+            if within is not None
+            else "none (the pattern bounds a match's rows)"
+        ),
+        "  automaton (states tried in preferment order):",
+    ]
+    nfa = compile_pattern(plan_pattern(match.pattern))
+    lines += [f"    {line}" for line in nfa.describe()]
+    lines.append(f"    starts at state {nfa.start}")
+    return lines
+
+
 def _keys_and_window(sel: SelectInfo) -> tuple[list[str], ast.WindowSpec | None]:
     """A SELECT's key columns (GROUP BY, else the PARTITION BY all its windows share)
     and its window (the FROM window, else its first OVER window)."""
@@ -224,6 +252,10 @@ def _select_lines(catalog: Catalog, sel: SelectInfo) -> list[str]:
     for table in sel.tables:
         lines.append(f"joins table: {table.name}")
     keys, spec = _keys_and_window(sel)
+    if sel.match is not None:
+        keys = [p.name for p in sel.match.partition]
+        lines.append(f"keys: {', '.join(keys) if keys else '(none: one group)'}")
+        return lines + pattern_lines(sel.match)
     overs = [u.call.over for u in sel.aggregates if u.call.over is not None]
     distinct = list({window_key(o): o for o in overs}.values())
     upstream = _upstream_windows(catalog, sel)

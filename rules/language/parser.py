@@ -206,6 +206,12 @@ def _strip(children: list[Any]) -> list[Any]:
     ]
 
 
+def _quantifier(token: Token, expected: str) -> None:
+    """Refuse an operator token where the grammar took a quantifier (`A-`, `A/`)."""
+    if str(token) != expected:
+        raise RuleFileError(_pos(token), f"syntax error: '{token}' is not a quantifier")
+
+
 class _R2S(NamedTuple):
     """`ISTREAM(list)` and friends, on its way into `ast.Select`."""
 
@@ -414,6 +420,104 @@ class _Build(Transformer[Token, Any]):
         alias = next((c for c in children[1:] if isinstance(c, ast.Ident)), None)
         return ast.SourceRef(name, window, alias)
 
+    def match_source(self, children: list[Any]) -> ast.SourceRef:
+        alias = children[2] if len(children) > 2 else None
+        return ast.SourceRef(children[0], None, alias, children[1])
+
+    # -- MATCH_RECOGNIZE
+    def match_recognize(self, children: list[Any]) -> ast.MatchRecognize:
+        parts = _strip(children)
+        partition = parts.pop(0) if isinstance(parts[0], tuple) else ()
+        order_by, *rest = parts
+        # The optional clauses come as (clause, value); the pattern as itself.
+        clauses = {c[0]: c[1] for c in rest if isinstance(c, tuple)}
+        pattern = next(p for p in rest if not isinstance(p, tuple))
+        return ast.MatchRecognize(
+            partition,
+            order_by,
+            clauses["measures"],
+            clauses.get("skip", "PAST LAST ROW"),
+            pattern,
+            clauses.get("within"),
+            clauses.get("defines", ()),
+            _pos(children[0]),
+        )
+
+    def measures(self, children: list[Any]) -> tuple[str, tuple[tuple[ast.Expr, ast.Ident], ...]]:
+        return "measures", tuple(_strip(children))
+
+    def measure(self, children: list[Any]) -> tuple[ast.Expr, ast.Ident]:
+        expr, name = _strip(children)
+        return expr, name
+
+    def one_row(self, children: list[Token]) -> tuple[str, None]:
+        return "one_row", None
+
+    def skip_past_last_row(self, children: list[Token]) -> tuple[str, str]:
+        return "skip", "PAST LAST ROW"
+
+    def skip_to_next_row(self, children: list[Token]) -> tuple[str, str]:
+        return "skip", "TO NEXT ROW"
+
+    def within(self, children: list[Any]) -> tuple[str, int]:
+        return "within", children[-1][0]
+
+    def defines(self, children: list[Any]) -> tuple[str, tuple[tuple[ast.Ident, ast.Expr], ...]]:
+        return "defines", tuple(_strip(children))
+
+    def define(self, children: list[Any]) -> tuple[ast.Ident, ast.Expr]:
+        name, expr = _strip(children)
+        return name, expr
+
+    def pattern_alt(self, children: list[Any]) -> ast.PatternAlt:
+        left, right = children
+        options = left.options if isinstance(left, ast.PatternAlt) else (left,)
+        return ast.PatternAlt((*options, right), left.pos)
+
+    def pattern_seq(self, children: list[Any]) -> ast.PatternNode:
+        if len(children) == 1:
+            return cast(ast.PatternNode, children[0])
+        return ast.PatternSeq(tuple(children), children[0].pos)
+
+    def pattern_term(self, children: list[Any]) -> ast.PatternNode:
+        item = children[0]
+        if len(children) == 1:
+            return cast(ast.PatternNode, item)
+        low, high, greedy = children[1]
+        return ast.PatternRepeat(item, low, high, greedy, item.pos)
+
+    def pattern_var(self, children: list[Token]) -> ast.PatternVar:
+        return ast.PatternVar(str(children[0]), _pos(children[0]))
+
+    def reluctant(self, children: list[Token]) -> bool:
+        return True
+
+    def q_star(self, children: list[Any]) -> tuple[int, int | None, bool]:
+        _quantifier(children[0], "*")
+        return 0, None, len(children) == 1
+
+    def q_plus(self, children: list[Any]) -> tuple[int, int | None, bool]:
+        _quantifier(children[0], "+")
+        return 1, None, len(children) == 1
+
+    def q_optional(self, children: list[Any]) -> tuple[int, int | None, bool]:
+        return 0, 1, len(children) == 1
+
+    def _bounds(self, children: list[Any]) -> list[int]:
+        return [int(c) for c in children if isinstance(c, Token) and c.type == "INT"]
+
+    def q_exact(self, children: list[Any]) -> tuple[int, int | None, bool]:
+        (n,) = self._bounds(children)
+        return n, n, children[-1] is not True
+
+    def q_at_least(self, children: list[Any]) -> tuple[int, int | None, bool]:
+        (n,) = self._bounds(children)
+        return n, None, children[-1] is not True
+
+    def q_between(self, children: list[Any]) -> tuple[int, int | None, bool]:
+        n, m = self._bounds(children)
+        return n, m, children[-1] is not True
+
     def alias(self, children: list[Any]) -> ast.Ident:
         return _strip(children)[0]
 
@@ -580,6 +684,12 @@ class _Build(Transformer[Token, Any]):
         name = children[0]
         over = children[-1] if isinstance(children[-1], ast.WindowSpec) else None
         return ast.Call(name.name.lower(), (), True, over, name.pos)
+
+    def call_var_star(self, children: list[Any]) -> ast.Call:
+        name, var = children[0], children[1]
+        return ast.Call(
+            name.name.lower(), (ast.Column("*", var.name, var.pos),), True, None, name.pos
+        )
 
     def case(self, children: list[Any]) -> ast.Case:
         whens = tuple(c for c in children if isinstance(c, tuple))
