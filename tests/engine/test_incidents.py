@@ -172,7 +172,7 @@ def incidents(
     return got, watermark, firing
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     data=recordings(),
     form=st.sampled_from(["default", "when", "after"]),
