@@ -57,41 +57,37 @@ def _test(args: argparse.Namespace) -> int:
     return run_rule_tests(args.paths or config.rule_paths, config.rule_policy)
 
 
+def _rule_paths(parser: argparse.ArgumentParser, positional: bool) -> None:
+    """The rule files or folders a command takes: `PATH...`, or `--rules PATH` repeated."""
+    name, options = ("paths", {"nargs": "*"}) if positional else ("--rules", {"action": "append"})
+    parser.add_argument(
+        name,
+        metavar="PATH",
+        help="rule files or folders (default: the configured rule library and user rules)",
+        **options,  # type: ignore[arg-type]
+    )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `rules` command (with `check`, `explain` and `test`) to an argparse
     subparsers."""
     rules = subparsers.add_parser("rules", help="check, explain and test rule files")
     sub = rules.add_subparsers(dest="rules_command", required=True)
     check = sub.add_parser("check", help="check rule files; exit 1 on any error")
-    check.add_argument(
-        "paths",
-        nargs="*",
-        metavar="PATH",
-        help="rule files or folders (default: the configured rule library and user rules)",
-    )
+    _rule_paths(check, positional=True)
     check.set_defaults(func=_check)
     expl = sub.add_parser(
         "explain",
         help="explain a rule's streams, keys, windows, outputs; exit 1 if the rules have errors",
     )
     expl.add_argument("name", metavar="NAME")
-    expl.add_argument(
-        "--rules",
-        action="append",
-        metavar="PATH",
-        help="rule files or folders (default: the configured rule library and user rules)",
-    )
+    _rule_paths(expl, positional=False)
     expl.set_defaults(func=_explain)
     test = sub.add_parser(
         "test",
         help="run the rule files' tests (NAME.test.yaml beside NAME.sql); exit 1 on a failure",
     )
-    test.add_argument(
-        "paths",
-        nargs="*",
-        metavar="PATH",
-        help="rule files or folders (default: the configured rule library and user rules)",
-    )
+    _rule_paths(test, positional=True)
     test.set_defaults(func=_test)
     from lookout.preview_cli import register as register_preview  # imports the engine: late
 

@@ -51,7 +51,7 @@ WALL_CLOCK = {"detected_at"}  # when the batch ran: differs between any two runs
 def landing_batches(root: Path, readings: list[dict], files_per_batch: int) -> list[list[Row]]:
     """`readings` landed as files of 10 readings, read back by the engine's source in
     batches of `files_per_batch` files: each batch's rows as the stateful step gets them."""
-    plan = load_rules([RULES]).plan
+    plan = _LIBRARY.plan
     writer = LandingWriter(str(root / "landing"), "t")
     for i in range(0, len(readings), 10):
         chunk = [dict(r) for r in readings[i : i + 10]]
@@ -72,12 +72,10 @@ def landing_batches(root: Path, readings: list[dict], files_per_batch: int) -> l
 def run(lakehouse: Path, batches: list[list[Row]], forget: set[int]) -> dict[str, Counter]:
     """Every batch through one processor; the worker's memo emptied before the batches
     in `forget`. Each table's rows written, as a multiset."""
-    rule_set = load_rules([RULES])
     config = Config(lakehouse=str(lakehouse))
-    parts = engine_components(rule_set.plan, alert_specs(rule_set))
-    for name, schema in table_schemas(rule_set.plan, ("traffic", "positions")).items():
+    for name, schema in table_schemas(_LIBRARY.plan, ("traffic", "positions")).items():
         tables.ensure_table(config.table(name), schema)
-    processor = EngineProcessor(parts, config, memo_id=str(lakehouse))
+    processor = EngineProcessor(PARTS, config, memo_id=str(lakehouse))
     tester = TwsTester(processor)
     written: dict[str, Counter] = {}
     restores = 0
