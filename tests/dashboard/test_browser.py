@@ -214,8 +214,7 @@ def test_typed_text_and_choices_survive_refreshes(page: Any, lakehouse: Path) ->
         write_deltalake(str(lakehouse / "readings_traffic"), rows, mode="append")
 
     visit(page, "traffic", "Station detail")
-    page.get_by_role("combobox", name="Station").click()
-    page.get_by_role("option", name="3", exact=True).click()
+    choose(page, "Station", "3")
     refreshed_twice(page, "stCaptionContainer", "Stream clock", new_readings)
     assert page.get_by_role("combobox", name="Station").input_value() == "3"
 
