@@ -18,15 +18,16 @@ import pyarrow.fs as pafs
 from lookout.config import Config
 from lookout.storage import filesystem
 
-CHECKPOINT_LAYOUT = 9
+CHECKPOINT_LAYOUT = 10
 """The layout this version writes: one engine query (`engine`) from the landing files to
 every table, a group per connected part of the stream graph, each part's pipeline state
-in two maps (`engine.spark.processor`). Layout 8 kept a map per kind of entry; layout 7
+in two maps of LZ4-compressed values (`engine.spark.processor`). Layout 9 stored the
+values uncompressed; layout 8 kept a map per kind of entry; layout 7
 had a query per connected part; layouts 1 to 6 a landing query and rules queries reading
 Delta tables; none of them can be resumed by this version."""
 CHECKPOINT_LAYOUT_CHANGE = (
     "one query runs sequencing and every rule from the landing files to the tables, a "
-    "group per connected part of the rules, its state in two maps"
+    "group per connected part of the rules, its state in two maps of compressed values"
 )
 
 
