@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import engine.core.columnar.over as over
 import engine.core.planner as planner
 from engine.core.pipeline import HEARTBEAT, Pipeline
 from engine.core.replay import arrival_table
@@ -210,12 +211,14 @@ def per_row(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     items=stream_strategy,
     seed=st.integers(0, 10**6),
     restart=st.booleans(),
+    slices=st.sampled_from([None, 1, 3, 8, 30]),
 )
 @example(  # the next reading of a key exactly the range later: no silence
     rule=SILENCE.format(span="250 MILLISECONDS"),
     items=[(t, 1, 2, 1.0, "a", "p", False) for t in (0, 250, 600)],
     seed=0,
     restart=False,
+    slices=None,
 )
 @example(  # a physical landmark over exact ties: each tie reads its own count
     rule=(
@@ -227,8 +230,27 @@ def per_row(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     items=[(t, 1, 2, 1.0, "a", src, False) for t, src in ((0, "q"), (250, "q"), (250, "p"))],
     seed=0,
     restart=False,
+    slices=None,
 )
-def test_columnar_runners_give_the_per_row_rows(per_row, rule, items, seed, restart) -> None:
+@example(  # a long ROWS frame's last slice takes the next batches' rows, across restarts
+    rule=(
+        "CREATE STREAM out AS SELECT station, lane, ts, speed, sum(speed) OVER (PARTITION BY "
+        "station ROWS 3 PRECEDING) AS total FROM traffic;\n"
+        "CREATE ALERT watch SEVERITY warning AS SELECT station, ts, total FROM out "
+        "WHERE total IS NOT NULL AND lane > 1;\n"
+    ),
+    items=[(t * 500, 1 + t % 2, 2, 0.5 * (t % 7), "a", "p", False) for t in range(40)],
+    seed=5,  # four cuts
+    restart=True,
+    slices=30,
+)
+def test_columnar_runners_give_the_per_row_rows(
+    per_row, monkeypatch, rule, items, seed, restart, slices
+) -> None:
+    # `slices` rows per slice: every ROWS frame of 1 row or more keeps its rows in slices
+    # (a long frame's storage, at a size the drawn streams cross many times).
+    monkeypatch.setattr(over, "SLICED_ROWS_FROM", 10**9 if slices is None else 1)
+    monkeypatch.setattr(over, "SLICE_ROWS", slices or over.SLICE_ROWS)
     rows = arrivals(items)
     rng = random.Random(seed)
     cuts = sorted(rng.sample(range(1, len(rows)), min(rng.randint(0, 4), max(len(rows) - 1, 0))))

@@ -3,8 +3,9 @@ built-in aggregates, composed.
 
 * **Frame** — which rows an output's aggregates cover, and what a key keeps between
   batches: :class:`RowsFrame` (the row and the ``n`` before it, physically: ties in
-  (ts, source, seq) order), :class:`RangeFrame` (``[ts - t, ts]``, peers included, its
-  rows kept in stored slices), :class:`UnboundedFrame` (everything so far: running
+  (ts, source, seq) order), :class:`SlicedRowsFrame` (the same for a long frame, its
+  rows kept in stored slices), :class:`RangeFrame` (``[ts - t, ts]``, peers included,
+  its rows kept in stored slices), :class:`UnboundedFrame` (everything so far: running
   parts; ``RANGE`` takes peers, ``ROWS`` does not).
 * **Emit policy** — which rows give an output: :class:`EveryRow`, :class:`RowSlide`
   (the last row of each ``k``-row slot), :class:`TimeSlide` (the last row of each time
@@ -189,6 +190,14 @@ class Slice:
     extremes: list[tuple[Any, Any]]
     run: Run | None = None
     stored: bool = False
+    size: int = 0
+
+    @staticmethod
+    def of(number: int, run: Run) -> Slice:
+        """A new (not yet stored) slice of ``run``'s rows."""
+        whole = _extremes(run, np.zeros(1, dtype=np.int64), np.array([len(run)]))
+        extremes = [(least[0], most[0]) for least, most in whole]
+        return Slice(number, int(run.ts[0]), int(run.ts[-1]), extremes, run, False, len(run))
 
 
 @dataclass
@@ -228,34 +237,9 @@ class RangeFrame:
                 if b >= len(slices):
                     continue  # every kept row is before the frame
                 at = np.flatnonzero(reach & (first_in == b))
-                piece = slices[b]
-                if piece.run is None:
-                    piece.run = self.load(piece.number)
-                run = piece.run
+                run = _loaded(slices[b], self.load)
                 begin = np.searchsorted(run.ts, start[at], "left")
-                before = run.starts(begin)
-                suffix = _extremes(run, begin, np.full(len(at), len(run), dtype=np.int64))
-                for i in range(len(starts)):
-                    for part in range(3):
-                        starts[i][part][at] = before[i][part]
-                    least, most = suffix[i]
-                    for later in slices[b + 1 :]:
-                        low, high = later.extremes[i]
-                        least = agg.combine_extremes(
-                            least,
-                            np.repeat(np.array([low], dtype=least.dtype), len(at)),
-                            np.minimum,
-                        )
-                        most = agg.combine_extremes(
-                            most, np.repeat(np.array([high], dtype=most.dtype), len(at)), np.maximum
-                        )
-                    all_least, all_most = extremes[i]
-                    merged_least = agg.combine_extremes(all_least[at], least, np.minimum)
-                    merged_most = agg.combine_extremes(all_most[at], most, np.maximum)
-                    all_least = all_least.astype(merged_least.dtype)
-                    all_most = all_most.astype(merged_most.dtype)
-                    all_least[at], all_most[at] = merged_least, merged_most
-                    extremes[i] = (all_least, all_most)
+                _start_in_slice(slices, int(b), at, begin, starts, extremes)
         return [
             agg.parts(e, s, least, most)
             for e, s, (least, most) in zip(ends, starts, extremes, strict=True)
@@ -263,15 +247,112 @@ class RangeFrame:
 
     def keep(self, kept: SliceBuffer, new: Run, watermark: int) -> SliceBuffer:
         if len(new):
-            whole = _extremes(new, np.zeros(1, dtype=np.int64), np.array([len(new)]))
-            extremes = [(least[0], most[0]) for least, most in whole]
-            kept.slices.append(
-                Slice(kept.next_number, int(new.ts[0]), int(new.ts[-1]), extremes, new)
-            )
+            kept.slices.append(Slice.of(kept.next_number, new))
             kept.next_number += 1
         horizon = watermark - self.t  # a later row's frame starts at or after it
         while kept.slices and kept.slices[0].last < horizon:
             gone = kept.slices.pop(0)
+            if gone.stored:
+                kept.dropped.append(gone.number)
+        return kept
+
+
+def _loaded(piece: Slice, load: Any) -> Run:
+    """``piece``'s rows, read back from the store if they left memory."""
+    if piece.run is None:
+        piece.run = load(piece.number)
+    return piece.run
+
+
+def _start_in_slice(
+    slices: list[Slice],
+    b: int,
+    at: np.ndarray,
+    begin: np.ndarray,
+    starts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    extremes: list[tuple[np.ndarray, np.ndarray]],
+) -> None:
+    """Outputs ``at`` have frames starting at rows ``begin`` of slice ``b`` (in memory):
+    their running totals before the frame come from that slice, and their extremes (so
+    far over the batch's rows) take in the rest of it and every later slice."""
+    run = slices[b].run
+    assert run is not None
+    before = run.starts(begin)
+    suffix = _extremes(run, begin, np.full(len(at), len(run), dtype=np.int64))
+    for i in range(len(starts)):
+        for part in range(3):
+            starts[i][part][at] = before[i][part]
+        least, most = suffix[i]
+        for later in slices[b + 1 :]:
+            low, high = later.extremes[i]
+            least = agg.combine_extremes(
+                least, np.repeat(np.array([low], dtype=least.dtype), len(at)), np.minimum
+            )
+            most = agg.combine_extremes(
+                most, np.repeat(np.array([high], dtype=most.dtype), len(at)), np.maximum
+            )
+        all_least, all_most = extremes[i]
+        merged_least = agg.combine_extremes(all_least[at], least, np.minimum)
+        merged_most = agg.combine_extremes(all_most[at], most, np.maximum)
+        all_least = all_least.astype(merged_least.dtype)
+        all_most = all_most.astype(merged_most.dtype)
+        all_least[at], all_most[at] = merged_least, merged_most
+        extremes[i] = (all_least, all_most)
+
+
+SLICED_ROWS_FROM = 128
+"""A ``ROWS n PRECEDING`` frame with ``n`` at least this keeps its rows in slices
+(:class:`SlicedRowsFrame`); a shorter one in the key's state (:class:`RowsFrame`)."""
+SLICE_ROWS = 256
+"""Rows a :class:`SlicedRowsFrame` slice gathers (rewritten each batch meanwhile) before
+later rows start a new one."""
+
+
+class SlicedRowsFrame:
+    """``ROWS n PRECEDING`` for a long frame: the key's last ``n`` rows in slices of
+    about :data:`SLICE_ROWS` rows, each stored once full, so a batch writes the rows it
+    added, not all ``n`` (the whole frame pickled into the key's state every batch made
+    most of a busy batch's state bytes). Sums and extremes come from the slices as in
+    :class:`RangeFrame`; a frame's first row is found by counting rows, not by time."""
+
+    def __init__(self, preceding: int, load: Any) -> None:
+        self.n = preceding
+        self.load = load  # (slice number) -> Run, for a slice not in memory
+
+    def parts(self, kept: SliceBuffer, new: Run, emit: np.ndarray) -> list[agg.Parts]:
+        slices = kept.slices
+        offsets = np.concatenate([[0], np.cumsum([s.size for s in slices])]).astype(np.int64)
+        held = int(offsets[-1])  # kept rows, before the batch's
+        lo = np.maximum(held + emit - self.n, 0)  # each frame's first row, kept rows first
+        reach = lo < held  # the frame starts among the kept rows
+        lo_new = np.where(reach, 0, lo - held)
+        ends, starts = new.ends(emit), new.starts(lo_new)
+        extremes = _extremes(new, lo_new, emit + 1)
+        if reach.any():
+            first_in = np.searchsorted(offsets, lo, "right") - 1
+            for b in np.unique(first_in[reach]):
+                at = np.flatnonzero(reach & (first_in == b))
+                _loaded(slices[b], self.load)
+                _start_in_slice(slices, int(b), at, lo[at] - offsets[b], starts, extremes)
+        return [
+            agg.parts(e, s, least, most)
+            for e, s, (least, most) in zip(ends, starts, extremes, strict=True)
+        ]
+
+    def keep(self, kept: SliceBuffer, new: Run, watermark: int) -> SliceBuffer:
+        if len(new):
+            last = kept.slices[-1] if kept.slices else None
+            if last is not None and last.size < SLICE_ROWS:
+                # Same number: the stored copy is overwritten when the state is saved.
+                kept.slices[-1] = Slice.of(last.number, Run.then(_loaded(last, self.load), new))
+            else:
+                kept.slices.append(Slice.of(kept.next_number, new))
+                kept.next_number += 1
+        held = sum(s.size for s in kept.slices)
+        # The next row's frame starts at row held - n: a slice wholly before it is done.
+        while kept.slices and held - kept.slices[0].size >= self.n:
+            gone = kept.slices.pop(0)
+            held -= gone.size
             if gone.stored:
                 kept.dropped.append(gone.number)
         return kept
@@ -340,8 +421,10 @@ class OverRunner(ColumnarRunner):
         self.calls = window.aggregates
         if window.preceding is None:
             self.frame: Any = UnboundedFrame(peers=window.units is FrameUnits.RANGE)
-        elif window.units is FrameUnits.ROWS:
+        elif window.units is FrameUnits.ROWS and window.preceding < SLICED_ROWS_FROM:
             self.frame = RowsFrame(window.preceding)
+        elif window.units is FrameUnits.ROWS:
+            self.frame = SlicedRowsFrame(window.preceding, self._load_slice)
         else:
             self.frame = RangeFrame(window.preceding, self._load_slice)
         self.emit: Any = (
@@ -355,7 +438,7 @@ class OverRunner(ColumnarRunner):
 
     def new_state(self, key: Key) -> OverKey:
         state = OverKey(totals=[agg.START] * len(self.calls))
-        if isinstance(self.frame, RangeFrame):
+        if isinstance(self.frame, RangeFrame | SlicedRowsFrame):
             state.kept = SliceBuffer()
         return state
 
@@ -449,10 +532,11 @@ class OverRunner(ColumnarRunner):
                         ("slice", self.stage.name, text, piece.number), pickle.dumps(piece.run)
                     )
                     piece.stored = True
-            # Only the front slice is read again soon (a frame's start moves forward).
-            for piece in kept.slices[1:]:
+            # Only the front slice is read again soon (a frame's start moves forward), and
+            # the last one, which the next rows may join.
+            for piece in kept.slices[1:-1]:
                 piece.run = None
-            slices = [(p.number, p.first, p.last, p.extremes) for p in kept.slices]
+            slices = [(p.number, p.first, p.last, p.extremes, p.size) for p in kept.slices]
             kept = ("slices", slices, kept.next_number)
         return (state.count, kept, state.waiting, state.closes, state.totals)
 
@@ -461,6 +545,7 @@ class OverRunner(ColumnarRunner):
         if isinstance(kept, tuple) and kept and kept[0] == "slices":
             _, slices, next_number = kept
             kept = SliceBuffer(
-                [Slice(n, f, last, x, None, True) for n, f, last, x in slices], next_number
+                [Slice(n, f, last, x, None, True, size) for n, f, last, x, size in slices],
+                next_number,
             )
         return OverKey(count, kept, waiting, closes, totals)
