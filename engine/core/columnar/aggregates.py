@@ -45,19 +45,19 @@ def columnar_call(call: AggCall) -> bool:
 class Column:
     """One aggregate's argument over a run of rows: values (NULLs as 0) and validity.
     ``numeric`` values go through numpy; others (strings) are compared in Python.
-    ``extremes``: whether the aggregate needs the least and greatest (min, max)."""
+    ``extremes``: whether the aggregate needs the least (min) and the greatest (max)."""
 
     values: np.ndarray
     valid: np.ndarray
     numeric: bool
-    extremes: bool = True
+    extremes: tuple[bool, bool] = (True, True)
 
     @staticmethod
     def of(array: pa.Array | pa.ChunkedArray | None, length: int) -> Column:
         """The argument column of ``length`` rows (None: ``count(*)``, no argument)."""
         if array is None:
             return Column(
-                np.zeros(length, dtype=np.int64), np.ones(length, dtype=bool), True, False
+                np.zeros(length, dtype=np.int64), np.ones(length, dtype=bool), True, (False, False)
             )
         if isinstance(array, pa.ChunkedArray):
             array = array.combine_chunks()
@@ -152,13 +152,16 @@ def parts(
 def extremes(column: Column, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The least and greatest non-NULL value of each range ``[lo, hi)`` of ``column``
     (placeholders when its aggregate needs neither)."""
-    if not column.extremes:
-        return identities(len(lo), column, np.minimum), identities(len(lo), column, np.maximum)
-    if not column.numeric:
+    least, most = column.extremes
+    if not column.numeric and (least or most):
         return _object_extremes(column.values, column.valid, lo, hi)
     return (
-        range_extreme(column.values, column.valid, lo, hi, np.minimum),
-        range_extreme(column.values, column.valid, lo, hi, np.maximum),
+        range_extreme(column.values, column.valid, lo, hi, np.minimum)
+        if least and column.numeric
+        else identities(len(lo), column, np.minimum),
+        range_extreme(column.values, column.valid, lo, hi, np.maximum)
+        if most and column.numeric
+        else identities(len(lo), column, np.maximum),
     )
 
 
@@ -177,10 +180,12 @@ def range_extreme(
             [reduce(masked[a:b]) if b > a else fill for a, b in zip(lo, hi, strict=True)],
             dtype=values.dtype,
         )
-    # A sparse table: level k holds the extreme of each run of 2**k values from there.
+    # A sparse table: level k holds the extreme of each run of 2**k values from there,
+    # up to the longest range asked for (a short frame needs few levels).
     levels = [masked]
     size = 1
-    while size * 2 <= len(masked):
+    longest = min(len(masked), int((hi - lo).max()))
+    while size * 2 <= longest:
         prev = levels[-1]
         levels.append(fn(prev[:-size], prev[size:]))
         size *= 2

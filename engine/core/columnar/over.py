@@ -91,6 +91,7 @@ class Run:
                     else np.concatenate([a.values.astype(object), b.values.astype(object)]),
                     np.concatenate([a.valid, b.valid]),
                     a.numeric and b.numeric,
+                    (a.extremes[0] or b.extremes[0], a.extremes[1] or b.extremes[1]),
                 )
                 for a, b in zip(first.columns, second.columns, strict=True)
             ],
@@ -491,7 +492,7 @@ class OverRunner(ColumnarRunner):
         self._columns = []
         for call in self.calls:
             column = agg.Column.of(call.vector_args[0](final) if call.args else None, n)  # type: ignore[index]
-            column.extremes = call.name in ("min", "max")
+            column.extremes = (call.name == "min", call.name == "max")
             self._columns.append(column)
 
     def _run(self, span: tuple[int, int], totals: list[tuple[int, int, Any]]) -> Run:
@@ -500,7 +501,9 @@ class OverRunner(ColumnarRunner):
         if start == end:
             ts = np.zeros(0, dtype=np.int64)
             columns = [
-                agg.Column(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), True, False)
+                agg.Column(
+                    np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), True, (False, False)
+                )
                 for _ in self.calls
             ]
         else:
