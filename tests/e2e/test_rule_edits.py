@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from engine.core.state import JOURNAL
-from engine.spark.processor import ENTRIES
+from engine.spark.processor import ENTRIES, unpack_value
 from lookout.replay import run_replay
 from rules.language.loader import load_rules
 from tests.e2e.test_live_equals_replay import normalised
@@ -145,6 +145,6 @@ def test_an_edited_rule_restarts_and_an_unchanged_one_resumes(
         key=lambda entry: entry[0],
     )
     for _, row in journal:
-        for key, value in pickle.loads(row["user_map_value"]["data"]).items():
+        for key, value in pickle.loads(unpack_value(row["user_map_value"]["data"])).items():
             (stored.add if value is not None else stored.discard)(key)
     assert {key[1] for key in stored if key[0] in ("head", "cstate")} == {"kept", "edited"}
