@@ -167,14 +167,6 @@ class Component:
     sources: tuple[str, ...]
     plan: Plan
     alerts: Mapping[str, AlertSpec]
-    group: str = ""
-    """The value of the query's grouping column for this part (its name if empty): it
-    decides which state-store partition, so which task, runs the part."""
-
-    @property
-    def key(self) -> str:
-        """The part's grouping key."""
-        return self.group or self.name
 
 
 class EngineProcessor(StatefulProcessor):
@@ -182,7 +174,7 @@ class EngineProcessor(StatefulProcessor):
     module docstring)."""
 
     def __init__(self, components: Sequence[Component], config: Config, memo_id: str) -> None:
-        self.components = {c.key: c for c in components}
+        self.components = {c.name: c for c in components}
         self.config = config
         # Which pipeline, in a worker's memo: the query's checkpoint, the component, and
         # the plan it was built from (a worker outlives an engine restarted with other

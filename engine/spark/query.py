@@ -19,13 +19,12 @@ per batch, not once per part; the parts still run side by side, one task each.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from engine.alerts import AlertSpec
-from engine.core.pipeline import components, fed_stages
+from engine.core.pipeline import components
 from engine.core.plan import Plan
 from engine.spark.commit import Committer, table_schemas
 from engine.spark.landing_source import NAME, LandingSource, source_options
@@ -44,49 +43,19 @@ def engine_components(plan: Plan, alerts: Mapping[str, AlertSpec]) -> list[Compo
     ]
 
 
-def spread(spark: SparkSession, parts: list[Component], partitions: int) -> list[Component]:
-    """The parts with grouping keys that put them on different state-store partitions,
-    so their tasks run side by side: the part with the most rules first, each on the
-    partition with the fewest rules so far.
-
-    Spark places a group by `pmod(hash(key), partitions)`; the part names alone can all
-    land on one partition (the shipped rules' three did), which ran them one after
-    another. A key is the part's name and a suffix (`traffic#3`) found by asking Spark
-    for the hashes of a few candidates. A key only places the part: changing the number
-    of partitions later costs speed, never results."""
-    if partitions < 2 or len(parts) < 2:
-        return parts
-    candidates = [f"{part.name}#{n}" for part in parts for n in range(8 * partitions)]
-    rows = spark.createDataFrame([(c,) for c in candidates], "key STRING").selectExpr(
-        "key", f"pmod(hash(key), {partitions}) AS partition"
-    )
-    where = {row.key: row.partition for row in rows.collect()}
-    rules = [len(fed_stages(part.plan, part.sources)) for part in parts]
-    load = [0] * partitions
-    spread_parts = list(parts)
-    for i in sorted(range(len(parts)), key=lambda i: -rules[i]):
-        target = min(range(partitions), key=lambda p: load[p])
-        keys = [c for c in candidates if c.split("#")[0] == parts[i].name and where[c] == target]
-        if keys:
-            spread_parts[i] = replace(parts[i], group=keys[0])
-            load[target] += rules[i] + 1
-    return spread_parts
-
-
 def start_query(
     spark: SparkSession, config: Config, parts: list[Component]
 ) -> tuple[StreamingQuery, Committer]:
     """Start the engine query over `parts` (checkpointed in the lakehouse); the first
     part also takes the quarantine folder."""
     spark.dataSource.register(LandingSource)
-    parts = spread(spark, parts, config.engine.shuffle_partitions)
     plan = parts[0].plan
     options = source_options(
         config.landing,
         config.engine.landing_archive,
         config.s3,
-        {part.key: [plan.streams[name] for name in part.sources] for part in parts},
-        parts[0].key,
+        {part.name: [plan.streams[name] for name in part.sources] for part in parts},
+        parts[0].name,
     )
     checkpoint = config.table(f"_checkpoints/{QUERY_NAME}")
     processor = EngineProcessor(parts, config, memo_id=checkpoint)

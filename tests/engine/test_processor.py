@@ -34,7 +34,7 @@ from engine.spark.landing_source import (
     source_options,
 )
 from engine.spark.processor import ENTRIES, PIECES, EngineProcessor, SparkStore
-from engine.spark.query import engine_components, spread
+from engine.spark.query import engine_components
 from ingest.landing import LandingWriter
 from lookout.config import Config, S3Config
 from lookout.services import alert_specs
@@ -153,20 +153,3 @@ def test_a_worker_without_the_pipeline_rebuilds_it_and_writes_the_same(
     rebuilt = run(tmp_path / "rebuilt", batches, forget=forget)
     assert kept["alerts"], "the readings must raise alerts"
     assert kept == rebuilt
-
-
-@pytest.mark.spark
-def test_the_parts_of_the_rules_run_on_different_partitions(spark) -> None:  # type: ignore[no-untyped-def]
-    """By Spark's own hash partitioning of their grouping keys, the library's parts are
-    spread over the two state-store partitions, the part with the most rules alone."""
-    spread_parts = spread(spark, PARTS, 2)
-    assert [p.name for p in spread_parts] == [p.name for p in PARTS]
-    keys = spark.createDataFrame([(p.key,) for p in spread_parts], "key STRING")
-    where = {
-        row.key: row.partition
-        for row in keys.selectExpr("key", "pmod(hash(key), 2) AS partition").collect()
-    }
-    traffic = next(p for p in spread_parts if p.name == "traffic")
-    assert len(where) == len(PARTS) > 1
-    assert set(where.values()) == {0, 1}
-    assert list(where.values()).count(where[traffic.key]) == 1
