@@ -13,7 +13,8 @@ Derived streams that feed further rules are evaluated inside the same stateful s
 as `lookout replay` does in one process: no rule output travels through a Delta table
 to another query on its way to an alert. One query for every part of the rules pays
 Spark's per-batch costs (planning, the state store's commit, the Delta commits) once
-per batch, not once per part; the parts still run side by side, one task each.
+per batch, not once per part; each part's group goes to the state-store partition its
+name hashes to (docs/runtime.md: the shipped rules' parts share one).
 """
 
 from __future__ import annotations
