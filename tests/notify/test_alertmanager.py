@@ -9,6 +9,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from lookout.alertmanager import (
 )
 from lookout.broker import free_port
 from lookout.config import AlertmanagerConfig, Config
-from lookout.notify import Notifier, key_labels
+from lookout.notify import Notifier, incident_url, key_labels, to_alert
 from tests.alertmanager import GROUP_INTERVAL
 from tests.waiting import wait_for
 
@@ -207,3 +208,14 @@ def test_silences_from_the_cli(
     assert silence in listing and "station=3" in listing and "roadworks" in listing
     assert cli.main(["silence", "expire", *url, silence]) == 0
     wait_for(lambda: states() == {"3": "active", "7": "active"}, 20, "the silence to end")
+
+
+def test_the_incident_link_names_it_on_the_dashboards_first_page() -> None:
+    assert incident_url("https://ops.example/lookout/", "ab12") == (
+        "https://ops.example/lookout/?incident=ab12"
+    )
+    assert incident_url("http://h:1", "a b&c") == "http://h:1/?incident=a+b%26c"
+    config = Config(alertmanager=AlertmanagerConfig(dashboard_url="https://ops.example"))
+    row = {**incident(3, 0), "opened_at": datetime.fromtimestamp(T0 / 1000, UTC)}
+    alert = to_alert(row, datetime.now(UTC), config)
+    assert alert["generatorURL"] == f"https://ops.example/?incident={row['incident_id']}"
