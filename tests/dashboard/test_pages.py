@@ -591,6 +591,20 @@ def test_rfid_doors_alarms_groups_and_item_path(lakehouse: Path, open_page: Open
     assert list(doors["door"]) == ["1", "2", "3", "4"]
     assert "item-0042" in alarms["message"].iloc[0]
     assert groups["items"].min() >= 3
+    # The theft incident, linked to the Alerts page as its notification links to it.
+    incidents = DeltaTable(str(lakehouse / "incidents")).to_pandas()
+    (theft,) = incidents.query("rule == 'larceny'")["incident_id"]
+    (link,) = app.get("page_link")
+    assert link.proto.label.startswith("Theft incident at door=4, firing since")
+    assert link.proto.query_string == f"{INCIDENT_PARAM}={theft}"
+    # Once it is resolved, no link, and the page says so.
+    (row,) = [r for r in incident_rows(int(time.time() * 1000)) if r["rule"] == "larceny"]
+    resolved = int(time.time() * 1000)
+    write_incidents(lakehouse, [{**row, "incident_id": theft, "resolved_at": resolved}])
+    time.sleep(VERSION_TTL_S + 0.1)
+    app.run()
+    assert not app.get("page_link")
+    assert "No theft incident is firing." in texts(app)
     app.text_input(key="tagid").input("item-0110").run()
     assert "door 1 → 2 → 3 → 4" in texts(app)
     app.text_input(key="tagid").input("nothing-like-this").run()
