@@ -28,6 +28,7 @@ from dashboard.data import (
 )
 from dashboard.login import current_user
 from dashboard.rule_folder import book_of
+from dashboard.rulebook import Watched
 from dashboard.settings import alertmanager, rule_store, settings
 from dashboard.silences import Silences, current, forget
 from dashboard.trends import SPARK_MINUTES, trends
@@ -183,7 +184,7 @@ def show_incidents(
     )
 
 
-def watched_inputs() -> dict[str, Any]:
+def watched_inputs() -> dict[str, Watched]:
     """Per alert of the rule set, what its condition watches (alerts that watch no
     stored column are left out)."""
     book = book_of(rule_store())
@@ -196,7 +197,8 @@ def decorate(incidents: pd.DataFrame, silences: Silences | None) -> pd.DataFrame
     read the inputs leaves those columns empty and says why."""
     shown = incidents.drop_duplicates("incident_id")
     try:
-        watched = trends(shown, watched_inputs())
+        # The rule set is read (once per change of its files) only with incidents shown.
+        watched = trends(shown, watched_inputs() if not shown.empty else {})
     except DataError as exc:
         log.warning("incident trends: %s", exc)
         st.caption(f"What the rules watch cannot be shown: {exc}.")
