@@ -35,8 +35,9 @@ class Silences:
 
     def of(self, incident: Mapping[str, Any]) -> str:
         """What the page says about one incident: empty when no active silence mutes
-        it, `until HH:MM UTC (who)` of the one ending last when some do, `unknown` when
-        the silences could not be read."""
+        it, `until HH:MM UTC (who)` of the one ending last when some do (with the date
+        when that is a day or more away), `unknown` when the silences could not be
+        read."""
         if self.problem is not None:
             return UNKNOWN
         muting = silencing(self.silences, incident_labels(incident))
@@ -44,8 +45,11 @@ class Silences:
             return ""
         last = max(muting, key=lambda s: str(s.get("endsAt", "")))
         ends = pd.Timestamp(str(last["endsAt"])).tz_convert("UTC")
+        # The clock time alone for a silence ending within a day (most do), else the date.
+        soon = ends - pd.Timestamp.now(tz="UTC") < pd.Timedelta(days=1)
+        when = f"{ends:%H:%M}" if soon else f"{ends:%Y-%m-%d %H:%M}"
         more = f", +{len(muting) - 1} more" if len(muting) > 1 else ""
-        return f"until {ends:%Y-%m-%d %H:%M} UTC ({last.get('createdBy', '?')}{more})"
+        return f"until {when} UTC ({last.get('createdBy', '?')}{more})"
 
 
 @st.cache_data(ttl=TTL_SECONDS, show_spinner=False)
