@@ -27,7 +27,7 @@ from dashboard.data import (
     table_version,
 )
 from dashboard.login import current_user
-from dashboard.rule_folder import book_of
+from dashboard.rule_folder import book_if_read
 from dashboard.rulebook import Watched
 from dashboard.settings import alertmanager, rule_store, settings
 from dashboard.silences import Silences, current, forget
@@ -184,10 +184,13 @@ def show_incidents(
     )
 
 
-def watched_inputs() -> dict[str, Watched]:
+def watched_inputs() -> dict[str, Watched] | None:
     """Per alert of the rule set, what its condition watches (alerts that watch no
-    stored column are left out)."""
-    book = book_of(rule_store())
+    stored column are left out); None while the rule set is being read (the first time
+    a dashboard process shows incidents, or after a rule file changed)."""
+    book = book_if_read(rule_store())
+    if book is None:
+        return None
     return {r.name: r.watched for r in book.rules if r.kind == "alert" and r.watched}
 
 
@@ -198,7 +201,13 @@ def decorate(incidents: pd.DataFrame, silences: Silences | None) -> pd.DataFrame
     shown = incidents.drop_duplicates("incident_id")
     try:
         # The rule set is read (once per change of its files) only with incidents shown.
-        watched = trends(shown, watched_inputs() if not shown.empty else {})
+        inputs = watched_inputs() if not shown.empty else {}
+        if inputs is None:
+            st.caption(
+                "What the rules watch is being read from the rule set; it shows from "
+                "the next refresh."
+            )
+        watched = trends(shown, inputs or {})
     except DataError as exc:
         log.warning("incident trends: %s", exc)
         st.caption(f"What the rules watch cannot be shown: {exc}.")

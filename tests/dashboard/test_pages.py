@@ -26,6 +26,8 @@ from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from dashboard.data import VERSION_TTL_S, query
+from dashboard.rule_folder import book_of
+from dashboard.rulebook import Book, read_book
 from dashboard.sample import (
     TS,
     alerts_table,
@@ -36,6 +38,7 @@ from dashboard.sample import (
     write_red_health,
     write_sample,
 )
+from dashboard.settings import rule_store
 from dashboard.silences import TTL_SECONDS
 from dashboard.testing import APP
 from lookout.alertmanager import (
@@ -309,6 +312,7 @@ def test_firing_incidents_show_their_rules_input_read_in_one_query(
 
     monkeypatch.setattr(dashboard.trends, "query", counted)
     app = open_page("alerts")
+    book_of(rule_store())  # the rule set read (in the background since the first run)
     sql.clear()
     app.run()  # one refresh
     firing = firing_table(app)
@@ -344,6 +348,31 @@ def test_firing_incidents_show_their_rules_input_read_in_one_query(
     assert len(sql) == 1
 
 
+def test_the_first_page_does_not_wait_for_the_rule_set(
+    lakehouse: Path, open_page: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dashboard.rule_folder
+
+    release = threading.Event()
+
+    def slow_read(*args: object) -> Book:
+        release.wait(30)
+        return read_book(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dashboard.rule_folder, "read_book", slow_read)
+    try:
+        app = open_page("alerts")
+        assert "What the rules watch is being read" in texts(app)
+        assert firing_table(app)["condition"].isna().all()
+        assert len(firing_table(app)) == 4  # the rest of the page is there
+    finally:
+        release.set()
+    book_of(rule_store())
+    app.run()
+    assert "What the rules watch is being read" not in texts(app)
+    assert firing_table(app).at["station=3", "condition"] == "avg_speed < 15"
+
+
 def test_a_resolved_incident_s_input_ends_at_its_resolution(
     lakehouse: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -363,6 +392,7 @@ def test_a_resolved_incident_s_input_ends_at_its_resolution(
         }
     )
     write_deltalake(str(lakehouse / "station_speed"), rows, mode="append")
+    book_of(rule_store())
     app = AppTest.from_file(str(APP), default_timeout=60)
     app.query_params[INCIDENT_PARAM] = old.incident_id
     app.run()
