@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.core.plan import ColumnType, Plan
-from engine.tables import readings_table
 from rules.language import ast
 from rules.language.access import DEFAULT_POLICY, RulePolicy
 from rules.language.checker import Catalog
@@ -224,6 +223,8 @@ def watched(stmt: ast.Statement, plan: Plan, key: tuple[str, ...]) -> Watched | 
             and isinstance(bound.value, int | float)
             and not isinstance(bound.value, bool)
         ):
+            from engine.tables import readings_table  # (40 ms to import; rarely needed)
+
             sources = {s.name for s in plan.sources()}
             table = readings_table(stream.name) if stream.name in sources else stream.name
             condition = f"{column.name} {op} {bound.value}"
