@@ -223,7 +223,7 @@ def watched(stmt: ast.Statement, plan: Plan, key: tuple[str, ...]) -> Watched | 
             and isinstance(bound.value, int | float)
             and not isinstance(bound.value, bool)
         ):
-            from engine.tables import readings_table  # (40 ms to import; rarely needed)
+            from engine.tables import readings_table  # 40 ms: not at every page's import
 
             sources = {s.name for s in plan.sources()}
             table = readings_table(stream.name) if stream.name in sources else stream.name
