@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.core.plan import Plan
+from engine.core.plan import ColumnType, Plan
 from rules.language import ast
 from rules.language.access import DEFAULT_POLICY, RulePolicy
 from rules.language.checker import Catalog
@@ -22,6 +22,22 @@ KINDS: dict[type, str] = {
     ast.CreateAggregate: "aggregate",
     ast.CreateTable: "reference table",
 }
+
+
+@dataclass(frozen=True)
+class Watched:
+    """What an alert's condition watches, as stored: its input stream's Delta table (the
+    source stream's `readings_<name>` or the derived stream's own), that stream's
+    event-time column, and the numeric column its WHERE compares with a number (e.g.
+    `station_speed`, `ts`, `avg_speed` for `congestion`'s `avg_speed < 15`), and the
+    alert's key columns (`Rule.key`), which are columns of that stream too."""
+
+    table: str
+    timestamp: str
+    column: str
+    key: tuple[str, ...]
+    condition: str
+    """The comparison as written, e.g. `avg_speed < 15`."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +56,8 @@ class Rule:
     or when the folder has errors."""
     fires_below: tuple[str, float] | None = None
     """(column, bound) when the alert fires only while `column < bound` (or `<=`)."""
+    watched: Watched | None = None
+    """Alerts: the input column their condition compares, where the dashboard reads it."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +105,7 @@ def read_book(paths: Sequence[Path], policy: RulePolicy = DEFAULT_POLICY) -> Boo
     # Explain what can be explained even if some statements have errors (as the CLI does).
     analysis = analyse(paths, policy)
     keys = output_keys(analysis.plan) if analysis.plan is not None else {}
-    rules = _rules(analysis.statements, analysis.texts, analysis.catalog, keys)
+    rules = _rules(analysis.statements, analysis.texts, analysis.catalog, keys, analysis.plan)
     return Book(rules, shown(analysis.errors))
 
 
@@ -106,6 +124,7 @@ def _rules(
     texts: dict[str, str],
     catalog: Catalog,
     keys: dict[str, tuple[str, ...]],
+    plan: Plan | None,
 ) -> list[Rule]:
     rules = []
     for i, stmt in enumerate(statements):
@@ -124,6 +143,7 @@ def _rules(
                 severity=str(stmt.severity) if isinstance(stmt, ast.CreateAlert) else None,
                 key=keys.get(name, ()),
                 fires_below=upper_bound(stmt),
+                watched=None if plan is None else watched(stmt, plan, keys.get(name, ())),
             )
         )
     return rules
@@ -149,6 +169,66 @@ def upper_bound(stmt: ast.Statement) -> tuple[str, float] | None:
             and isinstance(expr.right.value, int | float)
         ):
             return expr.left.name, float(expr.right.value)
+    return None
+
+
+NUMERIC = (ColumnType.INT, ColumnType.BIGINT, ColumnType.DOUBLE)
+# Key columns whose text in an alert's key (`engine.alerts.format_key`) is SQL's
+# CAST(... AS VARCHAR) of the stored value.
+KEY_TYPES = (ColumnType.INT, ColumnType.BIGINT, ColumnType.STRING)
+FLIPPED = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+
+def watched(stmt: ast.Statement, plan: Plan, key: tuple[str, ...]) -> Watched | None:
+    """What the alert `stmt` watches (see `Watched`): only for an alert that filters one
+    stream row by row (one SELECT, no window: its input rows are what it compares) whose
+    WHERE has a comparison of one of that stream's numeric columns with a number (the
+    first such, of the conditions ANDed), keyed by columns of that stream; None
+    otherwise (a windowed alert compares what its window computes, which no table
+    holds)."""
+    if not isinstance(stmt, ast.CreateAlert) or len(stmt.query.selects) != 1:
+        return None
+    queries = [q for q in plan.queries if q.sink.name == stmt.name.name]
+    if len(queries) != 1 or queries[0].window is not None:
+        return None
+    query = queries[0]
+    stream = plan.streams.get(query.input)
+    if stream is None or stream.timestamp is None:
+        return None
+    types = {c.name: c.type for c in stream.columns}
+    if any(types.get(k) not in KEY_TYPES for k in key):
+        return None
+    select = stmt.query.selects[0]
+    names = {select.sources[0].name.name} | (
+        {select.sources[0].alias.name} if select.sources[0].alias else set()
+    )
+    conditions = [select.where]
+    while conditions:
+        expr = conditions.pop(0)
+        if not isinstance(expr, ast.Binary):
+            continue
+        if expr.op == "AND":
+            conditions += [expr.left, expr.right]
+            continue
+        if expr.op not in FLIPPED:
+            continue
+        column, bound, op = expr.left, expr.right, expr.op
+        if isinstance(bound, ast.Column):
+            column, bound, op = bound, column, FLIPPED[op]
+        if (
+            isinstance(column, ast.Column)
+            and (column.qualifier is None or column.qualifier in names)
+            and types.get(column.name) in NUMERIC
+            and isinstance(bound, ast.Literal)
+            and isinstance(bound.value, int | float)
+            and not isinstance(bound.value, bool)
+        ):
+            from engine.tables import readings_table  # 40 ms: not at every page's import
+
+            sources = {s.name for s in plan.sources()}
+            table = readings_table(stream.name) if stream.name in sources else stream.name
+            condition = f"{column.name} {op} {bound.value}"
+            return Watched(table, stream.timestamp, column.name, key, condition)
     return None
 
 

@@ -10,12 +10,14 @@ clustering off (by default Alertmanager gossips on 0.0.0.0:9094).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -87,6 +89,32 @@ def create_silence(
 def list_silences(base_url: str, timeout: float = 10.0) -> list[dict[str, Any]]:
     """Every silence Alertmanager holds (active, pending and expired), as its API gives them."""
     return list(request(base_url, "GET", "/api/v2/silences", timeout=timeout))
+
+
+def matcher_matches(matcher: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether one of a silence's matchers matches `labels`, as Alertmanager decides: a
+    label the alert lacks is the empty string, a regex must match the whole value, and
+    `isEqual` false negates (`!=`, `!~`). A regex Python cannot read matches nothing."""
+    value = labels.get(str(matcher["name"]), "")
+    if matcher.get("isRegex"):
+        try:
+            found = re.fullmatch(str(matcher["value"]), value) is not None
+        except re.error:
+            return False
+    else:
+        found = value == matcher["value"]
+    return found if matcher.get("isEqual", True) else not found
+
+
+def silencing(silences: Iterable[Mapping[str, Any]], labels: Mapping[str, str]) -> list[Any]:
+    """The active silences among `silences` (as `list_silences` gives them) that mute an
+    alert with `labels`: every one of their matchers matches."""
+    return [
+        silence
+        for silence in silences
+        if silence.get("status", {}).get("state") == "active"
+        and all(matcher_matches(m, labels) for m in silence.get("matchers", []))
+    ]
 
 
 def expire_silence(base_url: str, silence_id: str, timeout: float = 10.0) -> None:

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 import orjson
 import pyarrow as pa
@@ -47,6 +48,10 @@ log = logging.getLogger("lookout.notify")
 
 # How far ahead a firing alert says it ends, in resend intervals (Prometheus: 4).
 ENDS_AFTER_RESENDS = 4
+
+# The query parameter of the link back: the dashboard's Alerts page (its first page, at
+# the root) shows the incident it names.
+INCIDENT_PARAM = "incident"
 
 _KEY_PART = re.compile(r"(\w+)=(.*?)(?=, \w+=|$)")
 
@@ -79,6 +84,11 @@ def dashboard_url(config: Config) -> str:
     return f"http://{config.dashboard.address}:{config.dashboard.port}"
 
 
+def incident_url(base: str, incident_id: str) -> str:
+    """The link to one incident on the dashboard at `base`: `<base>/?incident=<id>`."""
+    return f"{base.rstrip('/')}/?{urlencode({INCIDENT_PARAM: incident_id})}"
+
+
 def to_alert(incident: dict[str, Any], now: datetime, config: Config) -> dict[str, Any]:
     """One incident as a postable alert of Alertmanager's v2 API."""
     resolved = incident["resolved_at"]
@@ -95,7 +105,7 @@ def to_alert(incident: dict[str, Any], now: datetime, config: Config) -> dict[st
         },
         "startsAt": rfc3339(incident["opened_at"]),
         "endsAt": rfc3339(ends),
-        "generatorURL": f"{dashboard_url(config)}/?incident={incident['incident_id']}",
+        "generatorURL": incident_url(dashboard_url(config), incident["incident_id"]),
     }
 
 

@@ -1,6 +1,8 @@
-"""Alerts: the incidents firing now, then the recently resolved ones, each to acknowledge
-or silence one at a time; below them the alerts (every report) newest first, with
-filters, acknowledgement and counts over time."""
+"""Alerts: the incidents firing now (each with what its rule watches for its key, over the
+last hour, and whether Alertmanager silences it), then the recently resolved ones, each
+to acknowledge or silence one at a time; below them the alerts (every report) newest
+first, with filters, acknowledgement and counts over time. A notification's link
+(`?incident=ID`) shows that incident first and chooses it for the actions."""
 
 from __future__ import annotations
 
@@ -25,10 +27,14 @@ from dashboard.data import (
     table_version,
 )
 from dashboard.login import current_user
-from dashboard.settings import alertmanager, settings
-from dashboard.ui import duration_text, empty, panel
+from dashboard.rule_folder import book_if_read
+from dashboard.rulebook import Watched
+from dashboard.settings import alertmanager, rule_store, settings
+from dashboard.silences import Silences, current, forget
+from dashboard.trends import SPARK_MINUTES, trends
+from dashboard.ui import duration_text, empty, log, panel
 from lookout.alertmanager import AlertmanagerError, create_silence
-from lookout.notify import incident_labels
+from lookout.notify import INCIDENT_PARAM, incident_labels
 
 # Chart bucket sizes (seconds), the smallest giving at most ~120 bars is used.
 BUCKETS = (60, 300, 900, 3600, 6 * 3600, 86400, 7 * 86400)
@@ -74,6 +80,15 @@ def firing_incidents(where: str) -> pd.DataFrame | None:
     )
 
 
+def one_incident(incident_id: str) -> pd.DataFrame | None:
+    """The incident with this id (no row when there is none)."""
+    source, tables = incident_source()
+    return query(
+        f"SELECT {INCIDENT_COLUMNS} FROM {source} WHERE incident_id = {sql_text(incident_id)}",
+        *tables,
+    )
+
+
 def resolved_incidents(where: str, start: datetime | None) -> pd.DataFrame | None:
     """The newest RESOLVED_LIMIT incidents matching `where` resolved since `start`."""
     source, tables = incident_source()
@@ -89,8 +104,12 @@ FIRING_COLUMNS = [
     "severity",
     "rule",
     "key",
+    "latest",
+    "trend",
+    "condition",
     "opened_at",
     "duration",
+    "silenced",
     "message",
     "reports",
     "last_report_at",
@@ -109,47 +128,150 @@ RESOLVED_COLUMNS = [
     "acked_by",
     "note",
 ]
+# A resolved incident shown by its link: what its rule watched, up to its resolution.
+LINKED_RESOLVED_COLUMNS = [
+    *RESOLVED_COLUMNS[:3],
+    "latest",
+    "trend",
+    "condition",
+    *RESOLVED_COLUMNS[3:6],
+    "silenced",
+    *RESOLVED_COLUMNS[6:],
+]
 INCIDENT_TABLE_COLUMNS = {
     "opened_at": st.column_config.DatetimeColumn("since (UTC)"),
     "last_report_at": st.column_config.DatetimeColumn("last report (UTC)"),
     "resolved_at": st.column_config.DatetimeColumn("resolved (UTC)"),
     "message": st.column_config.TextColumn("latest message"),
     "acked_by": st.column_config.TextColumn("acknowledged by"),
+    "latest": st.column_config.NumberColumn(
+        "latest",
+        help="The newest value, for this key, of the input column the rule compares "
+        "(see *condition*), read from the rule's input stream.",
+    ),
+    "trend": st.column_config.LineChartColumn(
+        f"last {SPARK_MINUTES} min",
+        help=f"That column's mean per minute over the last {SPARK_MINUTES} minutes of its "
+        "input for this key (up to the resolution for a resolved incident).",
+    ),
+    "condition": st.column_config.TextColumn(
+        "condition",
+        help="What the rule compares, from its WHERE; empty when it compares nothing a "
+        "table holds (a windowed rule's aggregates).",
+    ),
+    "silenced": st.column_config.TextColumn(
+        "silenced",
+        help="An active Alertmanager silence whose matchers match the incident's labels "
+        "(rule, severity, key), and until when.",
+    ),
 }
 
 
 def show_incidents(
     incidents: pd.DataFrame, ends: pd.Series | pd.Timestamp, columns: list[str]
 ) -> None:
-    """A table of incidents with their duration up to `ends` (now, or their resolution)."""
+    """A table of incidents with their duration up to `ends` (now, or their resolution);
+    of `columns`, those it has."""
     shown = incidents.assign(
         duration=(ends - incidents["opened_at"]).dt.total_seconds().map(duration_text)
     )
     st.dataframe(
-        shown[columns],
+        shown[[c for c in columns if c in shown.columns]],
         hide_index=True,
         width="stretch",
         column_config=INCIDENT_TABLE_COLUMNS,
+        placeholder="",
     )
 
 
+def watched_inputs() -> dict[str, Watched] | None:
+    """Per alert of the rule set, what its condition watches (alerts that watch no
+    stored column are left out); None while the rule set is being read (the first time
+    a dashboard process shows incidents, or after a rule file changed)."""
+    book = book_if_read(rule_store())
+    if book is None:
+        return None
+    return {r.name: r.watched for r in book.rules if r.kind == "alert" and r.watched}
+
+
+def decorate(incidents: pd.DataFrame, silences: Silences | None) -> pd.DataFrame:
+    """`incidents` with what their rules watch (condition, latest, trend: one query for
+    all of them) and, when incidents go through Alertmanager, `silenced`. A failure to
+    read the inputs leaves those columns empty and says why."""
+    shown = incidents.drop_duplicates("incident_id")
+    try:
+        # The rule set is read (once per change of its files) only with incidents shown.
+        inputs = watched_inputs() if not shown.empty else {}
+        if inputs is None:
+            st.caption(
+                "What the rules watch is being read from the rule set; it shows from "
+                "the next refresh."
+            )
+        watched = trends(shown, inputs or {})
+    except DataError as exc:
+        log.warning("incident trends: %s", exc)
+        st.caption(f"What the rules watch cannot be shown: {exc}.")
+        watched = trends(shown.iloc[0:0], {})
+    out = incidents.merge(watched, on="incident_id", how="left")
+    if silences is not None:
+        out["silenced"] = [silences.of(row) for _, row in out.iterrows()]
+    return out
+
+
+def silence_note(silences: Silences | None) -> None:
+    """Say so when the silences could not be read."""
+    if silences is not None and silences.problem is not None:
+        st.caption(
+            f"Silences unknown: Alertmanager did not answer ({silences.problem}). The page "
+            "asks again at its next refresh."
+        )
+
+
+def linked_panel(linked: str, found: pd.DataFrame | None, wall: pd.Timestamp) -> None:
+    """The incident a notification's link names, whatever the filters, in a frame of
+    its own above the others."""
+    with st.container(border=True):
+        st.subheader("Linked incident")
+        if found is None or found.empty:
+            st.warning(
+                f"The linked incident `{linked}` is not in the incidents table (a "
+                "lakehouse reset, or a link from another Lookout)."
+            )
+            return
+        firing = pd.isna(found["resolved_at"].iloc[0])
+        state = "Firing" if firing else "Resolved"
+        st.caption(
+            f"{state}: opened from its notification's link. It is chosen under "
+            "*Acknowledge or silence an incident* below."
+        )
+        if firing:
+            show_incidents(found, wall, FIRING_COLUMNS)
+        else:
+            show_incidents(found, found["resolved_at"], LINKED_RESOLVED_COLUMNS)
+
+
 @panel
-def incidents(where: str, start: datetime | None) -> None:
-    """Firing now, then recently resolved (since the time range's start)."""
-    st.subheader("Firing now")
+def incidents(where: str, start: datetime | None, linked: str | None) -> None:
+    """The linked incident (if any), firing now, then recently resolved (since the time
+    range's start)."""
     firing = firing_incidents(where)
     if firing is None:
+        st.subheader("Firing now")
         empty("No incidents yet: the engine has not written the `incidents` table.")
         return
     wall = pd.Timestamp(time.time(), unit="s", tz="UTC")
+    found = None if linked is None else one_incident(linked)
+    silences = current()
+    both = pd.concat([firing, found], ignore_index=True) if found is not None else firing
+    decorated = decorate(both, silences)
+    if linked is not None:
+        linked_panel(linked, decorated.iloc[len(firing) :], wall)
+    st.subheader("Firing now")
     if firing.empty:
         st.success("No incident is firing under these filters.")
     else:
-        show_incidents(
-            firing,
-            wall,
-            FIRING_COLUMNS,
-        )
+        show_incidents(decorated.iloc[: len(firing)], wall, FIRING_COLUMNS)
+    silence_note(silences)
     st.subheader("Recently resolved")
     resolved = resolved_incidents(where, start)
     assert resolved is not None
@@ -161,8 +283,14 @@ def incidents(where: str, start: datetime | None) -> None:
             resolved["resolved_at"],
             RESOLVED_COLUMNS,
         )
-    with st.expander("Acknowledge or silence an incident", expanded=not firing.empty):
-        incident_actions(pd.concat([firing, resolved], ignore_index=True))
+    linked_found = found is not None and not found.empty
+    with st.expander(
+        "Acknowledge or silence an incident", expanded=not firing.empty or linked_found
+    ):
+        listed = [firing, resolved, *([found] if linked_found else [])]
+        incident_actions(
+            pd.concat(listed, ignore_index=True).drop_duplicates("incident_id"), linked
+        )
         message = st.session_state.get("incident_message")
         if message:  # the outcome of the last action, until the next one
             getattr(st, message[0])(message[1])
@@ -177,13 +305,18 @@ def _label(row: pd.Series) -> str:
     )
 
 
-def incident_actions(shown: pd.DataFrame) -> None:
+def incident_actions(shown: pd.DataFrame, linked: str | None) -> None:
     """One incident (of those listed) at a time: acknowledge it with a note, or silence
-    it in Alertmanager. Nothing is chosen until the operator chooses."""
+    it in Alertmanager. Nothing is chosen until the operator chooses, except the linked
+    incident, chosen once when its link is opened."""
     if shown.empty:
         st.caption("No incident listed to act on.")
         return
     labels = {row["incident_id"]: _label(row) for _, row in shown.iterrows()}
+    if linked in labels and st.session_state.get("incident_linked") != linked:
+        # Once per link: a later choice of the operator's stands through refreshes.
+        st.session_state["incident_pick"] = linked
+        st.session_state["incident_linked"] = linked
     st.selectbox(
         "Incident",
         list(labels),
@@ -287,6 +420,7 @@ def _on_silence() -> None:
     except AlertmanagerError as exc:
         st.session_state["incident_message"] = ("error", f"No silence was made: {exc}")
         return
+    forget()  # the tables drawn next show it
     st.session_state["incident_message"] = (
         "success",
         f"Silenced {incident['rule']} at {incident['key']} for {chosen_for} (silence {silence}).",
@@ -430,12 +564,13 @@ def main() -> None:
     range_name = c3.selectbox("Time range", list(RANGES), key="filter_range")
     key = c4.text_input("Key contains", placeholder="e.g. station=3", key="filter_key")
     status = c5.selectbox("Status", ["all", "open", "acknowledged"], key="filter_status")
+    linked = st.query_params.get(INCIDENT_PARAM) or None
 
     @st.fragment(run_every=settings().refresh_seconds)
     def live() -> None:
         # The time range moves with the clock, so it is recomputed at every refresh.
         start = since(range_name)
-        incidents(incident_clause(rules, severities, key), start)
+        incidents(incident_clause(rules, severities, key), start, linked)
         st.subheader("Alerts")
         st.caption("Every report of every alert rule, newest first.")
         live_alerts(where_clause(rules, severities, start, key, status))

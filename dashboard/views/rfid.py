@@ -13,12 +13,14 @@ from dashboard.data import alert_source, query, sql_text, sql_time, table_versio
 from dashboard.rule_folder import configured_alert_problem
 from dashboard.settings import settings
 from dashboard.ui import empty, panel
+from lookout.notify import INCIDENT_PARAM
 
 READINGS = "readings_tag_readings"
 GROUPS = "packing_groups"
 RECENT_MINUTES = 5
 BIN = "INTERVAL '5 minutes'"
 EPOCH = "TIMESTAMP '1970-01-01T00:00:00Z'"
+INCIDENT_LIMIT = 10
 
 
 def stream_clock() -> datetime | None:
@@ -67,6 +69,7 @@ def theft_alarms() -> None:
         empty("No alerts table yet.")
         return
     st.caption(f"Alerts of the rule `{rule}`.")
+    theft_incidents(rule)
     source, tables = alert_source()
     alarms = query(
         f"SELECT event_time, key, message, acked_at FROM {source} "
@@ -89,6 +92,30 @@ def theft_alarms() -> None:
         width="stretch",
     )
     st.dataframe(alarms.drop(columns="bin"), hide_index=True, width="stretch")
+
+
+def theft_incidents(rule: str) -> None:
+    """The theft rule's firing incidents (one per door and episode), newest first, each a
+    link to it on the Alerts page."""
+    firing = query(
+        f"SELECT incident_id, key, opened_at, reports FROM incidents "
+        f"WHERE rule = {sql_text(rule)} AND resolved_at IS NULL "
+        f"ORDER BY opened_at DESC, incident_id LIMIT {INCIDENT_LIMIT}",
+        "incidents",
+    )
+    if firing is None or firing.empty:
+        st.caption("No theft incident is firing.")
+        return
+    for row in firing.itertuples():
+        st.page_link(
+            "views/alerts.py",
+            label=(
+                f"Theft incident at {row.key}, firing since {row.opened_at:%H:%M} UTC "
+                f"({row.reports} alarm{'s' if row.reports != 1 else ''})"
+            ),
+            icon=":material/warning:",
+            query_params={INCIDENT_PARAM: str(row.incident_id)},
+        )
 
 
 @panel

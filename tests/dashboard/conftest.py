@@ -15,13 +15,16 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from dashboard.sample import write_sample
-from dashboard.testing import APP, copy_rules
+from dashboard.testing import APP, copy_rules, free_port
 
 
 @pytest.fixture(autouse=True)
 def no_sign_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pages open without signing in (the sign-in tests turn it on), and no account of
-    the machine's (users file, password variable) counts."""
+    the machine's (users file, password variable) counts. No Alertmanager answers
+    (nothing listens at its URL) unless a test starts one: a demo's running on this
+    machine is not the tests'."""
+    monkeypatch.setenv("LOOKOUT_ALERTMANAGER_URL", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("LOOKOUT_DASHBOARD_LOGIN", "false")
     monkeypatch.setenv("LOOKOUT_DASHBOARD_USERS_FILE", str(tmp_path / "dashboard-users"))
     monkeypatch.delenv("LOOKOUT_DASHBOARD_PASSWORD", raising=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ from dashboard.sample import (
     write_red_health,
 )
 from dashboard.testing import chromium, served
+from lookout.config import Config, DashboardConfig
+from lookout.notify import to_alert
 
 pytestmark = pytest.mark.browser
 
@@ -160,6 +163,73 @@ def test_health_red_and_the_recent_figures_on_a_1280_px_screen(page: Any, lakeho
     for name in ("status", "late", "duplicates", "conflicts", "clock still (s)"):
         header = column.filter(has_text=re.compile(f"^{re.escape(name)}$"))
         assert header.count() == 1, f"column {name!r} is not in view at 1280 px"
+
+
+# ---- what an operator expects of the demo's data ------------------------------------------
+
+
+def grid_rows(page: Any, after_heading: str) -> list[list[str]]:
+    """The cells of each data row of the first table drawn after a heading (from the
+    grid's screen-reader table, which holds the rows and columns in view)."""
+    heading = page.get_by_role("heading", name=after_heading, exact=True)
+    grid = heading.locator("xpath=following::*[@data-testid='stDataFrame'][1]")
+    grid.locator("[role=gridcell]").first.wait_for(state="attached")
+    rows = grid.locator("[role=row]")
+    return [
+        [cell.inner_text() for cell in rows.nth(i).locator("[role=gridcell]").all()]
+        for i in range(1, rows.count())
+    ]
+
+
+def test_the_demo_data_shows_firing_incidents_doors_groups_and_the_theft(page: Any) -> None:
+    # (A new server's first run reads the rule set in the background; the next refresh
+    # shows what the rules watch.)
+    visit(page, "", "Firing now", "Recently resolved", "Alerts over time", "avg_speed < 15")
+    # Four incidents, not the forty reports behind them, on the first screen.
+    firing = grid_rows(page, "Firing now")
+    by_key = {row[2]: row for row in firing}
+    assert len(firing) == 4 and set(by_key) == {"station=3", "station=7", "station=5", "door=4"}
+    for key in ("station=3", "station=7"):
+        severity, rule, _, latest, trend, condition = by_key[key][:6]
+        assert (severity, rule, condition) == ("warning", "congestion", "avg_speed < 15")
+        line = [float(v) for v in trend.split(",")]
+        assert len(line) >= 30  # the last hour, a point a minute
+        assert float(latest) < 15 < line[0]  # slow now, fast an hour ago
+    screen = page.viewport_size["height"]
+    assert page.get_by_role("heading", name="Firing now").bounding_box()["y"] < screen / 2
+    reports = page.get_by_role("heading", name="Alerts", exact=True, level=3).bounding_box()
+    assert reports["y"] > screen  # every report is below the first screen
+
+    visit(page, "rfid", "doors with recent reads", "Packing groups")
+    assert page.get_by_test_id("stMetricValue").first.inner_text() == "4 of 4"
+    assert [row[0] for row in grid_rows(page, "Doors")] == ["1", "2", "3", "4"]
+    groups = grid_rows(page, "Packing groups")
+    assert groups and all(int(row[3]) >= 3 for row in groups)  # items per group
+    theft = page.get_by_role("link", name=re.compile("^Theft incident at door=4"))
+    theft.click()  # to the incident on the Alerts page
+    page.get_by_text("Linked incident").wait_for()
+    assert grid_rows(page, "Linked incident")[0][1:3] == ["larceny", "door=4"]
+
+
+def test_a_notification_link_opens_its_incident(page: Any, lakehouse: Path) -> None:
+    incidents = DeltaTable(str(lakehouse / "incidents")).to_pyarrow_table().to_pylist()
+    (congestion,) = [r for r in incidents if r["key"] == "station=7" and r["resolved_at"]]
+    port = int(page.base_url.rsplit(":", 1)[1])
+    dashboard = Config(dashboard=DashboardConfig(address="127.0.0.1", port=port))
+    link = to_alert(congestion, datetime.now(UTC), dashboard)["generatorURL"]
+    assert link.startswith(f"{page.base_url}/?")
+    visit(page, link.removeprefix(f"{page.base_url}/"), "Linked incident", "Firing now")
+    (row,) = grid_rows(page, "Linked incident")
+    assert row[1:3] == ["congestion", "station=7"]
+    assert "Resolved: opened from its notification's link" in page.content()
+    chosen = page.get_by_role("combobox", name="Incident").input_value()
+    assert chosen.startswith("resolved · warning · congestion · station=7"), chosen
+    # Acknowledged from there, it is that incident that is acknowledged.
+    page.get_by_label("Note on the incident").fill("was roadworks")
+    page.get_by_role("button", name="Acknowledge incident").click()
+    page.get_by_text("Acknowledged congestion at station=7.").wait_for()
+    (ack,) = DeltaTable(str(lakehouse / "incident_acks")).to_pyarrow_table().to_pylist()
+    assert (ack["incident_id"], ack["note"]) == (congestion["incident_id"], "was roadworks")
 
 
 # ---- what was typed survives the live panels' refreshes ----------------------------------

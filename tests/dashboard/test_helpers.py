@@ -13,8 +13,10 @@ import pytest
 from deltalake import write_deltalake
 
 from dashboard.alert_filters import where_clause
-from dashboard.data import VERSION_TTL_S, table_version
-from dashboard.rulebook import annotate, read_book, statement_text
+from dashboard.data import VERSION_TTL_S, query, table_version
+from dashboard.rulebook import Watched, annotate, read_book, statement_text
+from dashboard.trends import key_sql
+from engine.alerts import format_key
 from rules.language.errors import RuleError
 
 FILE = """-- a stream
@@ -112,6 +114,57 @@ def test_an_alert_that_fires_below_a_bound_says_which(tmp_path: Path) -> None:
     assert bounds["slower"] == ("x", 2.0)
     assert bounds["either"] is None  # not "only while x < 2"
     assert bounds["high"] is None  # m > 3
+
+
+def test_what_an_alert_watches_is_the_stored_input_column_it_compares(tmp_path: Path) -> None:
+    (tmp_path / "k.sql").write_text(
+        KEYED
+        + "CREATE TABLE sites (site INT, limit_x INT) FROM CSV 'sites.csv';\n"
+        + "CREATE ALERT low SEVERITY info AS\n"
+        + "  SELECT p.site, p.ts, p.m FROM per_site p WHERE p.site <> 2 AND 1.5 >= p.m;\n"
+        + "CREATE ALERT above_limit SEVERITY info AS SELECT s.site, s.ts, s.x FROM s\n"
+        + "  JOIN sites t ON s.site = t.site WHERE s.x > t.limit_x;\n"
+        + "CREATE ALERT both_ways SEVERITY info AS SELECT x, ts FROM s WHERE x < 2 OR x > 9;\n"
+    )
+    (tmp_path / "sites.csv").write_text("site,limit_x\n1,5\n")
+    book = read_book([tmp_path])
+    assert not book.errors, book.errors
+    watched = {r.name: r.watched for r in book.rules if r.kind == "alert"}
+    # A derived stream's own table, keyed as the alert is.
+    assert watched["high"] == Watched("per_site", "ts", "m", ("site",), "m > 3")
+    # The first comparison with a number, the number on either side (`1.5 >= m` is
+    # `m <= 1.5`), a qualified column.
+    assert watched["low"] == Watched("per_site", "ts", "m", ("site",), "m <= 1.5")
+    # A source stream's readings table; unkeyed.
+    assert watched["any_high"] == Watched("readings_s", "ts", "x", (), "x > 9")
+    # A window's aggregate is in no table; a bound from a joined table is no number;
+    # an OR is not one condition.
+    assert watched["lane_high"] is None
+    assert watched["above_limit"] is None
+    assert watched["both_ways"] is None
+
+
+def test_the_key_text_built_in_sql_is_the_engines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOOKOUT_LAKEHOUSE_PATH", str(tmp_path))
+    rows = [(3, "4", 1), (12, "a b", -7), (0, "x=y, z", 2**40)]
+    table = pa.table(
+        {
+            "station": pa.array([r[0] for r in rows], pa.int32()),
+            "door": [r[1] for r in rows],
+            "big": pa.array([r[2] for r in rows], pa.int64()),
+        }
+    )
+    write_deltalake(str(tmp_path / "keys"), table)
+    for names in [("station",), ("door",), ("station", "door", "big"), ()]:
+        got = query(f"SELECT {key_sql(names)} AS key FROM keys ORDER BY station", "keys")
+        assert got is not None
+        index = [("station", "door", "big").index(n) for n in names]
+        want = sorted(rows)
+        assert list(got["key"]) == [format_key(names, tuple(r[i] for i in index)) for r in want], (
+            names
+        )
 
 
 def test_a_table_deleted_or_recreated_under_the_dashboard_is_seen_as_such(

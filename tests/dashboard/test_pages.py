@@ -13,7 +13,9 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import orjson
 import pandas as pd
@@ -23,7 +25,9 @@ from deltalake import DeltaTable, write_deltalake
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
-from dashboard.data import VERSION_TTL_S
+from dashboard.data import VERSION_TTL_S, query
+from dashboard.rule_folder import book_of
+from dashboard.rulebook import Book, read_book
 from dashboard.sample import (
     TS,
     alerts_table,
@@ -34,9 +38,18 @@ from dashboard.sample import (
     write_red_health,
     write_sample,
 )
-from lookout.alertmanager import Alertmanager, list_silences, request
+from dashboard.settings import rule_store
+from dashboard.silences import TTL_SECONDS
+from dashboard.testing import APP
+from lookout.alertmanager import (
+    Alertmanager,
+    create_silence,
+    expire_silence,
+    list_silences,
+    request,
+)
 from lookout.config import AlertmanagerConfig, Config
-from lookout.notify import Notifier
+from lookout.notify import INCIDENT_PARAM, Notifier, to_alert
 from tests.waiting import wait_for
 
 Open = Callable[[str], AppTest]
@@ -251,6 +264,9 @@ def test_silencing_an_incident_silences_exactly_it_in_alertmanager(
         app.text_input(key="silence_comment").input("roadworks")
         app.button(key="incident_silence_submit").click().run()
         assert "Silenced congestion at station=3 for 8 hours" in texts(app)
+        # The table drawn right after says so (the silences are read afresh).
+        assert firing_table(app).at["station=3", "silenced"].endswith(" UTC (anonymous)")
+        assert firing_table(app).at["station=7", "silenced"] == ""
         (silence,) = list_silences(alertmanager.url)
         assert {m["name"]: m["value"] for m in silence["matchers"]} == {
             "alertname": "congestion",
@@ -274,6 +290,214 @@ def test_silencing_an_incident_silences_exactly_it_in_alertmanager(
     finally:
         stop.set()
         notifier.join(timeout=10)
+
+
+def firing_table(app: AppTest) -> pd.DataFrame:
+    """The Firing now table (the first incident table with a trend, after any linked
+    incident's), by key."""
+    tables = [d.value for d in app.dataframe if "trend" in d.value.columns]
+    return tables[-1].set_index("key")
+
+
+def test_firing_incidents_show_their_rules_input_read_in_one_query(
+    lakehouse: Path, open_page: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dashboard.trends
+
+    sql: list[str] = []
+
+    def counted(text: str, *tables: str) -> pd.DataFrame | None:
+        sql.append(text)
+        return query(text, *tables)
+
+    monkeypatch.setattr(dashboard.trends, "query", counted)
+    app = open_page("alerts")
+    book_of(rule_store())  # the rule set read (in the background since the first run)
+    sql.clear()
+    app.run()  # one refresh
+    firing = firing_table(app)
+    speeds = DeltaTable(str(lakehouse / "station_speed")).to_pandas().sort_values("ts")
+    for station in (3, 7):
+        row = firing.loc[f"station={station}"]
+        assert row["condition"] == "avg_speed < 15"
+        # The station's own station_speed rows (one a minute): the last hour of them.
+        mine = speeds[speeds["station"] == station]
+        mine = mine[mine["ts"] >= mine["ts"].max() - pd.Timedelta(minutes=59)]
+        assert list(row["trend"]) == [round(v, 2) for v in mine["avg_speed"]]
+        assert row["latest"] == round(mine["avg_speed"].iloc[-1], 2)
+        assert row["latest"] < 15 < row["trend"][0]  # the hour shows the fall
+    # larceny and silent_detector compare no stored column: nothing to draw.
+    assert firing.loc[["door=4", "station=5"], "condition"].isna().all()
+    assert firing.loc[["door=4", "station=5"], "latest"].isna().all()
+    assert len(sql) == 1 and "station_speed" in sql[0]  # one query for both stations
+
+    # More congested stations: still one query a refresh.
+    end = int(time.time() * 1000)
+    more = [
+        {**r, "key": f"station={s}", "incident_id": f"more-{s}"}
+        for r in incident_rows(end)
+        if r["key"] == "station=3"
+        for s in (1, 2, 4)
+    ]
+    write_incidents(lakehouse, more)
+    time.sleep(VERSION_TTL_S + 0.1)
+    sql.clear()
+    app.run()
+    assert len(firing_table(app)) == 7
+    assert len(firing_table(app).loc["station=1", "trend"]) > 0
+    assert len(sql) == 1
+
+
+def test_the_first_page_does_not_wait_for_the_rule_set(
+    lakehouse: Path, open_page: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dashboard.rule_folder
+
+    release = threading.Event()
+
+    def slow_read(*args: object) -> Book:
+        release.wait(30)
+        return read_book(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dashboard.rule_folder, "read_book", slow_read)
+    try:
+        app = open_page("alerts")
+        assert "What the rules watch is being read" in texts(app)
+        assert firing_table(app)["condition"].isna().all()
+        assert len(firing_table(app)) == 4  # the rest of the page is there
+    finally:
+        release.set()
+    book_of(rule_store())
+    app.run()
+    assert "What the rules watch is being read" not in texts(app)
+    assert firing_table(app).at["station=3", "condition"] == "avg_speed < 15"
+
+
+def test_a_resolved_incident_s_input_ends_at_its_resolution(
+    lakehouse: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    incidents = DeltaTable(str(lakehouse / "incidents")).to_pandas()
+    (old,) = incidents.query("key == 'station=7' and resolved_at.notna()").itertuples()
+    resolved_ms = int(old.resolved_at.timestamp() * 1000)
+    # Station 7's speed, a row a minute from 4 hours before that resolution to 2 hours
+    # after: the value is how many minutes before the resolution the row is.
+    minutes = list(range(240, -121, -1))
+    rows = pa.table(
+        {
+            "station": pa.array([7] * len(minutes), pa.int32()),
+            "ts": pa.array([resolved_ms - m * 60_000 for m in minutes], pa.int64())
+            .cast(pa.timestamp("ms", tz="UTC"))
+            .cast(TS),
+            "avg_speed": pa.array(minutes, pa.float64()),
+        }
+    )
+    write_deltalake(str(lakehouse / "station_speed"), rows, mode="append")
+    book_of(rule_store())
+    app = AppTest.from_file(str(APP), default_timeout=60)
+    app.query_params[INCIDENT_PARAM] = old.incident_id
+    app.run()
+    linked = next(d.value for d in app.dataframe if "trend" in d.value.columns)
+    assert list(linked["key"]) == ["station=7"]
+    # The hour up to the resolution, none after it.
+    assert list(linked["trend"].iloc[0]) == [float(m) for m in range(59, -1, -1)]
+    assert linked["latest"].iloc[0] == 0
+
+
+def test_a_notification_link_shows_its_incident_first_and_chooses_it(lakehouse: Path) -> None:
+    incidents = DeltaTable(str(lakehouse / "incidents")).to_pyarrow_table().to_pylist()
+    (theft,) = [r for r in incidents if r["rule"] == "larceny"]
+    # The link the notifier sends: the dashboard's root (its first page, Alerts).
+    link = urlsplit(to_alert(theft, datetime.now(UTC), Config())["generatorURL"])
+    assert link.path == "/"
+    app = AppTest.from_file(str(APP), default_timeout=60)
+    for name, values in parse_qs(link.query).items():
+        app.query_params[name] = values
+    app.run()
+    assert not app.exception
+    assert [h.value for h in app.subheader][:2] == ["Linked incident", "Firing now"]
+    first = app.dataframe[0].value
+    assert list(first["key"]) == ["door=4"] and list(first["rule"]) == ["larceny"]
+    assert app.selectbox(key="incident_pick").value == theft["incident_id"]
+
+    # Shown whatever the filters; the operator's own choice then stands.
+    app.multiselect(key="filter_rules").select("congestion").run()
+    assert list(app.dataframe[0].value["key"]) == ["door=4"]
+    assert "door=4" not in firing_table(app).index
+    (station_3,) = [
+        r["incident_id"] for r in incidents if r["key"] == "station=3" and r["resolved_at"] is None
+    ]
+    app.selectbox(key="incident_pick").select(station_3).run()
+    app.run()
+    assert app.selectbox(key="incident_pick").value == station_3
+
+
+def test_a_link_to_an_unknown_incident_says_so(lakehouse: Path) -> None:
+    app = AppTest.from_file(str(APP), default_timeout=60)
+    app.query_params[INCIDENT_PARAM] = "no-such-incident"
+    app.run()
+    assert "`no-such-incident` is not in the incidents table" in texts(app)
+    assert len(firing_table(app)) == 4
+    assert app.selectbox(key="incident_pick").value is None
+
+
+def test_silenced_incidents_say_until_when_and_by_whom(
+    lakehouse: Path,
+    open_page: Open,
+    alertmanager: Alertmanager,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LOOKOUT_ALERTMANAGER_URL", alertmanager.url)
+    hours = timedelta(hours=2)
+    create_silence(alertmanager.url, {"alertname": "congestion", "station": "3"}, hours, "ann", "x")
+    regex = {"name": "station", "value": "5|6", "isRegex": True, "isEqual": True}
+    now = datetime.now(UTC)
+    request(
+        alertmanager.url,
+        "POST",
+        "/api/v2/silences",
+        {
+            "matchers": [regex],
+            "startsAt": now.isoformat(),
+            "endsAt": (now + hours).isoformat(),
+            "createdBy": "bob",
+            "comment": "sensor swap",
+        },
+    )
+    ended = create_silence(alertmanager.url, {"station": "7"}, hours, "cy", "over")
+    expire_silence(alertmanager.url, ended)
+    firing = firing_table(open_page("alerts"))
+    said = re.fullmatch(r"until (\d\d):(\d\d) UTC \(ann\)", firing.at["station=3", "silenced"])
+    assert said, firing.at["station=3", "silenced"]
+    minutes = int(said.group(1)) * 60 + int(said.group(2))
+    due = now + hours
+    assert abs((minutes - (due.hour * 60 + due.minute) + 720) % 1440 - 720) <= 2
+    assert firing.at["station=5", "silenced"].endswith(" UTC (bob)")
+    assert firing.at["station=7", "silenced"] == ""  # its silence has expired
+    assert firing.at["door=4", "silenced"] == ""
+    # A silence ending a day or more away says its date too.
+    create_silence(alertmanager.url, {"alertname": "larceny"}, timedelta(days=3), "dee", "x")
+    time.sleep(TTL_SECONDS + 0.1)
+    firing = firing_table(open_page("alerts"))
+    assert re.fullmatch(
+        r"until \d{4}-\d\d-\d\d \d\d:\d\d UTC \(dee\)", firing.at["door=4", "silenced"]
+    )
+
+
+def test_the_page_draws_when_alertmanager_does_not_answer(lakehouse: Path, open_page: Open) -> None:
+    # The fixtures point [alertmanager] url at a port nothing listens on.
+    app = open_page("alerts")
+    assert set(firing_table(app)["silenced"]) == {"unknown"}
+    assert "Silences unknown: Alertmanager did not answer" in texts(app)
+    assert not app.error
+
+
+def test_no_silence_column_when_incidents_bypass_alertmanager(
+    lakehouse: Path, open_page: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOOKOUT_ALERTMANAGER_ENABLED", "false")
+    app = open_page("alerts")
+    assert "silenced" not in firing_table(app).columns
+    assert "Silences unknown" not in texts(app)
 
 
 # ---- traffic -------------------------------------------------------------------------
@@ -406,6 +630,20 @@ def test_rfid_doors_alarms_groups_and_item_path(lakehouse: Path, open_page: Open
     assert list(doors["door"]) == ["1", "2", "3", "4"]
     assert "item-0042" in alarms["message"].iloc[0]
     assert groups["items"].min() >= 3
+    # The theft incident, linked to the Alerts page as its notification links to it.
+    incidents = DeltaTable(str(lakehouse / "incidents")).to_pandas()
+    (theft,) = incidents.query("rule == 'larceny'")["incident_id"]
+    (link,) = app.get("page_link")
+    assert link.proto.label.startswith("Theft incident at door=4, firing since")
+    assert link.proto.query_string == f"{INCIDENT_PARAM}={theft}"
+    # Once it is resolved, no link, and the page says so.
+    (row,) = [r for r in incident_rows(int(time.time() * 1000)) if r["rule"] == "larceny"]
+    resolved = int(time.time() * 1000)
+    write_incidents(lakehouse, [{**row, "incident_id": theft, "resolved_at": resolved}])
+    time.sleep(VERSION_TTL_S + 0.1)
+    app.run()
+    assert not app.get("page_link")
+    assert "No theft incident is firing." in texts(app)
     app.text_input(key="tagid").input("item-0110").run()
     assert "door 1 → 2 → 3 → 4" in texts(app)
     app.text_input(key="tagid").input("nothing-like-this").run()

@@ -9,6 +9,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,18 @@ from engine.alerts import incident_id
 from lookout import cli
 from lookout.alertmanager import (
     Alertmanager,
+    AlertmanagerError,
     WebhookLog,
+    create_silence,
+    expire_silence,
+    list_silences,
     request,
+    rfc3339,
+    silencing,
 )
 from lookout.broker import free_port
 from lookout.config import AlertmanagerConfig, Config
-from lookout.notify import Notifier, key_labels
+from lookout.notify import Notifier, incident_url, key_labels, to_alert
 from tests.alertmanager import GROUP_INTERVAL
 from tests.waiting import wait_for
 
@@ -207,3 +214,80 @@ def test_silences_from_the_cli(
     assert silence in listing and "station=3" in listing and "roadworks" in listing
     assert cli.main(["silence", "expire", *url, silence]) == 0
     wait_for(lambda: states() == {"3": "active", "7": "active"}, 20, "the silence to end")
+
+
+def test_the_incident_link_names_it_on_the_dashboards_first_page() -> None:
+    assert incident_url("https://ops.example/lookout/", "ab12") == (
+        "https://ops.example/lookout/?incident=ab12"
+    )
+    assert incident_url("http://h:1", "a b&c") == "http://h:1/?incident=a+b%26c"
+    config = Config(alertmanager=AlertmanagerConfig(dashboard_url="https://ops.example"))
+    row = {**incident(3, 0), "opened_at": datetime.fromtimestamp(T0 / 1000, UTC)}
+    alert = to_alert(row, datetime.now(UTC), config)
+    assert alert["generatorURL"] == f"https://ops.example/?incident={row['incident_id']}"
+
+
+def matcher(name: str, value: str, regex: bool = False, equal: bool = True) -> dict[str, Any]:
+    return {"name": name, "value": value, "isRegex": regex, "isEqual": equal}
+
+
+def test_which_silences_mute_which_labels_as_alertmanager_decides(
+    alertmanager: Alertmanager,
+) -> None:
+    """`silencing` against Alertmanager's own verdict (each alert's `silencedBy`)."""
+    labelled = [
+        {"alertname": "t", "station": "3"},
+        {"alertname": "t", "station": "33"},
+        {"alertname": "t", "station": "7", "lane": "1"},
+        {"alertname": "t"},
+        {"alertname": "u", "station": "3"},
+    ]
+    t = matcher("alertname", "t")
+    silences = [
+        [matcher("station", "3")],
+        [t, matcher("station", "3", equal=False)],
+        [matcher("station", "3", regex=True)],  # anchored: not "33"
+        [t, matcher("station", "3.*", regex=True, equal=False)],
+        [t, matcher("lane", "")],  # no lane label: the empty string
+        [t, matcher("lane", "", equal=False)],
+        [matcher("alertname", "t|u", regex=True), matcher("station", "[37]", regex=True)],
+        [t, matcher("station", "(", regex=True, equal=False)],  # no valid regex: mutes none
+    ]
+    now = datetime.now(UTC)
+    for matchers in silences:
+        body = {
+            "matchers": matchers,
+            "startsAt": rfc3339(now),
+            "endsAt": rfc3339(now + timedelta(hours=1)),
+            "createdBy": "test",
+            "comment": "matching",
+        }
+        try:
+            request(alertmanager.url, "POST", "/api/v2/silences", body)
+        except AlertmanagerError:
+            assert matchers[-1]["value"] == "("  # Alertmanager refuses it; so do we
+    ended = create_silence(alertmanager.url, {"alertname": "u"}, timedelta(hours=1), "test", "x")
+    expire_silence(alertmanager.url, ended)
+    ends = rfc3339(now + timedelta(hours=1))
+    request(
+        alertmanager.url,
+        "POST",
+        "/api/v2/alerts",
+        [{"labels": labels, "startsAt": rfc3339(now), "endsAt": ends} for labels in labelled],
+    )
+
+    def verdicts() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+        held = list_silences(alertmanager.url)
+        alerts = request(alertmanager.url, "GET", "/api/v2/alerts")
+        theirs = {str(sorted(a["labels"].items())): set(a["status"]["silencedBy"]) for a in alerts}
+        ours = {
+            str(sorted(labels.items())): {s["id"] for s in silencing(held, labels)}
+            for labels in labelled
+        }
+        return theirs, ours
+
+    wait_for(lambda: len(verdicts()[0]) == len(labelled), 20, "the alerts to arrive")
+    theirs, ours = verdicts()
+    assert ours == theirs
+    assert sum(map(len, ours.values())) >= 10  # the cases do mute, and differently
+    assert len({frozenset(v) for v in ours.values()}) == len(labelled)
