@@ -283,6 +283,8 @@ def _start_in_slice(
     for i in range(len(starts)):
         for part in range(3):
             starts[i][part][at] = before[i][part]
+        if run.columns[i].extremes == (False, False):
+            continue  # a count, sum or avg: its extremes are never read
         least, most = suffix[i]
         for later in slices[b + 1 :]:
             low, high = later.extremes[i]
