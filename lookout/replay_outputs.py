@@ -1,0 +1,248 @@
+"""What `lookout replay` writes: one file (JSON lines, Parquet) or Delta table per
+derived stream and alert, plus `late_readings` and `incidents`.
+
+JSON lines (the default) hold each row as an object with the SELECT list's columns in
+order and timestamps as ISO-8601 UTC text with milliseconds; `late_readings` lines are
+the reading (its stream's columns, `source`, `epoch` when it has one, `seq`) and its
+`stream`; `incidents` lines each incident in its final state. Parquet and Delta hold the
+same rows with the stream's declared column types (timestamps as TIMESTAMP, UTC, in
+microseconds: what the lakehouse's tables hold): `late_readings` has a column per
+column of any source stream (NULL where the reading's stream has none), `incidents` the
+`incidents` table's engine columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from engine.alerts import iso_utc
+from engine.core.evaluator import Output
+from engine.core.plan import ColumnType, Plan, StreamSchema
+from engine.core.replay import STAGE, LateReading
+from engine.core.runners import KEY, SEQ, SOURCE, TS
+from engine.core.schema import ARROW_TYPES
+
+FORMATS = ("jsonl", "delta", "parquet")
+ENGINE_COLUMNS = (TS, SOURCE, SEQ, KEY, STAGE)
+TIMESTAMP = ARROW_TYPES[ColumnType.TIMESTAMP]
+
+_ISO_SAFE_MS = 8_500_000_000_000
+"""Within ±this many ms of the epoch (the years 1700 to 2239) Arrow's formatting gives
+:func:`iso_utc`'s text exactly (its float seconds round back to the millisecond)."""
+
+_TABLE_PROPERTIES = {
+    "delta.enableDeletionVectors": "false",
+    "delta.columnMapping.mode": "none",
+}
+
+
+def iso_column(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Epoch-ms integers as :func:`iso_utc` text (NULL stays NULL)."""
+    values = pa.chunked_array([values]) if isinstance(values, pa.Array) else values
+    values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    numbers = values.cast(pa.int64())
+    safe = pc.less_equal(pc.abs(pc.fill_null(numbers, 0)), _ISO_SAFE_MS)
+    stamps = pc.if_else(safe, numbers, 0).cast(pa.timestamp("ms", tz="UTC"))
+    text = pc.binary_join_element_wise(
+        pc.strftime(stamps, format="%Y-%m-%dT%H:%M:%S"), "+00:00", ""
+    )
+    if not pc.all(safe).as_py():
+        listed = text.to_pylist()
+        for i in np.flatnonzero(~safe.to_numpy(zero_copy_only=False)):
+            listed[i] = iso_utc(numbers[int(i)].as_py())
+        text = pa.array(listed, pa.string())
+    return text
+
+
+def _stamp_names(schema: StreamSchema | None) -> set[str]:
+    if schema is None:
+        return set()
+    return {c.name for c in schema.columns if c.type == ColumnType.TIMESTAMP}
+
+
+def row_columns(table: pa.Table) -> pa.Table:
+    """An emitted table without the engine's own columns."""
+    return table.select([n for n in table.column_names if n not in ENGINE_COLUMNS])
+
+
+def _render(row: dict[str, Any], schema: StreamSchema | None) -> dict[str, Any]:
+    """Timestamps as ISO-8601 UTC text, everything else as is."""
+    stamps = _stamp_names(schema)
+    if not stamps:
+        return row
+    return {k: iso_utc(v) if k in stamps and isinstance(v, int) else v for k, v in row.items()}
+
+
+def json_lines(table: pa.Table, schema: StreamSchema | None) -> list[bytes]:
+    """A sink's rows (without the engine's columns) as JSON lines, timestamps as text."""
+    stamps = _stamp_names(schema)
+    for i, name in enumerate(table.column_names):
+        if name in stamps and pa.types.is_integer(table.schema.types[i]):
+            table = table.set_column(i, name, iso_column(table.column(i)))
+    return [orjson.dumps(row) for row in table.to_pylist()]
+
+
+def late_line(late: LateReading, schema: StreamSchema) -> bytes:
+    return orjson.dumps({**_render(late.row, schema), "stream": late.stream})
+
+
+def write_jsonl(
+    folder: Path,
+    plan: Plan,
+    sinks: dict[str, pa.Table] | None,
+    outputs: Sequence[Output],
+    late: Sequence[LateReading],
+    incidents: Sequence[dict[str, Any]],
+) -> None:
+    """DIR/<name>.jsonl per sink (from ``sinks``' tables, or from ``outputs`` rows when
+    there are none), late readings and incidents (times as text)."""
+    lines: dict[str, list[bytes]] = {}
+    if sinks is not None:
+        for sink, table in sinks.items():
+            lines[sink] = json_lines(row_columns(table), plan.streams.get(sink))
+    else:
+        for output in outputs:
+            lines.setdefault(output.sink, []).append(
+                orjson.dumps(_render(output.row, plan.streams.get(output.sink)))
+            )
+    for reading in late:
+        lines.setdefault("late_readings", []).append(
+            late_line(reading, plan.streams[reading.stream])
+        )
+    for query in plan.queries:
+        lines.setdefault(query.sink.name, [])
+    lines["incidents"] = [orjson.dumps(_iso_record(record)) for record in incidents]
+    for name, rows in lines.items():
+        (folder / f"{name}.jsonl").write_bytes(b"".join(row + b"\n" for row in rows))
+
+
+def _iso_record(record: dict[str, Any]) -> dict[str, Any]:
+    out = dict(record)
+    for name in ("opened_at", "last_report_at", "resolved_at"):
+        if out[name] is not None:
+            out[name] = iso_utc(out[name])
+    return out
+
+
+# ---- tables ----------------------------------------------------------------------------
+
+
+def _typed(table: pa.Table, schema: StreamSchema | None) -> pa.Table:
+    """A sink's rows with its declared column types: timestamps from epoch ms to
+    TIMESTAMP (UTC, microseconds), other columns cast where they fit."""
+    declared = {c.name: c.type for c in schema.columns} if schema is not None else {}
+    for i, name in enumerate(table.column_names):
+        kind = declared.get(name)
+        if kind is None:
+            continue
+        column = table.column(i)
+        if kind == ColumnType.TIMESTAMP and pa.types.is_integer(column.type):
+            column = pc.multiply(column.cast(pa.int64()), 1000).cast(TIMESTAMP)
+        else:
+            try:
+                column = column.cast(ARROW_TYPES[kind])
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                continue  # keep the computed type rather than lose values
+        table = table.set_column(i, name, column)
+    return table
+
+
+def _empty(schema: StreamSchema | None) -> pa.Table:
+    if schema is None:
+        return pa.table({})
+    return pa.schema([(c.name, ARROW_TYPES[c.type]) for c in schema.columns]).empty_table()
+
+
+def _ms_array(values: list[Any], type_: pa.DataType) -> pa.Array:
+    if pa.types.is_timestamp(type_):
+        return pa.array(values, pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(type_)
+    return pa.array(values, type_)
+
+
+def late_table(plan: Plan, late: Sequence[LateReading]) -> pa.Table:
+    """Late readings of every source stream in one table: a column per column of any
+    source stream (a name two streams declare with different types holds the value as
+    JSON text), then ``source``, ``epoch``, ``seq`` and ``stream``."""
+    types: dict[str, pa.DataType] = {}
+    mixed: set[str] = set()
+    for schema in plan.sources():
+        for c in schema.columns:
+            t = ARROW_TYPES[c.type]
+            if types.setdefault(c.name, t) != t:
+                mixed.add(c.name)
+    for name in mixed:
+        types[name] = pa.string()
+    types.update({"source": pa.string(), "epoch": pa.string(), "seq": pa.int64()})
+    columns = {}
+    for name, t in types.items():
+        values = [r.row.get(name) for r in late]
+        if name in mixed:
+            values = [None if v is None else orjson.dumps(v).decode() for v in values]
+        columns[name] = _ms_array(values, t)
+    columns["stream"] = pa.array([r.stream for r in late], pa.string())
+    return pa.table(columns)
+
+
+INCIDENT_COLUMNS = pa.schema(
+    [
+        ("incident_id", pa.string()),
+        ("rule", pa.string()),
+        ("key", pa.string()),
+        ("severity", pa.string()),
+        ("message", pa.string()),
+        ("opened_at", TIMESTAMP),
+        ("last_report_at", TIMESTAMP),
+        ("resolved_at", TIMESTAMP),
+        ("reports", pa.int64()),
+    ]
+)
+
+
+def incidents_table(records: Iterable[dict[str, Any]]) -> pa.Table:
+    """Incident records (times in epoch ms) as the `incidents` table's engine columns."""
+    rows = list(records)
+    return pa.Table.from_arrays(
+        [_ms_array([r[f.name] for r in rows], f.type) for f in INCIDENT_COLUMNS],
+        schema=INCIDENT_COLUMNS,
+    )
+
+
+def write_tables(
+    folder: Path,
+    fmt: str,
+    plan: Plan,
+    sinks: dict[str, pa.Table],
+    late: Sequence[LateReading],
+    incidents: Sequence[dict[str, Any]],
+) -> None:
+    """DIR/<name>.parquet files or DIR/<name>/ Delta tables (``fmt``), one per sink,
+    `late_readings` and `incidents`."""
+    tables: dict[str, pa.Table] = {}
+    for sink, table in sinks.items():
+        tables[sink] = _typed(row_columns(table), plan.streams.get(sink))
+    for query in plan.queries:
+        if query.sink.name not in tables:
+            tables[query.sink.name] = _empty(plan.streams.get(query.sink.name))
+    tables["late_readings"] = late_table(plan, late)
+    tables["incidents"] = incidents_table(incidents)
+    for name, table in tables.items():
+        if fmt == "parquet":
+            pq.write_table(table, folder / f"{name}.parquet")
+        else:
+            from deltalake import write_deltalake
+
+            write_deltalake(
+                str(folder / name),
+                table,
+                mode="overwrite",
+                schema_mode="overwrite",
+                configuration=_TABLE_PROPERTIES,
+            )
