@@ -599,8 +599,8 @@ def _read_table(inp: Input, window: TimeRange) -> tuple[StreamSchema, pa.Table, 
     _check_columns(inp, stream, dataset.schema)
     order, rule = arrival_order(names, inp.kind)
     ts_name = stream.timestamp or "ts"
-    wanted = [c.name for c in stream.columns]
-    wanted += [c for c in (*IDENTITY, *order) if c in names and c not in wanted]
+    extra = [c for c in (*IDENTITY, *order) if c in names]
+    wanted = list(dict.fromkeys([*(c.name for c in stream.columns), *extra]))
     try:
         table = dataset.to_table(
             columns=wanted,

@@ -82,16 +82,20 @@ def _render(row: dict[str, Any], schema: StreamSchema | None) -> dict[str, Any]:
 
 
 def json_lines(table: pa.Table, schema: StreamSchema | None) -> list[bytes]:
-    """A sink's rows (without the engine's columns) as JSON lines, timestamps as text."""
+    """A sink's rows (without the engine's columns) as JSON lines (each ending in a
+    newline), timestamps as text."""
     stamps = _stamp_names(schema)
     for i, name in enumerate(table.column_names):
         if name in stamps and pa.types.is_integer(table.schema.types[i]):
             table = table.set_column(i, name, iso_column(table.column(i)))
-    return [orjson.dumps(row) for row in table.to_pylist()]
+    dumps, newline = orjson.dumps, orjson.OPT_APPEND_NEWLINE
+    return [dumps(row, option=newline) for row in table.to_pylist()]
 
 
 def late_line(late: LateReading, schema: StreamSchema) -> bytes:
-    return orjson.dumps({**_render(late.row, schema), "stream": late.stream})
+    """A late reading's line: the reading (timestamps as text) and its stream."""
+    row = {**_render(late.row, schema), "stream": late.stream}
+    return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def write_jsonl(
@@ -110,8 +114,9 @@ def write_jsonl(
             lines[sink] = json_lines(row_columns(table), plan.streams.get(sink))
     else:
         for output in outputs:
+            row = _render(output.row, plan.streams.get(output.sink))
             lines.setdefault(output.sink, []).append(
-                orjson.dumps(_render(output.row, plan.streams.get(output.sink)))
+                orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
             )
     for reading in late:
         lines.setdefault("late_readings", []).append(
@@ -119,9 +124,11 @@ def write_jsonl(
         )
     for query in plan.queries:
         lines.setdefault(query.sink.name, [])
-    lines["incidents"] = [orjson.dumps(_iso_record(record)) for record in incidents]
+    lines["incidents"] = [
+        orjson.dumps(_iso_record(record), option=orjson.OPT_APPEND_NEWLINE) for record in incidents
+    ]
     for name, rows in lines.items():
-        (folder / f"{name}.jsonl").write_bytes(b"".join(row + b"\n" for row in rows))
+        (folder / f"{name}.jsonl").write_bytes(b"".join(rows))
 
 
 def _iso_record(record: dict[str, Any]) -> dict[str, Any]:
