@@ -15,12 +15,14 @@ keeps.
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
@@ -28,6 +30,7 @@ from deltalake import write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.core.pipeline import ARRIVAL_WATERMARK, Pipeline
 from engine.core.plan import END_OF_TIME
 from engine.core.replay import ReplayResult, ordered_outputs, run, run_arrivals
 from lookout import replay_inputs
@@ -373,3 +376,97 @@ def test_delta_and_parquet_outputs_hold_the_json_lines_rows(tmp_path: Path) -> N
     assert [(i["rule"], i["key"]) for i in incidents if i["rule"] == "congestion"] == [
         ("congestion", "station=3")
     ]
+
+
+# ---- a readings table the engine wrote -----------------------------------------------------
+
+
+@settings(
+    max_examples=examples(30),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(recordings(), ENDS, st.integers(1, 30), st.integers(0, 1000))
+def test_a_readings_table_replays_to_the_rows_of_the_live_arrivals(
+    tmp_path_factory: pytest.TempPathFactory,
+    readings: list[Reading],
+    end_at: int | None,
+    batch: int,
+    seed: int,
+) -> None:
+    """`readings_<stream>` holds the on-time readings with their `arrival_watermark`
+    (Delta keeps no row order: here shuffled): sorted by it they are all on time again,
+    and give every row, incident and final close the whole recording gave."""
+    folder = tmp_path_factory.mktemp("lakehouse")
+    expected = reference(write_jsonl(folder / "traffic.jsonl", readings), end_at)
+    pipeline = Pipeline(PLAN)
+    stored = []
+    numbered = Readings(parse_inputs([f"traffic={folder / 'traffic.jsonl'}"], PLAN), batch=batch)
+    for tables in numbered.batches():
+        stored.append(pipeline.process(tables).readings["traffic"])
+    table = pa.concat_tables(stored)
+    micros = {
+        name: pc.multiply(table.column(name), 1000).cast(pa.timestamp("us", tz="UTC"))
+        for name in ("ts", ARRIVAL_WATERMARK)
+    }
+    table = table.drop_columns(["heartbeat"])
+    for name, column in micros.items():
+        table = table.set_column(table.column_names.index(name), name, column)
+    order = list(range(table.num_rows))
+    random.Random(seed).shuffle(order)
+    write_deltalake(str(folder / "readings_traffic"), table.take(pa.array(order, pa.int64())))
+
+    result = replayed(str(folder / "readings_traffic"), end_at, batch)
+    assert result.late == [] and result.duplicates == {} and result.conflicts == []
+    assert result.outputs == expected.outputs
+    assert result.incidents == expected.incidents
+    assert result.closed == expected.closed
+
+
+# ---- JSON lines: Arrow's chunks and the per-line validation ---------------------------------
+
+
+def test_lines_to_normalise_give_what_the_per_line_path_gives(tmp_path: Path) -> None:
+    """Lines Arrow's reader would take otherwise (ISO-8601 times, 3.0 for an INT, an
+    integer for a DOUBLE, a numeric epoch, blank lines) among plain ones: the chunks
+    holding them go line by line, the others through Arrow, and the replay is the
+    row-by-row one."""
+    readings = _recording()
+    lines = [orjson.dumps(r) for r in readings]
+    lines[40] = orjson.dumps({**readings[40], "lane": float(readings[40]["lane"])})
+    lines[81] = orjson.dumps({**readings[81], "speed": 27})
+    iso = "2026-01-01T00:10:05.5+00:00"
+    lines[120] = orjson.dumps({"station": 4, "lane": 2, "speed": 3, "length": 4, "ts": iso})
+    lines[160] = orjson.dumps({**readings[160], "epoch": 7})
+    lines[200] = b"   "
+    assert b'"lane":1.0' in lines[40] and b'"speed":27,' in lines[81]
+    recording = tmp_path / "traffic.jsonl"
+    recording.write_bytes(b"\n".join(lines) + b"\n")
+    expected = reference(recording, END_OF_TIME)
+    with patch.object(replay_inputs, "CHUNK_BYTES", 2_000):
+        assert_same(replayed(f"traffic={recording}", END_OF_TIME, 50), expected)
+
+
+def test_a_bad_line_is_located_in_its_file_whichever_chunk_holds_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readings = _recording()
+    lines = [orjson.dumps(r) for r in readings]
+    lines[150] = orjson.dumps({**readings[150], "speed": None})
+    recording = tmp_path / "traffic.jsonl"
+    recording.write_bytes(b"\n".join(lines) + b"\n")
+    args = ["replay", "--rules", str(RULES_DIR / "traffic.sql"), "--out", str(tmp_path / "o")]
+    with patch.object(replay_inputs, "CHUNK_BYTES", 1_000):
+        assert main([*args, "--input", f"traffic={recording}"]) == 2
+    assert f"lookout replay: {recording}:151: field 'speed' is null" in capsys.readouterr().err
+
+
+def test_progress_says_readings_rate_and_what_is_left(capsys: pytest.CaptureFixture[str]) -> None:
+    progress = replay_inputs.Progress(every_s=0.0, out=sys.stderr)
+    progress.started -= 10  # ten seconds in
+    progress.done = 0.25
+    progress.fed(50_000)
+    assert capsys.readouterr().err == "replay: 50,000 readings, 5,000/s, 25%, ETA 30 s\n"
+    progress.done = None
+    progress.fed(10_000)
+    assert capsys.readouterr().err.startswith("replay: 60,000 readings, 6,000/s\n")
