@@ -45,21 +45,56 @@ _TABLE_PROPERTIES = {
 
 
 def iso_column(values: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """Epoch-ms integers as :func:`iso_utc` text (NULL stays NULL)."""
+    """Epoch-ms integers as :func:`iso_utc` text (NULL stays NULL), computed per column:
+    the civil date by Hinnant's days-to-date algorithm, the digits by arithmetic."""
     values = pa.chunked_array([values]) if isinstance(values, pa.Array) else values
-    values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
     numbers = values.cast(pa.int64())
-    safe = pc.less_equal(pc.abs(pc.fill_null(numbers, 0)), _ISO_SAFE_MS)
-    stamps = pc.if_else(safe, numbers, 0).cast(pa.timestamp("ms", tz="UTC"))
-    text = pc.binary_join_element_wise(
-        pc.strftime(stamps, format="%Y-%m-%dT%H:%M:%S"), "+00:00", ""
+    nulls = np.asarray(numbers.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    ms = np.asarray(pc.fill_null(numbers, 0).to_numpy(), dtype=np.int64)
+    safe = np.abs(ms) <= _ISO_SAFE_MS
+    text = _iso_text(np.where(safe, ms, 0))
+    n = len(ms)
+    offsets = np.arange(0, _ISO_WIDTH * (n + 1), _ISO_WIDTH, dtype=np.int32)
+    column = pa.StringArray.from_buffers(
+        n, pa.py_buffer(offsets.tobytes()), pa.py_buffer(text.tobytes())
     )
-    if not pc.all(safe).as_py():
-        listed = text.to_pylist()
-        for i in np.flatnonzero(~safe.to_numpy(zero_copy_only=False)):
-            listed[i] = iso_utc(numbers[int(i)].as_py())
-        text = pa.array(listed, pa.string())
-    return text
+    if safe.all() and not nulls.any():
+        return column
+    listed = column.to_pylist()
+    for i in np.flatnonzero(~safe | nulls).tolist():
+        listed[i] = None if nulls[i] else iso_utc(int(ms[i]))
+    return pa.array(listed, pa.string())
+
+
+_ISO_TEMPLATE = np.frombuffer(b"0000-00-00T00:00:00.000+00:00", dtype=np.uint8)
+_ISO_WIDTH = len(_ISO_TEMPLATE)
+
+
+def _iso_text(ms: np.ndarray) -> np.ndarray:
+    """``YYYY-MM-DDTHH:MM:SS.mmm+00:00`` of each epoch ms (years 0 to 9999), as one row
+    of bytes each."""
+    days, rest = np.divmod(ms, 86_400_000)
+    z = days + 719_468
+    era = np.floor_divide(z, 146_097)
+    doe = z - era * 146_097
+    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    day = doy - (153 * mp + 2) // 5 + 1
+    month = np.where(mp < 10, mp + 3, mp - 9)
+    year = yoe + era * 400 + (month <= 2)
+    hour, rest = np.divmod(rest, 3_600_000)
+    minute, rest = np.divmod(rest, 60_000)
+    second, milli = np.divmod(rest, 1000)
+    out = np.tile(_ISO_TEMPLATE, (len(ms), 1))
+    for value, start, width in (
+        (year, 0, 4), (month, 5, 2), (day, 8, 2), (hour, 11, 2), (minute, 14, 2),
+        (second, 17, 2), (milli, 20, 3),
+    ):  # fmt: skip
+        small = value.astype(np.int32)
+        for k in range(width):
+            out[:, start + width - 1 - k] = small // 10**k % 10 + 48
+    return out
 
 
 def _stamp_names(schema: StreamSchema | None) -> set[str]:
@@ -82,14 +117,113 @@ def _render(row: dict[str, Any], schema: StreamSchema | None) -> dict[str, Any]:
 
 
 def json_lines(table: pa.Table, schema: StreamSchema | None) -> list[bytes]:
-    """A sink's rows (without the engine's columns) as JSON lines (each ending in a
-    newline), timestamps as text."""
+    """A sink's rows (without the engine's columns) as JSON lines, timestamps as text:
+    the bytes of :func:`orjson.dumps` of each row, each line ending in a newline (a
+    list of pieces to join, not one per row)."""
+    table = _iso_stamps(table, schema)
+    pieces = []
+    for start in range(0, table.num_rows, _PIECE_ROWS):
+        part = table.slice(start, _PIECE_ROWS)
+        text = _columnar_lines(part)
+        if text is None:
+            dumps, newline = orjson.dumps, orjson.OPT_APPEND_NEWLINE
+            pieces += [dumps(row, option=newline) for row in part.to_pylist()]
+        else:
+            pieces.append(text)
+    return pieces
+
+
+_PIECE_ROWS = 100_000
+
+
+def _iso_stamps(table: pa.Table, schema: StreamSchema | None) -> pa.Table:
     stamps = _stamp_names(schema)
     for i, name in enumerate(table.column_names):
         if name in stamps and pa.types.is_integer(table.schema.types[i]):
             table = table.set_column(i, name, iso_column(table.column(i)))
-    dumps, newline = orjson.dumps, orjson.OPT_APPEND_NEWLINE
-    return [dumps(row, option=newline) for row in table.to_pylist()]
+    return table
+
+
+def _columnar_lines(table: pa.Table) -> bytes | None:
+    """The rows as orjson writes them (objects in column order, ``\\n`` after each),
+    built per column; None when a column is of a type this does not write (the rows
+    are then dumped one by one)."""
+    if not table.num_rows:
+        return b""
+    parts: list[Any] = []
+    for i, name in enumerate(table.column_names):
+        values = _json_values(table.column(i))
+        if values is None:
+            return None
+        key = orjson.dumps(name).decode()
+        parts += [("{" if i == 0 else ",") + key + ":", values]
+    if not parts:
+        return None
+    parts.append("}\n")
+    lines = pc.binary_join_element_wise(
+        *[pa.scalar(p, pa.large_string()) if isinstance(p, str) else p.cast(pa.large_string())
+          for p in parts],
+        pa.scalar("", pa.large_string()),
+    )  # fmt: skip
+    lines = lines.combine_chunks() if isinstance(lines, pa.ChunkedArray) else lines
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[
+        lines.offset : lines.offset + len(lines) + 1
+    ]
+    data = lines.buffers()[2]
+    assert data is not None
+    return data.to_pybytes()[int(offsets[0]) : int(offsets[-1])]
+
+
+_UNQUOTED = r'^[^"\\\x00-\x1f]*$'
+"""Text orjson writes as it is between quotes (no quote, backslash or control char)."""
+_PLAIN_FLOAT = r"^-?[0-9]+(\.[0-9]+)?$"
+"""Arrow's text of a double that orjson writes the same (``.0`` added to a whole
+number) when the double is 0 or of magnitude in [1e-4, 1e15); anything else
+(exponents, NaN, infinities, other magnitudes) is written by orjson itself."""
+
+
+def _json_values(column: pa.ChunkedArray) -> pa.Array | None:
+    """Each value of ``column`` as orjson writes it (NULL as ``null``); None for a type
+    not written per column."""
+    values = column.combine_chunks()
+    t = values.type
+    if pa.types.is_integer(t):
+        text = values.cast(pa.string())
+    elif pa.types.is_boolean(t):
+        text = pc.if_else(values, "true", "false")
+    elif pa.types.is_null(t):
+        return pa.array(["null"] * len(values), pa.string())
+    elif pa.types.is_floating(t):
+        numbers = values.cast(pa.float64())
+        text = numbers.cast(pa.string())
+        size = pc.abs(numbers)
+        ordinary = pc.or_(
+            pc.equal(numbers, 0.0),
+            pc.and_(pc.greater_equal(size, 1e-4), pc.less(size, 1e15)),
+        )
+        plain = pc.fill_null(pc.and_(ordinary, pc.match_substring_regex(text, _PLAIN_FLOAT)), True)
+        whole = pc.invert(pc.fill_null(pc.match_substring(text, "."), True))
+        text = pc.if_else(whole, pc.binary_join_element_wise(text, ".0", ""), text)
+        text = _by_orjson(text, numbers, plain)
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):
+        strings = values.cast(pa.string())
+        plain = pc.fill_null(pc.match_substring_regex(strings, _UNQUOTED), True)
+        text = pc.binary_join_element_wise('"', strings, '"', "")
+        text = _by_orjson(text, strings, plain)
+    else:
+        return None
+    return pc.fill_null(text, "null")
+
+
+def _by_orjson(text: pa.Array, values: pa.Array, plain: pa.Array) -> pa.Array:
+    """``text`` with the values where ``plain`` is false written by orjson."""
+    odd = np.flatnonzero(~plain.to_numpy(zero_copy_only=False))
+    if not len(odd):
+        return text
+    listed = text.to_pylist()
+    for i in odd.tolist():
+        listed[i] = orjson.dumps(values[i].as_py()).decode()
+    return pa.array(listed, pa.string())
 
 
 def late_line(late: LateReading, schema: StreamSchema) -> bytes:

@@ -30,13 +30,15 @@ from deltalake import write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.alerts import iso_utc
 from engine.core.pipeline import ARRIVAL_WATERMARK, Pipeline
-from engine.core.plan import END_OF_TIME
+from engine.core.plan import END_OF_TIME, Column, ColumnType, StreamSchema
 from engine.core.replay import ReplayResult, ordered_outputs, run, run_arrivals
 from lookout import replay_inputs
 from lookout.cli import main
 from lookout.replay import read_readings
 from lookout.replay_inputs import Readings, TimeRange, parse_inputs
+from lookout.replay_outputs import json_lines
 from rules.language.loader import RULES_DIR, load_rules
 from tests.examples import examples
 
@@ -470,3 +472,44 @@ def test_progress_says_readings_rate_and_what_is_left(capsys: pytest.CaptureFixt
     progress.done = None
     progress.fed(10_000)
     assert capsys.readouterr().err.startswith("replay: 60,000 readings, 6,000/s\n")
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.none() | st.integers(-(2**63), 2**63 - 1),
+            st.none()
+            | st.floats(width=64)
+            | st.floats(-1e-3, 1e-3)
+            | st.integers(-99, 99).map(float),
+            st.none() | st.text(),
+            st.none() | st.booleans(),
+            st.none() | st.integers(-8_600_000_000_000, 8_600_000_000_000),
+        ),
+        max_size=40,
+    )
+)
+def test_rows_written_per_column_are_the_bytes_orjson_writes_per_row(
+    rows: list[tuple[Any, ...]],
+) -> None:
+    """JSON lines are built per column (Arrow's text of numbers, quoted plain text, the
+    ISO-8601 text of timestamps by arithmetic); each line must be the bytes the per-row
+    writer (`orjson.dumps` of the row, timestamps by `iso_utc`) gives."""
+    names = ["count", "value", "label", "flag", "ts"]
+    table = pa.table(
+        [pa.array([r[i] for r in rows], t)
+         for i, t in enumerate([pa.int64(), pa.float64(), pa.string(), pa.bool_(), pa.int64()])],
+        names=names,
+    )  # fmt: skip
+    stream = StreamSchema(
+        "s", (Column("ts", ColumnType.TIMESTAMP), Column("value", ColumnType.DOUBLE)), "ts"
+    )
+    expected = b"".join(
+        orjson.dumps(
+            {**dict(zip(names, r, strict=True)), "ts": None if r[4] is None else iso_utc(r[4])},
+            option=orjson.OPT_APPEND_NEWLINE,
+        )
+        for r in rows
+    )
+    assert b"".join(json_lines(table, stream)) == expected
