@@ -172,10 +172,13 @@ def run_replay(
             sinks = rows_by_sink(outputs)
         write_tables(folder, output_format, plan, sinks, result.late, incidents)
     rows = sum(e.table.num_rows for e in result.emitted)
+    conflicts = (
+        f", {len(result.conflicts)} conflicting readings set aside" if result.conflicts else ""
+    )
     print(
         f"replay: {rows} output rows, {len(result.incidents)} incidents, "
         f"{len(result.late)} late readings, "
-        f"{sum(result.duplicates.values())} duplicates removed -> {folder}",
+        f"{sum(result.duplicates.values())} duplicates removed{conflicts} -> {folder}",
         file=sys.stderr,
     )
     # How much of the output is only there because the input ended (pending expirations
