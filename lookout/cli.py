@@ -70,14 +70,25 @@ def _broker(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from lookout.replay import parse_end_at, run_replay
+    from lookout.replay import TimeRange, parse_end_at, parse_time, run_replay
 
     try:
         end_at = parse_end_at(args.end_at)
     except ValueError as err:
         print(f"lookout replay: --end-at: {err}", file=sys.stderr)
         return 2
-    return run_replay(args.rules, args.input, args.out, end_at)
+    bounds: dict[str, int | None] = {}
+    for option, text in (("--from", args.start), ("--until", args.until)):
+        try:
+            bounds[option] = None if text is None else parse_time(text)
+        except ValueError as err:
+            print(f"lookout replay: {option}: {err}", file=sys.stderr)
+            return 2
+    window = TimeRange(bounds["--from"], bounds["--until"])
+    if window.start is not None and window.end is not None and window.end <= window.start:
+        print("lookout replay: --until must be after --from", file=sys.stderr)
+        return 2
+    return run_replay(args.rules, args.input, args.out, end_at, window, args.format, not args.quiet)
 
 
 def _cluster(args: argparse.Namespace) -> int:
@@ -154,16 +165,34 @@ def build_parser() -> argparse.ArgumentParser:
     user.add_argument("--remove", action="store_true", help="remove the user")
     user.set_defaults(func=_dashboard_user)
 
-    replay = commands.add_parser("replay", help="evaluate rules over recorded JSON-lines readings")
+    replay = commands.add_parser(
+        "replay", help="evaluate rules over recorded readings (JSON lines, Delta, Parquet)"
+    )
     replay.add_argument("--rules", action="append", required=True, help="rule file or folder")
     replay.add_argument(
         "--input",
         action="append",
         required=True,
-        metavar="[STREAM=]FILE",
-        help="readings of STREAM, or (no STREAM=) of whichever source stream each line fits",
+        metavar="[STREAM=]PATH",
+        help="readings of STREAM (no STREAM=: each line, or the table, goes to the source "
+        "stream whose columns it has): a JSON-lines file, a Delta table's folder, or a "
+        "Parquet file or folder",
     )
     replay.add_argument("--out", required=True, help="output folder")
+    replay.add_argument(
+        "--from",
+        dest="start",
+        metavar="TIME",
+        help="only readings at or after TIME in event time (ISO-8601 with offset, or epoch ms)",
+    )
+    replay.add_argument("--until", metavar="TIME", help="only readings before TIME in event time")
+    replay.add_argument(
+        "--format",
+        choices=("jsonl", "delta", "parquet"),
+        default="jsonl",
+        help="outputs as DIR/NAME.jsonl (default), DIR/NAME/ Delta tables or DIR/NAME.parquet",
+    )
+    replay.add_argument("--quiet", action="store_true", help="no progress on stderr")
     replay.add_argument(
         "--end-at",
         default="infinity",

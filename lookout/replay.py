@@ -1,70 +1,44 @@
-"""`lookout replay`: the rules over recorded JSON-lines readings.
+"""`lookout replay`: the rules over recorded readings (JSON lines, Delta tables, Parquet).
 
-The readings go through the same validation as live ingest and the same engine core as
-the live job (`engine.core.replay.run`), so the rows written here are the rows the live
-pipeline writes for the same readings in the same arrival order.
+The readings go through the same validation as live ingest (`lookout.replay_inputs`)
+and the same engine core as the live job (`engine.core.replay`), so the rows written
+here are the rows the live pipeline writes for the same readings in the same arrival
+order. Outputs are written by `lookout.replay_outputs`.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
 
 from engine.alerts import alert_id, alert_keys, format_key, incident_record, iso_utc
 from engine.core.evaluator import Output
-from engine.core.plan import END_OF_TIME, ColumnType, Plan, SinkKind, StreamSchema
-from engine.core.replay import ReplayResult, run
+from engine.core.plan import END_OF_TIME, Plan, SinkKind, StreamSchema
+from engine.core.replay import ReplayResult, ordered_outputs, run_arrivals, sink_tables
 from ingest.validate import normalize_reading, parse_timestamp
+from lookout.replay_inputs import (
+    EVERYTHING,
+    Progress,
+    Readings,
+    ReplayInputError,
+    TimeRange,
+    parse_inputs,
+    stream_of,
+)
+from lookout.replay_outputs import write_jsonl, write_tables
 from lookout.services import alert_specs
 from rules.language.loader import RuleCheckError, RuleSet, load_rules
 
-
-class ReplayInputError(Exception):
-    """A recorded reading that cannot be used, located as file:line."""
-
+__all__ = ["ReplayInputError", "TimeRange", "read_readings", "run_replay"]
 
 Input = tuple[tuple[StreamSchema, ...], Path]
 """A recorded file and the source streams its lines may belong to (one: all of them)."""
-
-
-def _parse_inputs(specs: Sequence[str], plan: Plan) -> list[Input]:
-    """`STREAM=FILE` (every line is a reading of STREAM) or `FILE` (each line goes to the
-    one source stream whose declared columns it carries: a simulator's file mixing loop
-    detector readings and position reports)."""
-    sources = {s.name: s for s in plan.sources()}
-    inputs = []
-    for spec in specs:
-        stream, sep, file = spec.partition("=")
-        if not sep:
-            inputs.append((tuple(sources.values()), Path(spec)))
-            continue
-        if stream not in sources:
-            known = ", ".join(sorted(sources))
-            raise ReplayInputError(
-                f"--input {spec!r}: no source stream {stream!r} (known: {known})"
-            )
-        inputs.append(((sources[stream],), Path(file)))
-    return inputs
-
-
-def _stream_of(schemas: tuple[StreamSchema, ...], data: Any) -> StreamSchema:
-    if len(schemas) == 1:
-        return schemas[0]
-    fits = [s for s in schemas if isinstance(data, dict) and all(c.name in data for c in s.columns)]
-    if len(fits) != 1:
-        which = (
-            "no source stream"
-            if not fits
-            else "several streams: " + ", ".join(s.name for s in fits)
-        )
-        raise ValueError(f"the line carries the columns of {which} (give STREAM=FILE)")
-    return fits[0]
 
 
 def read_readings(
@@ -80,7 +54,7 @@ def read_readings(
                     continue
                 try:
                     data = orjson.loads(line)
-                    schema = _stream_of(schemas, data)
+                    schema = stream_of(schemas, data)
                     reading = normalize_reading(schema, data, require_identity=False)
                 except (ValueError, orjson.JSONDecodeError) as err:
                     raise ReplayInputError(f"{path}:{number}: {err}") from None
@@ -93,14 +67,6 @@ def read_readings(
                         file=sys.stderr,
                         flush=True,
                     )
-
-
-def _render(row: dict[str, Any], schema: StreamSchema | None) -> dict[str, Any]:
-    """Timestamps as ISO-8601 UTC text, everything else as is."""
-    if schema is None:
-        return row
-    stamps = {c.name for c in schema.columns if c.type == ColumnType.TIMESTAMP}
-    return {k: iso_utc(v) if k in stamps and isinstance(v, int) else v for k, v in row.items()}
 
 
 def output_key(stage_keys: dict[str, tuple[str, ...]], out: Output) -> str:
@@ -121,17 +87,24 @@ def alert_ids(plan: Plan, outputs: Iterable[Output]) -> list[str]:
     ]
 
 
+def incident_records(rule_set: RuleSet, result: ReplayResult) -> list[dict[str, Any]]:
+    """Every incident in its final state (times in epoch ms; a firing incident's
+    `resolved_at` None)."""
+    specs, keys = alert_specs(rule_set), alert_keys(rule_set.plan)
+    return [
+        incident_record(specs[update.alert], keys[update.alert], update)
+        for update in result.incidents
+    ]
+
+
 def incident_lines(rule_set: RuleSet, result: ReplayResult) -> list[dict[str, Any]]:
     """Every incident in its final state, as `DIR/incidents.jsonl` holds it (times as
     ISO-8601 UTC text; a firing incident's `resolved_at` null)."""
-    specs, keys = alert_specs(rule_set), alert_keys(rule_set.plan)
-    records = []
-    for update in result.incidents:
-        record = incident_record(specs[update.alert], keys[update.alert], update)
+    records = incident_records(rule_set, result)
+    for record in records:
         for name in ("opened_at", "last_report_at", "resolved_at"):
             if record[name] is not None:
                 record[name] = iso_utc(record[name])
-        records.append(record)
     return records
 
 
@@ -142,7 +115,7 @@ def parse_end_at(text: str) -> int | None:
         return END_OF_TIME
     if text == "watermark":
         return None
-    return parse_timestamp(int(text) if text.lstrip("-").isdigit() else text)
+    return parse_time(text)
 
 
 def _describe_end(end_at: int | None) -> str:
@@ -151,15 +124,24 @@ def _describe_end(end_at: int | None) -> str:
     return "+infinity" if end_at == END_OF_TIME else iso_utc(end_at)
 
 
+def parse_time(text: str) -> int:
+    """A time on the command line: ISO-8601 with offset, or epoch ms; ValueError if not."""
+    return parse_timestamp(int(text) if text.lstrip("-").isdigit() else text)
+
+
 def run_replay(
     rule_paths: Sequence[str],
     input_specs: Sequence[str],
     out: str,
     end_at: int | None = END_OF_TIME,
+    window: TimeRange = EVERYTHING,
+    output_format: str = "jsonl",
+    progress: bool = True,
 ) -> int:
-    """Evaluate the rules over the inputs, ending with a heartbeat at `end_at` (None:
-    at the input's watermark, see `engine.core.replay.run`), and write
-    DIR/<sink>.jsonl files."""
+    """Evaluate the rules over the inputs (JSON lines, Delta tables, Parquet; readings
+    with event time in ``window`` only), ending with a heartbeat at `end_at` (None: at
+    the input's watermark, see `engine.core.replay.run`), and write a file or table per
+    output to DIR (``output_format``: `jsonl`, `delta`, `parquet`)."""
     try:
         rule_set = load_rules(rule_paths)
     except RuleCheckError as err:
@@ -167,31 +149,36 @@ def run_replay(
             print(error.format(), file=sys.stderr)
         return 2
     plan = rule_set.plan
+    meter = Progress(out=sys.stderr) if progress else None
     try:
-        inputs = _parse_inputs(input_specs, plan)
-        result = run(plan, read_readings(inputs), end_at=end_at)
+        readings = Readings(parse_inputs(input_specs, plan), window, meter)
+        for note in readings.notes:
+            print(f"replay: {note}", file=sys.stderr)
+        result = run_arrivals(
+            plan, readings.batches(), end_at, meter.fed if meter is not None else None
+        )
     except (ReplayInputError, OSError) as err:
         print(f"lookout replay: {err}", file=sys.stderr)
         return 2
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    lines: dict[str, list[bytes]] = defaultdict(list)
-    for output in result.outputs:
-        lines[output.sink].append(orjson.dumps(_render(output.row, plan.streams.get(output.sink))))
-    for late in result.late:
-        schema = plan.streams[late.stream]
-        lines["late_readings"].append(
-            orjson.dumps({**_render(late.row, schema), "stream": late.stream})
-        )
-    for query in plan.queries:
-        lines.setdefault(query.sink.name, [])
-    lines["incidents"] = [orjson.dumps(record) for record in incident_lines(rule_set, result)]
-    for name, rows in lines.items():
-        (folder / f"{name}.jsonl").write_bytes(b"".join(row + b"\n" for row in rows))
+    sinks = sink_tables(result.emitted)
+    outputs = ordered_outputs(result.emitted) if sinks is None else []
+    incidents = incident_records(rule_set, result)
+    if output_format == "jsonl":
+        write_jsonl(folder, plan, sinks, outputs, result.late, incidents)
+    else:
+        if sinks is None:
+            sinks = rows_by_sink(outputs)
+        write_tables(folder, output_format, plan, sinks, result.late, incidents)
+    rows = sum(e.table.num_rows for e in result.emitted)
+    conflicts = (
+        f", {len(result.conflicts)} conflicting readings set aside" if result.conflicts else ""
+    )
     print(
-        f"replay: {len(result.outputs)} output rows, {len(result.incidents)} incidents, "
+        f"replay: {rows} output rows, {len(result.incidents)} incidents, "
         f"{len(result.late)} late readings, "
-        f"{sum(result.duplicates.values())} duplicates removed -> {folder}",
+        f"{sum(result.duplicates.values())} duplicates removed{conflicts} -> {folder}",
         file=sys.stderr,
     )
     # How much of the output is only there because the input ended (pending expirations
@@ -202,4 +189,19 @@ def run_replay(
         + (f"{sum(result.closed.values())} output rows: {closed}" if closed else "no output rows"),
         file=sys.stderr,
     )
+    if meter is not None:
+        elapsed = time.monotonic() - meter.started
+        print(
+            f"replay: {meter.readings:,} readings in {elapsed:.1f} s "
+            f"({meter.readings / max(elapsed, 1e-9):,.0f}/s)",
+            file=sys.stderr,
+        )
     return 0
+
+
+def rows_by_sink(outputs: Iterable[Output]) -> dict[str, pa.Table]:
+    """Output rows (in output order) as a table per sink, columns as the rows have them."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for output in outputs:
+        rows.setdefault(output.sink, []).append(output.row)
+    return {sink: pa.Table.from_pylist(listed) for sink, listed in rows.items()}

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from engine.core.evaluator import Output
 from engine.core.incidents import IncidentUpdate
@@ -30,13 +33,13 @@ from engine.core.pipeline import (
     Pipeline,
 )
 from engine.core.plan import END_OF_TIME, Plan, StreamSchema
-from engine.core.runners import emitted_outputs
+from engine.core.runners import KEY, SEQ, TS, SinkRows, emitted_outputs
 from engine.core.schema import arrival_type
 from engine.core.sequencer import sort_key
 
 Row = dict[str, Any]
 
-__all__ = ["LateReading", "ReplayResult", "arrival_table", "run"]
+__all__ = ["LateReading", "ReplayResult", "arrival_table", "run", "run_arrivals", "sink_tables"]
 
 
 @dataclass
@@ -55,6 +58,9 @@ class ReplayResult:
     empty for no input)."""
     closed: dict[str, int] = field(default_factory=dict)
     """How many output rows the final heartbeat produced, per output (sink)."""
+    emitted: list[SinkRows] = field(default_factory=list)
+    """The output rows as the stages emitted them, batch after batch (:attr:`outputs`
+    holds them in output order as rows; :func:`sink_tables` as a table per sink)."""
 
 
 def arrival_table(schema: StreamSchema, rows: list[Row]) -> pa.Table:
@@ -89,10 +95,58 @@ def run(
     Outputs are ordered by event time, then stage, key and the evaluator's own order;
     late readings in arrival order.
     """
+    sources = {s.name: s for s in plan.sources()}
+    result = run_arrivals(plan, _row_batches(sources, readings, batch), end_at)
+    result.outputs = ordered_outputs(result.emitted)
+    return result
+
+
+def ordered_outputs(emitted: Iterable[SinkRows]) -> list[Output]:
+    """Emitted rows as :class:`Output` s, by event time, then stage, key and the
+    evaluator's own order."""
+    produced: list[tuple[int, int, str, int, Output]] = []
+    for item in emitted:
+        for key, o in emitted_outputs(item):
+            produced.append((o.ts, item.stage, sort_key(key), o.seq, o))
+    produced.sort(key=lambda p: p[:4])
+    return [p[4] for p in produced]
+
+
+def _row_batches(
+    sources: Mapping[str, StreamSchema], readings: Iterable[tuple[str, Row]], batch: int
+) -> Iterator[dict[str, pa.Table]]:
+    """``(stream, row)`` readings as arrival tables, ``batch`` readings a time; a
+    reading without ``seq`` gets its arrival index."""
+    iterator = iter(readings)
+    arrived = 0
+    while chunk := list(itertools.islice(iterator, batch)):
+        by_stream: dict[str, list[Row]] = {}
+        for arrival, (stream, row) in enumerate(chunk, start=arrived):
+            if row.get("seq") is None:
+                row = {**row, "seq": arrival}
+            if stream not in sources:
+                raise ValueError(f"unknown source stream {stream!r}")
+            by_stream.setdefault(stream, []).append(row)
+        arrived += len(chunk)
+        # Streams are judged apart (each has its own clock), so grouping a chunk's
+        # readings by stream keeps every stream's arrival order.
+        yield {s: arrival_table(sources[s], rows) for s, rows in by_stream.items()}
+
+
+def run_arrivals(
+    plan: Plan,
+    arrivals: Iterable[Mapping[str, pa.Table]],
+    end_at: int | None = END_OF_TIME,
+    progress: Callable[[int], None] | None = None,
+) -> ReplayResult:
+    """Evaluate ``plan`` over batches of arrivals, each ``{stream: table}`` as
+    :meth:`Pipeline.process` takes it (every stream's readings in arrival order; a
+    ``seq`` left NULL is numbered by the pipeline's own arrival count), then end with a
+    heartbeat at ``end_at`` as :func:`run` does. The outputs are left as the stages
+    emitted them (:attr:`ReplayResult.emitted`; :func:`sink_tables` orders them), and
+    ``progress`` is told how many readings each batch held once it is evaluated."""
     pipeline = Pipeline(plan)
     result = ReplayResult()
-    produced: list[tuple[int, int, str, int, Output]] = []
-
     incidents: dict[tuple[str, str, int], IncidentUpdate] = {}
 
     def collect(step: BatchResult) -> Counter[str]:
@@ -105,35 +159,70 @@ def run(
         for stream, count in step.duplicates.items():
             result.duplicates[stream] = result.duplicates.get(stream, 0) + count
         for emitted in step.outputs:
-            for key, o in emitted_outputs(emitted):
-                produced.append((o.ts, emitted.stage, sort_key(key), o.seq, o))
-                rows[o.sink] += 1
+            result.emitted.append(emitted)
+            rows[emitted.sink] += emitted.table.num_rows
         return rows
 
-    iterator = iter(readings)
-    arrived = 0
-    while chunk := list(itertools.islice(iterator, batch)):
-        by_stream: dict[str, list[Row]] = {}
-        order: list[str] = []
-        for arrival, (stream, row) in enumerate(chunk, start=arrived):
-            if row.get("seq") is None:
-                row = {**row, "seq": arrival}
-            if stream not in pipeline.sources:
-                raise ValueError(f"unknown source stream {stream!r}")
-            if stream not in by_stream:
-                order.append(stream)
-            by_stream.setdefault(stream, []).append(row)
-        arrived += len(chunk)
-        # Streams are judged apart (each has its own clock), so grouping a chunk's
-        # readings by stream keeps every stream's arrival order.
-        step = pipeline.process(
-            {s: arrival_table(pipeline.sources[s], by_stream[s]) for s in order}
-        )
+    for tables in arrivals:
+        step = pipeline.process(tables)
+        # What the live engine's save does after every batch: the batch's readings'
+        # values join those a later repeat of their ids is compared with (without it a
+        # redelivery in a later batch would be a conflict, however it was batched).
+        for sequencer in pipeline.sequencers.values():
+            sequencer.seal()
         collect(step)
         result.watermarks = {s: step.watermarks[s] for s in pipeline.sources}
+        if progress is not None:
+            progress(sum(t.num_rows for t in tables.values()))
     if end_at is not None:
         result.closed = dict(collect(pipeline.finish(end_at)))
-    produced.sort(key=lambda p: p[:4])
-    result.outputs = [p[4] for p in produced]
     result.incidents = [incidents[k] for k in sorted(incidents, key=lambda k: (k[2], k[0], k[1]))]
     return result
+
+
+STAGE = "_stage"
+"""The column :func:`sink_tables` adds: the plan index of the stage that emitted the row."""
+
+
+def sink_tables(emitted: Iterable[SinkRows]) -> dict[str, pa.Table] | None:
+    """The emitted rows of each sink in one table, in :func:`run`'s output order (event
+    time, stage, key, the evaluator's own order), with the engine's columns and
+    ``_stage``; sinks are in order of their first rows. None when the tables of some
+    sink differ in their columns' names, order or types (a NULL column aside), which
+    one table cannot hold as the rows hold them: take :func:`run`'s rows then."""
+    by_sink: dict[str, list[pa.Table]] = {}
+    for item in emitted:
+        table = item.table.append_column(
+            STAGE, pa.array(np.full(item.table.num_rows, item.stage, np.int64))
+        )
+        by_sink.setdefault(item.sink, []).append(table)
+    tables = {}
+    for sink, parts in by_sink.items():
+        if not _one_layout(parts):
+            return None
+        whole = pa.concat_tables(parts, promote_options="permissive")
+        # The key's order is sort_key's: the repr of its values, ranked once per key.
+        keys = pc.unique(whole.column(KEY)).to_pylist()
+        ranked = sorted(keys, key=lambda k: sort_key(tuple(orjson.loads(k))))
+        rank = pc.index_in(whole.column(KEY), value_set=pa.array(ranked, pa.string()))
+        order = pc.sort_indices(
+            pa.table([whole.column(TS), whole.column(STAGE), rank, whole.column(SEQ)],
+                     names=["ts", "stage", "key", "seq"]),
+            sort_keys=[("ts", "ascending"), ("stage", "ascending"), ("key", "ascending"),
+                       ("seq", "ascending")],
+        )  # fmt: skip
+        tables[sink] = whole.take(order)
+    return tables
+
+
+def _one_layout(parts: list[pa.Table]) -> bool:
+    """Whether ``parts`` have the same column names in the same order, and per column
+    one type besides NULL."""
+    names = parts[0].column_names
+    if any(p.column_names != names for p in parts):
+        return False
+    for i in range(len(names)):
+        kinds = {p.schema.types[i] for p in parts} - {pa.null()}
+        if len(kinds) > 1:
+            return False
+    return True

@@ -1,0 +1,389 @@
+"""What `lookout replay` writes: one file (JSON lines, Parquet) or Delta table per
+derived stream and alert, plus `late_readings` and `incidents`.
+
+JSON lines (the default) hold each row as an object with the SELECT list's columns in
+order and timestamps as ISO-8601 UTC text with milliseconds; `late_readings` lines are
+the reading (its stream's columns, `source`, `epoch` when it has one, `seq`) and its
+`stream`; `incidents` lines each incident in its final state. Parquet and Delta hold the
+same rows with the stream's declared column types (timestamps as TIMESTAMP, UTC, in
+microseconds: what the lakehouse's tables hold): `late_readings` has a column per
+column of any source stream (NULL where the reading's stream has none), `incidents` the
+`incidents` table's engine columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from engine.alerts import iso_utc
+from engine.core.evaluator import Output
+from engine.core.plan import ColumnType, Plan, StreamSchema
+from engine.core.replay import STAGE, LateReading
+from engine.core.runners import KEY, SEQ, SOURCE, TS
+from engine.core.schema import ARROW_TYPES
+
+FORMATS = ("jsonl", "delta", "parquet")
+ENGINE_COLUMNS = (TS, SOURCE, SEQ, KEY, STAGE)
+TIMESTAMP = ARROW_TYPES[ColumnType.TIMESTAMP]
+
+_ISO_SAFE_MS = 8_500_000_000_000
+"""Within ±this many ms of the epoch (the years 1700 to 2239) Arrow's formatting gives
+:func:`iso_utc`'s text exactly (its float seconds round back to the millisecond)."""
+
+_TABLE_PROPERTIES = {
+    "delta.enableDeletionVectors": "false",
+    "delta.columnMapping.mode": "none",
+}
+
+
+def iso_column(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Epoch-ms integers as :func:`iso_utc` text (NULL stays NULL), computed per column:
+    the civil date by Hinnant's days-to-date algorithm, the digits by arithmetic."""
+    values = pa.chunked_array([values]) if isinstance(values, pa.Array) else values
+    numbers = values.cast(pa.int64())
+    nulls = np.asarray(numbers.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    ms = np.asarray(pc.fill_null(numbers, 0).to_numpy(), dtype=np.int64)
+    safe = np.abs(ms) <= _ISO_SAFE_MS
+    text = _iso_text(np.where(safe, ms, 0))
+    n = len(ms)
+    offsets = np.arange(0, _ISO_WIDTH * (n + 1), _ISO_WIDTH, dtype=np.int32)
+    column = pa.StringArray.from_buffers(
+        n, pa.py_buffer(offsets.tobytes()), pa.py_buffer(text.tobytes())
+    )
+    if safe.all() and not nulls.any():
+        return column
+    listed = column.to_pylist()
+    for i in np.flatnonzero(~safe | nulls).tolist():
+        listed[i] = None if nulls[i] else iso_utc(int(ms[i]))
+    return pa.array(listed, pa.string())
+
+
+_ISO_TEMPLATE = np.frombuffer(b"0000-00-00T00:00:00.000+00:00", dtype=np.uint8)
+_ISO_WIDTH = len(_ISO_TEMPLATE)
+
+
+def _iso_text(ms: np.ndarray) -> np.ndarray:
+    """``YYYY-MM-DDTHH:MM:SS.mmm+00:00`` of each epoch ms (years 0 to 9999), as one row
+    of bytes each."""
+    days, rest = np.divmod(ms, 86_400_000)
+    z = days + 719_468
+    era = np.floor_divide(z, 146_097)
+    doe = z - era * 146_097
+    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    day = doy - (153 * mp + 2) // 5 + 1
+    month = np.where(mp < 10, mp + 3, mp - 9)
+    year = yoe + era * 400 + (month <= 2)
+    hour, rest = np.divmod(rest, 3_600_000)
+    minute, rest = np.divmod(rest, 60_000)
+    second, milli = np.divmod(rest, 1000)
+    out = np.tile(_ISO_TEMPLATE, (len(ms), 1))
+    for value, start, width in (
+        (year, 0, 4), (month, 5, 2), (day, 8, 2), (hour, 11, 2), (minute, 14, 2),
+        (second, 17, 2), (milli, 20, 3),
+    ):  # fmt: skip
+        small = value.astype(np.int32)
+        for k in range(width):
+            out[:, start + width - 1 - k] = small // 10**k % 10 + 48
+    return out
+
+
+def _stamp_names(schema: StreamSchema | None) -> set[str]:
+    if schema is None:
+        return set()
+    return {c.name for c in schema.columns if c.type == ColumnType.TIMESTAMP}
+
+
+def row_columns(table: pa.Table) -> pa.Table:
+    """An emitted table without the engine's own columns."""
+    return table.select([n for n in table.column_names if n not in ENGINE_COLUMNS])
+
+
+def _render(row: dict[str, Any], schema: StreamSchema | None) -> dict[str, Any]:
+    """Timestamps as ISO-8601 UTC text, everything else as is."""
+    stamps = _stamp_names(schema)
+    if not stamps:
+        return row
+    return {k: iso_utc(v) if k in stamps and isinstance(v, int) else v for k, v in row.items()}
+
+
+def json_lines(table: pa.Table, schema: StreamSchema | None) -> list[bytes]:
+    """A sink's rows (without the engine's columns) as JSON lines, timestamps as text:
+    the bytes of :func:`orjson.dumps` of each row, each line ending in a newline (a
+    list of pieces to join, not one per row)."""
+    table = _iso_stamps(table, schema)
+    pieces = []
+    for start in range(0, table.num_rows, _PIECE_ROWS):
+        part = table.slice(start, _PIECE_ROWS)
+        text = _columnar_lines(part)
+        if text is None:
+            dumps, newline = orjson.dumps, orjson.OPT_APPEND_NEWLINE
+            pieces += [dumps(row, option=newline) for row in part.to_pylist()]
+        else:
+            pieces.append(text)
+    return pieces
+
+
+_PIECE_ROWS = 100_000
+
+
+def _iso_stamps(table: pa.Table, schema: StreamSchema | None) -> pa.Table:
+    stamps = _stamp_names(schema)
+    for i, name in enumerate(table.column_names):
+        if name in stamps and pa.types.is_integer(table.schema.types[i]):
+            table = table.set_column(i, name, iso_column(table.column(i)))
+    return table
+
+
+def _columnar_lines(table: pa.Table) -> bytes | None:
+    """The rows as orjson writes them (objects in column order, ``\\n`` after each),
+    built per column; None when a column is of a type this does not write (the rows
+    are then dumped one by one)."""
+    if not table.num_rows:
+        return b""
+    parts: list[Any] = []
+    for i, name in enumerate(table.column_names):
+        values = _json_values(table.column(i))
+        if values is None:
+            return None
+        key = orjson.dumps(name).decode()
+        parts += [("{" if i == 0 else ",") + key + ":", values]
+    if not parts:
+        return None
+    parts.append("}\n")
+    lines = pc.binary_join_element_wise(
+        *[pa.scalar(p, pa.large_string()) if isinstance(p, str) else p.cast(pa.large_string())
+          for p in parts],
+        pa.scalar("", pa.large_string()),
+    )  # fmt: skip
+    lines = lines.combine_chunks() if isinstance(lines, pa.ChunkedArray) else lines
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[
+        lines.offset : lines.offset + len(lines) + 1
+    ]
+    data = lines.buffers()[2]
+    assert data is not None
+    return data.to_pybytes()[int(offsets[0]) : int(offsets[-1])]
+
+
+_UNQUOTED = r'^[^"\\\x00-\x1f]*$'
+"""Text orjson writes as it is between quotes (no quote, backslash or control char)."""
+_PLAIN_FLOAT = r"^-?[0-9]+(\.[0-9]+)?$"
+"""Arrow's text of a double that orjson writes the same (``.0`` added to a whole
+number) when the double is 0 or of magnitude in [1e-4, 1e15); anything else
+(exponents, NaN, infinities, other magnitudes) is written by orjson itself."""
+
+
+def _json_values(column: pa.ChunkedArray) -> pa.Array | None:
+    """Each value of ``column`` as orjson writes it (NULL as ``null``); None for a type
+    not written per column."""
+    values = column.combine_chunks()
+    t = values.type
+    if pa.types.is_integer(t):
+        text = values.cast(pa.string())
+    elif pa.types.is_boolean(t):
+        text = pc.if_else(values, "true", "false")
+    elif pa.types.is_null(t):
+        return pa.array(["null"] * len(values), pa.string())
+    elif pa.types.is_floating(t):
+        numbers = values.cast(pa.float64())
+        text = numbers.cast(pa.string())
+        size = pc.abs(numbers)
+        ordinary = pc.or_(
+            pc.equal(numbers, 0.0),
+            pc.and_(pc.greater_equal(size, 1e-4), pc.less(size, 1e15)),
+        )
+        plain = pc.fill_null(pc.and_(ordinary, pc.match_substring_regex(text, _PLAIN_FLOAT)), True)
+        whole = pc.invert(pc.fill_null(pc.match_substring(text, "."), True))
+        text = pc.if_else(whole, pc.binary_join_element_wise(text, ".0", ""), text)
+        text = _by_orjson(text, numbers, plain)
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):
+        strings = values.cast(pa.string())
+        plain = pc.fill_null(pc.match_substring_regex(strings, _UNQUOTED), True)
+        text = pc.binary_join_element_wise('"', strings, '"', "")
+        text = _by_orjson(text, strings, plain)
+    else:
+        return None
+    return pc.fill_null(text, "null")
+
+
+def _by_orjson(text: pa.Array, values: pa.Array, plain: pa.Array) -> pa.Array:
+    """``text`` with the values where ``plain`` is false written by orjson."""
+    odd = np.flatnonzero(~plain.to_numpy(zero_copy_only=False))
+    if not len(odd):
+        return text
+    listed = text.to_pylist()
+    for i in odd.tolist():
+        listed[i] = orjson.dumps(values[i].as_py()).decode()
+    return pa.array(listed, pa.string())
+
+
+def late_line(late: LateReading, schema: StreamSchema) -> bytes:
+    """A late reading's line: the reading (timestamps as text) and its stream."""
+    row = {**_render(late.row, schema), "stream": late.stream}
+    return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def write_jsonl(
+    folder: Path,
+    plan: Plan,
+    sinks: dict[str, pa.Table] | None,
+    outputs: Sequence[Output],
+    late: Sequence[LateReading],
+    incidents: Sequence[dict[str, Any]],
+) -> None:
+    """DIR/<name>.jsonl per sink (from ``sinks``' tables, or from ``outputs`` rows when
+    there are none), late readings and incidents (times as text)."""
+    lines: dict[str, list[bytes]] = {}
+    if sinks is not None:
+        for sink, table in sinks.items():
+            lines[sink] = json_lines(row_columns(table), plan.streams.get(sink))
+    else:
+        for output in outputs:
+            row = _render(output.row, plan.streams.get(output.sink))
+            lines.setdefault(output.sink, []).append(
+                orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
+            )
+    for reading in late:
+        lines.setdefault("late_readings", []).append(
+            late_line(reading, plan.streams[reading.stream])
+        )
+    for query in plan.queries:
+        lines.setdefault(query.sink.name, [])
+    lines["incidents"] = [
+        orjson.dumps(_iso_record(record), option=orjson.OPT_APPEND_NEWLINE) for record in incidents
+    ]
+    for name, rows in lines.items():
+        (folder / f"{name}.jsonl").write_bytes(b"".join(rows))
+
+
+def _iso_record(record: dict[str, Any]) -> dict[str, Any]:
+    out = dict(record)
+    for name in ("opened_at", "last_report_at", "resolved_at"):
+        if out[name] is not None:
+            out[name] = iso_utc(out[name])
+    return out
+
+
+# ---- tables ----------------------------------------------------------------------------
+
+
+def _typed(table: pa.Table, schema: StreamSchema | None) -> pa.Table:
+    """A sink's rows with its declared column types: timestamps from epoch ms to
+    TIMESTAMP (UTC, microseconds), other columns cast where they fit."""
+    declared = {c.name: c.type for c in schema.columns} if schema is not None else {}
+    for i, name in enumerate(table.column_names):
+        kind = declared.get(name)
+        if kind is None:
+            continue
+        column = table.column(i)
+        if kind == ColumnType.TIMESTAMP and pa.types.is_integer(column.type):
+            column = pc.multiply(column.cast(pa.int64()), 1000).cast(TIMESTAMP)
+        else:
+            try:
+                column = column.cast(ARROW_TYPES[kind])
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                continue  # keep the computed type rather than lose values
+        table = table.set_column(i, name, column)
+    return table
+
+
+def _empty(schema: StreamSchema | None) -> pa.Table:
+    if schema is None:
+        return pa.table({})
+    return pa.schema([(c.name, ARROW_TYPES[c.type]) for c in schema.columns]).empty_table()
+
+
+def _ms_array(values: list[Any], type_: pa.DataType) -> pa.Array:
+    if pa.types.is_timestamp(type_):
+        return pa.array(values, pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(type_)
+    return pa.array(values, type_)
+
+
+def late_table(plan: Plan, late: Sequence[LateReading]) -> pa.Table:
+    """Late readings of every source stream in one table: a column per column of any
+    source stream (a name two streams declare with different types holds the value as
+    JSON text), then ``source``, ``epoch``, ``seq`` and ``stream``."""
+    types: dict[str, pa.DataType] = {}
+    mixed: set[str] = set()
+    for schema in plan.sources():
+        for c in schema.columns:
+            t = ARROW_TYPES[c.type]
+            if types.setdefault(c.name, t) != t:
+                mixed.add(c.name)
+    for name in mixed:
+        types[name] = pa.string()
+    types.update({"source": pa.string(), "epoch": pa.string(), "seq": pa.int64()})
+    columns = {}
+    for name, t in types.items():
+        values = [r.row.get(name) for r in late]
+        if name in mixed:
+            values = [None if v is None else orjson.dumps(v).decode() for v in values]
+        columns[name] = _ms_array(values, t)
+    columns["stream"] = pa.array([r.stream for r in late], pa.string())
+    return pa.table(columns)
+
+
+INCIDENT_COLUMNS = pa.schema(
+    [
+        ("incident_id", pa.string()),
+        ("rule", pa.string()),
+        ("key", pa.string()),
+        ("severity", pa.string()),
+        ("message", pa.string()),
+        ("opened_at", TIMESTAMP),
+        ("last_report_at", TIMESTAMP),
+        ("resolved_at", TIMESTAMP),
+        ("reports", pa.int64()),
+    ]
+)
+
+
+def incidents_table(records: Iterable[dict[str, Any]]) -> pa.Table:
+    """Incident records (times in epoch ms) as the `incidents` table's engine columns."""
+    rows = list(records)
+    return pa.Table.from_arrays(
+        [_ms_array([r[f.name] for r in rows], f.type) for f in INCIDENT_COLUMNS],
+        schema=INCIDENT_COLUMNS,
+    )
+
+
+def write_tables(
+    folder: Path,
+    fmt: str,
+    plan: Plan,
+    sinks: dict[str, pa.Table],
+    late: Sequence[LateReading],
+    incidents: Sequence[dict[str, Any]],
+) -> None:
+    """DIR/<name>.parquet files or DIR/<name>/ Delta tables (``fmt``), one per sink,
+    `late_readings` and `incidents`."""
+    tables: dict[str, pa.Table] = {}
+    for sink, table in sinks.items():
+        tables[sink] = _typed(row_columns(table), plan.streams.get(sink))
+    for query in plan.queries:
+        if query.sink.name not in tables:
+            tables[query.sink.name] = _empty(plan.streams.get(query.sink.name))
+    tables["late_readings"] = late_table(plan, late)
+    tables["incidents"] = incidents_table(incidents)
+    for name, table in tables.items():
+        if fmt == "parquet":
+            pq.write_table(table, folder / f"{name}.parquet")
+        else:
+            from deltalake import write_deltalake
+
+            write_deltalake(
+                str(folder / name),
+                table,
+                mode="overwrite",
+                schema_mode="overwrite",
+                configuration=_TABLE_PROPERTIES,
+            )
