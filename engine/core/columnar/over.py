@@ -82,6 +82,8 @@ class Run:
     @staticmethod
     def then(first: Run, second: Run) -> Run:
         """``second``'s rows after ``first``'s (its totals continue ``first``'s)."""
+        if not len(second):  # a key run by its wakeup: its columns have no type to join
+            return first
         return Run(
             np.concatenate([first.ts, second.ts]),
             [
