@@ -44,7 +44,7 @@ from engine.core.plan import END_OF_TIME, Plan, Stage, StreamSchema
 from engine.core.planner import runner_for
 from engine.core.runners import (
     KEY,
-    STAGE_PIECE_KINDS,
+    LISTED_PIECE_KINDS,
     STAGE_STATE_KINDS,
     SinkRows,
     StageRunner,
@@ -182,15 +182,19 @@ def fed_stages(plan: Plan, sources: Collection[str]) -> list[tuple[int, Stage]]:
 
 class Pipeline:
     """Every stage fed by ``sources`` (all source streams of ``plan`` by default), on a
-    state store (none: state lives as long as the object)."""
+    state store (none: state lives as long as the object). ``evict``: keyed stages drop
+    keys whose state is idle (docs/engine.md, *Eviction*); off, every key ever seen is
+    kept, which gives the same rows."""
 
     def __init__(
         self,
         plan: Plan,
         sources: Collection[str] | None = None,
         store: StateStore | None = None,
+        evict: bool = True,
     ) -> None:
         self.plan = plan
+        self.evict = evict
         self.sources: dict[str, StreamSchema] = {
             s.name: s for s in plan.sources() if sources is None or s.name in sources
         }
@@ -414,7 +418,7 @@ class Pipeline:
         for kind in STAGE_STATE_KINDS:
             for entry, data in store.scan(kind):
                 saved.setdefault(entry[1], {}).setdefault(kind, []).append((entry, data))
-        for kind in STAGE_PIECE_KINDS:
+        for kind in LISTED_PIECE_KINDS:
             for entry in store.keys(kind):
                 saved.setdefault(entry[1], {}).setdefault(kind, []).append((entry, b""))
         owners: dict[str, StageRunner | IncidentTracker] = {
