@@ -21,6 +21,7 @@ from engine.core.evaluator import Output
 from engine.core.plan import END_OF_TIME, ColumnType, Plan, SinkKind, StreamSchema
 from engine.core.replay import ReplayResult, run
 from ingest.validate import normalize_reading, parse_timestamp
+from lookout.config import ConfigError, load_config
 from lookout.services import alert_specs
 from rules.language.loader import RuleCheckError, RuleSet, load_rules
 
@@ -169,8 +170,11 @@ def run_replay(
     plan = rule_set.plan
     try:
         inputs = _parse_inputs(input_specs, plan)
-        result = run(plan, read_readings(inputs), end_at=end_at)
-    except (ReplayInputError, OSError) as err:
+        # The live engine's caps on live keys ([engine] of lookout.toml), so that replay
+        # quarantines what it quarantines.
+        caps = load_config().engine.live_key_caps([s.name for s in plan.sources()])
+        result = run(plan, read_readings(inputs), end_at=end_at, caps=caps)
+    except (ReplayInputError, OSError, ConfigError) as err:
         print(f"lookout replay: {err}", file=sys.stderr)
         return 2
     folder = Path(out)
@@ -183,6 +187,13 @@ def run_replay(
         lines["late_readings"].append(
             orjson.dumps({**_render(late.row, schema), "stream": late.stream})
         )
+    for capped in result.capped:
+        schema = plan.streams[capped.stream]
+        lines["quarantine"].append(
+            orjson.dumps(
+                {**_render(capped.row, schema), "stream": capped.stream, "reason": capped.reason}
+            )
+        )
     for query in plan.queries:
         lines.setdefault(query.sink.name, [])
     lines["incidents"] = [orjson.dumps(record) for record in incident_lines(rule_set, result)]
@@ -191,7 +202,8 @@ def run_replay(
     print(
         f"replay: {len(result.outputs)} output rows, {len(result.incidents)} incidents, "
         f"{len(result.late)} late readings, "
-        f"{sum(result.duplicates.values())} duplicates removed -> {folder}",
+        + (f"{len(result.capped)} quarantined by a cap on live keys, " if result.capped else "")
+        + f"{sum(result.duplicates.values())} duplicates removed -> {folder}",
         file=sys.stderr,
     )
     # How much of the output is only there because the input ended (pending expirations

@@ -436,6 +436,16 @@ def test_a_stream_may_have_its_own_cap_on_live_keys(monkeypatch: pytest.MonkeyPa
     )
 
 
+def test_the_engine_refuses_a_cap_for_a_stream_the_rules_do_not_declare() -> None:
+    from engine.spark.job import EngineJob
+    from rules.language.loader import load_rules
+
+    _, loaded = load_text("[engine.streams.trafic]\nmax_live_keys = 1\n")
+    assert isinstance(loaded, Config)
+    with pytest.raises(ConfigError, match=r"\[engine.streams.trafic\]: the rules declare no"):
+        EngineJob(loaded, load_rules([str(ROOT / "rules")]).plan, {}, spark=object())  # type: ignore[arg-type]
+
+
 def test_the_old_clock_distance_key_says_what_replaced_it(monkeypatch: pytest.MonkeyPatch) -> None:
     path, loaded = load_text("[ingest]\nmax_clock_distance_days = 30\n")
     assert str(loaded) == (

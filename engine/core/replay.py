@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from engine.core.evaluator import Output
 from engine.core.incidents import IncidentUpdate
+from engine.core.keycap import CappedReading
 from engine.core.pipeline import (
     HEARTBEAT,
     BatchResult,
@@ -49,6 +50,8 @@ class ReplayResult:
     """Every incident in its final state, by opening time, alert and key."""
     late: list[LateReading] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)
+    capped: list[CappedReading] = field(default_factory=list)
+    """Readings of new keys beyond their stream's cap on live keys, in arrival order."""
     duplicates: dict[str, int] = field(default_factory=dict)
     watermarks: dict[str, int] = field(default_factory=dict)
     """Each source stream's watermark at the end of the input (before the final heartbeat;
@@ -76,6 +79,7 @@ def run(
     readings: Iterable[tuple[str, Row]],
     batch: int = 10_000,
     end_at: int | None = END_OF_TIME,
+    caps: Mapping[str, int] | None = None,
 ) -> ReplayResult:
     """Evaluate ``plan`` over ``(stream, row)`` readings in arrival order, then end with
     a heartbeat at ``end_at`` (int ms; None: none, the input's own watermarks end it).
@@ -86,10 +90,13 @@ def run(
     ``batch`` at a time (which bounds memory and, by snapshot-equivalence, does not
     change the result).
 
+    ``caps``: each source stream's cap on live keys (``[engine] max_live_keys``, as the
+    live engine has them): readings beyond it are in ``capped``.
+
     Outputs are ordered by event time, then stage, key and the evaluator's own order;
     late readings in arrival order.
     """
-    pipeline = Pipeline(plan)
+    pipeline = Pipeline(plan, caps=caps)
     result = ReplayResult()
     produced: list[tuple[int, int, str, int, Output]] = []
 
@@ -102,6 +109,7 @@ def run(
             incidents[(update.alert, update.key, update.opened_at)] = update
         result.late += step.late
         result.conflicts += step.conflicts
+        result.capped += step.capped
         for stream, count in step.duplicates.items():
             result.duplicates[stream] = result.duplicates.get(stream, 0) + count
         for emitted in step.outputs:
