@@ -409,8 +409,17 @@ class OverOperator(_Aggregating):
         # expiry from outside): most tuples of a slot are replaced before that. Until
         # then the window must not change, which `_value_pending` guards.
         self.unvalued = False
-        # The batched path for the common sliding case (see `arrive_slot`), or None.
-        self.arrive_slot = self._arrive_slot if self._slot_batchable() else None
+        # Whether the batched path for the common sliding case runs (`arrive_slot`).
+        self._slots = self._slot_batchable()
+
+    @property
+    def arrive_slot(
+        self,
+    ) -> Callable[[list[tuple[int, str, int, int, Row]], int, int, int], int] | None:
+        """The batched path for the common sliding case (``_arrive_slot``), or None. A
+        property, not an attribute: a bound method kept on the operator is a reference
+        cycle, and an evicted key's operator would wait for the cyclic collector."""
+        return self._arrive_slot if self._slots else None
 
     def _slot_batchable(self) -> bool:
         """Whether ``arrive_slot`` may stand in for ``arrive``: a bounded RANGE frame with
