@@ -411,7 +411,7 @@ def write_health(root: Path, now_ms: int) -> None:
             "conflicts": 0,
             "capped": 0,
             "live_keys": live_keys,
-            "max_live_keys": 1_000_000,
+            "max_live_keys": 500_000,
             # The last minute, within the [health] limits.
             "recent": {
                 "readings": per_minute,

@@ -132,7 +132,7 @@ class EngineConfig:
     # PARTITION BY / GROUP BY values) at once: a reading of a new key beyond it is
     # quarantined, naming the stream, the cap and the key (0: no cap). Idle keys are
     # evicted, so this bounds the keys live at once, not the keys ever seen.
-    max_live_keys: int = 1_000_000
+    max_live_keys: int = 500_000
     # [engine.streams.<name>]: the caps of the streams that differ from the above.
     streams: Mapping[str, StreamKeys] = field(default_factory=dict)
 

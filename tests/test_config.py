@@ -429,7 +429,7 @@ def test_a_stream_may_have_its_own_cap_on_live_keys(monkeypatch: pytest.MonkeyPa
     }
     caps = loaded.engine.live_key_caps(["traffic", "tag_readings", "positions"])
     assert caps == {"tag_readings": 200_000, "positions": 5000}  # 0: no cap
-    assert Config().engine.live_key_caps(["traffic"]) == {"traffic": 1_000_000}
+    assert Config().engine.live_key_caps(["traffic"]) == {"traffic": 500_000}
     path, loaded = load_text("[engine.streams.traffic]\nmax_live_keys = -1\n")
     assert str(loaded) == (
         f"{path}:2: [engine.streams.traffic] max_live_keys = -1: expected an integer of 0 or more"

@@ -522,7 +522,7 @@ def test_health_up_streams_quarantine_and_tables(lakehouse: Path, open_page: Ope
         "traffic": 40,
         "tag_readings": 212,
     }
-    assert set(streams["key cap"]) == {"1,000,000"}
+    assert set(streams["key cap"]) == {"500,000"}
     assert "missing field 'ts'" in set(quarantine["reason"])
     assert {"alerts", "readings_traffic", "quarantine"} <= set(tables["table"])
     compacted = dict(zip(tables["table"], tables["files compacted"], strict=True))
