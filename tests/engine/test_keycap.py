@@ -3,7 +3,7 @@
 * Against a brute force written from the rule: two rules read the stream, a RANGE frame
   per station (a station's key is live while it has a reading in the last ``t``) and a
   ROWS frame per lane (a lane, once seen, stays); at each on-time reading's arrival, with
-  ``g`` its stream's watermark rounded down to a second, a stage knows the keys of the
+  ``g`` its stream's watermark rounded down to 10 s (`STEP_MS`), a stage knows the keys of the
   readings admitted with event time from ``g - t`` on (RANGE) or of every one admitted
   (ROWS); a reading of a key a full stage does not know is quarantined. Hypothesis
   streams with ties, disorder within the slack and heartbeats, cut into random batches
@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.core.keycap import step_of
+from engine.core.keycap import STEP_MS, step_of
 from engine.core.pipeline import HEARTBEAT, BatchResult, Pipeline
 from engine.core.plan import END_OF_TIME, Plan
 from engine.core.replay import arrival_table
@@ -44,7 +44,7 @@ SLACK = 2_000
 reading = st.tuples(
     # A grid with exact ties, and a millisecond either side of it: a key may turn idle
     # exactly at a step.
-    st.tuples(st.integers(0, 120), st.sampled_from([0, 0, -1, 1])).map(lambda t: t[0] * 250 + t[1]),
+    st.tuples(st.integers(0, 240), st.sampled_from([0, 0, -1, 1])).map(lambda t: t[0] * 250 + t[1]),
     st.integers(1, 12),  # station
     st.integers(1, 4),  # lane
     st.sampled_from([0.1, 3.0, 7.3, 11.0]),
@@ -214,11 +214,16 @@ def readings(*given: tuple[int, int, bool]) -> list[dict[str, Any]]:
     ]
 
 
+S = STEP_MS  # a step: the first after the readings' start
+
+
 @pytest.mark.parametrize("rows_only", [False, True])
 def test_a_key_idle_exactly_at_a_step_is_gone_there(rows_only: bool) -> None:
-    """Station 1's last reading at 749, evaluated at 800, leaves a 250 ms frame at 1000,
-    a step: a new station arriving before the next step finds room (cap 1)."""
-    rows = readings((749, 1, False), (2_800, 0, True), (3_600, 0, True), (1_700, 2, False))
+    """Station 1's last reading at S - 251, evaluated at S - 200, leaves a 250 ms frame
+    at S, a step: a new station arriving before the next step finds room (cap 1)."""
+    rows = readings(
+        (S - 251, 1, False), (S + 1_800, 0, True), (S + 2_600, 0, True), (S + 700, 2, False)
+    )
     with per_row_runners(rows_only):
         for cuts in ([], [2], [1], [1, 3], [2, 3]):
             assert run(one_key_plan(250), rows, cuts, False, {"traffic": 1}, 1)[1] == []
@@ -226,10 +231,12 @@ def test_a_key_idle_exactly_at_a_step_is_gone_there(rows_only: bool) -> None:
 
 @pytest.mark.parametrize("rows_only", [False, True])
 def test_a_key_evicted_after_a_step_counts_until_the_next(rows_only: bool) -> None:
-    """Station 1's reading at 900 keeps it live at the step 1000 (its frame reaches
-    1150); the batch then advances to 1600, evicting it; a new station arriving before
-    the step 2000 is still quarantined (cap 1), however the batches are cut."""
-    rows = readings((900, 1, False), (3_600, 0, True), (1_700, 2, False), (4_100, 0, True))
+    """Station 1's reading at S - 100 keeps it live at the step S (its frame reaches
+    S + 150); the batch then advances to S + 600, evicting it; a new station arriving
+    before the next step is still quarantined (cap 1), however the batches are cut."""
+    rows = readings(
+        (S - 100, 1, False), (S + 2_600, 0, True), (S + 700, 2, False), (2 * S + 2_100, 0, True)
+    )
     with per_row_runners(rows_only):
         for cuts in ([], [2], [1], [1, 2], [3]):
             capped = run(one_key_plan(250), rows, cuts, False, {"traffic": 1}, 1)[1]
@@ -239,7 +246,9 @@ def test_a_key_evicted_after_a_step_counts_until_the_next(rows_only: bool) -> No
 @pytest.mark.parametrize("rows_only", [False, True])
 def test_a_key_evicted_after_a_step_is_still_known_until_the_next(rows_only: bool) -> None:
     """As above, but station 1 comes back: it was held at the step, so it is admitted."""
-    rows = readings((900, 1, False), (3_600, 0, True), (1_700, 1, False), (4_100, 0, True))
+    rows = readings(
+        (S - 100, 1, False), (S + 2_600, 0, True), (S + 700, 1, False), (2 * S + 2_100, 0, True)
+    )
     with per_row_runners(rows_only):
         for cuts in ([], [2], [1], [1, 2], [3]):
             assert run(one_key_plan(250), rows, cuts, False, {"traffic": 1}, 1)[1] == [], cuts
