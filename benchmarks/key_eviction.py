@@ -17,8 +17,11 @@ resident memory here). Every `--every` minutes it prints: the tags seen
 so far, the readings per second, the keys the rules hold (all rules, and
 `missed_shipping`), the residues evicted keys left (their output counts), the readings
 quarantined by the cap (`[engine] max_live_keys`, `--cap`; 0: none), the process's
-resident memory and the SQLite file's size, the batch time (process + save + commit)
-over the last interval: mean, 99th percentile and longest, and what one full pass of the
+resident memory and the SQLite file's size, the batch time (process and save: what
+the engine's evaluate phase holds) over the last interval: mean, 99th percentile and
+longest, the store's commit (the journal entry, and every 16 batches the fold of the
+journal into the SQLite file; Spark's state store is another store, so this is apart)
+mean and longest, and what one full pass of the
 cyclic garbage collector over the heap takes then. PySpark runs such a pass after every
 task, over what the worker made since its first; here the collector is paused during a
 batch (as in the engine) and what a batch leaves is frozen, so the pass is timed once
@@ -130,12 +133,14 @@ def main() -> None:
           f"evict {'off' if args.no_evict else 'on'}, cap {args.cap or 'none'}")  # fmt: skip
     print(f"{'minute':>6} {'tags':>9} {'readings/s':>10} {'live keys':>10} "
           f"{'of missed_shipping':>18} {'residues':>9} {'capped':>7} {'RSS MB':>7} "
-          f"{'store MB':>8} {'batch ms mean':>13} {'p99':>6} {'max':>6} "
+          f"{'store MB':>8} {'batch ms mean':>13} {'p99':>6} {'max':>6} {'commit ms':>9} "
+          f"{'max':>9} "
           f"{'full gc ms':>10}")  # fmt: skip
     gc.disable()
     gc.collect()
     gc.freeze()  # what a worker holds before its first task (engine.spark.worker_gc)
     times: list[float] = []
+    commits: list[float] = []
     readings = capped = 0
     minute_readings = 0
     for second in range(args.minutes * 60):
@@ -170,10 +175,12 @@ def main() -> None:
         started = time.perf_counter()
         result = pipeline.process({"tag_readings": arrival_table(schema, rows)})
         pipeline.save()
+        saved = time.perf_counter()
         inner.db.execute("BEGIN")
         journal.commit()
         inner.db.execute("COMMIT")
-        times.append(time.perf_counter() - started)
+        times.append(saved - started)
+        commits.append(time.perf_counter() - saved)
         gc.collect(0)  # the young objects (a batch leaves no cycles)
         gc.freeze()
         readings += len(rows)
@@ -193,9 +200,10 @@ def main() -> None:
               f"{sum(live.values()):>10,} {live['missed_shipping']:>18,} {residues:>9,} "
               f"{capped:>7,} {rss_mb():>7,.0f} "
               f"{(folder / 'state.db').stat().st_size / 2**20:>8,.0f} {ms.mean():>13.1f} "
-              f"{np.percentile(ms, 99):>6.0f} {ms.max():>6.0f} "
+              f"{np.percentile(ms, 99):>6.0f} {ms.max():>6.0f} {np.mean(commits) * 1000:>9.1f} "
+              f"{max(commits) * 1000:>9.0f} "
               f"{collected * 1000:>10.0f}", flush=True)  # fmt: skip
-        times = []
+        times, commits = [], []
         minute_readings = 0
 
 
