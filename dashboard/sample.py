@@ -409,14 +409,23 @@ def write_health(root: Path, now_ms: int) -> None:
             "late": late,
             "duplicates": duplicates,
             "conflicts": 0,
+            "capped": 0,
+            "live_keys": live_keys,
+            "max_live_keys": 500_000,
             # The last minute, within the [health] limits.
-            "recent": {"readings": per_minute, "late": 1, "duplicates": recent, "conflicts": 0},
+            "recent": {
+                "readings": per_minute,
+                "late": 1,
+                "duplicates": recent,
+                "conflicts": 0,
+                "capped": 0,
+            },
             "clock_still_ms": 600,
             "arrived_while_still": 3,
         }
-        for name, lag, readings, late, duplicates, per_minute, recent in (
-            ("traffic", 400, 19_593, 2, 5, 18_600, 2),
-            ("tag_readings", 900, 333, 1, 0, 270, 0),
+        for name, lag, readings, late, duplicates, per_minute, recent, live_keys in (
+            ("traffic", 400, 19_593, 2, 5, 18_600, 2, 40),
+            ("tag_readings", 900, 333, 1, 0, 270, 0, 212),
         )
     ]
     engine = {
@@ -465,13 +474,17 @@ def write_health(root: Path, now_ms: int) -> None:
 
 def write_red_health(root: Path, now_ms: int) -> None:
     """Health files as `write_health`'s, but red: the traffic stream takes a restarted
-    gateway's readings for duplicates, and its clock has stood still for 270 s."""
+    gateway's readings for duplicates, and its clock has stood still for 270 s; the
+    tag_readings stream's rules hold their cap of keys and 12 new tags were quarantined."""
     write_health(root, now_ms)
     path = root / "_health" / "engine.json"
     record = orjson.loads(path.read_bytes())
     traffic = record["streams"][0]
     traffic["recent"] = {"readings": 30, "late": 0, "duplicates": 50_705, "conflicts": 0}
     traffic |= {"clock_still_ms": 270_000, "arrived_while_still": 50_735}
+    tags = record["streams"][1]
+    tags |= {"capped": 12, "live_keys": 5_000, "max_live_keys": 5_000}
+    tags["recent"] |= {"capped": 12}
     path.write_bytes(orjson.dumps(record))
 
 

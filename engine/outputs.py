@@ -2,7 +2,8 @@
 
 :func:`batch_tables` turns a :class:`~engine.core.pipeline.BatchResult` into one Arrow
 table per Delta table, typed as that table is (timestamps in microseconds): the
-accepted readings of each source stream, late readings, conflicts, quarantined lines,
+accepted readings of each source stream, late readings, conflicts, quarantined lines
+and readings (of new keys beyond their stream's cap on live keys),
 alerts, the incidents the batch changed (each in its new state), and each derived
 stream's rows with the (source, seq) tie order that stages
 reading it use. Columns are built whole where the pipeline hands them over as columns
@@ -12,6 +13,7 @@ per value there.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,6 +23,7 @@ import pyarrow.compute as pc
 
 from engine import tables
 from engine.alerts import AlertSpec, alert_keys, alert_rows, format_key, incident_record
+from engine.core.keycap import CappedReading
 from engine.core.pipeline import ARRIVAL_WATERMARK, BatchResult, Conflict, LateReading
 from engine.core.plan import ColumnType, Plan, SinkKind, StreamSchema
 from engine.core.runners import SEQ, SOURCE, SinkRows, emitted_outputs
@@ -111,6 +114,27 @@ def quarantine_rows(lines: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def capped_rows(plan: Plan, capped: Sequence[CappedReading]) -> list[dict[str, Any]]:
+    """`quarantine` rows of readings beyond their stream's cap on live keys: the reading
+    as JSON (its stream's columns and identity), its size and SHA-256."""
+    rows = []
+    for item in capped:
+        payload = _reading_json(plan.streams[item.stream], item.row)
+        data = payload.encode()
+        rows.append(
+            {
+                "topic": item.row.get(TOPIC),
+                "reason": item.reason,
+                "payload": payload,
+                "payload_b64": None,
+                "received_at": tables.to_timestamp(item.row.get(RECEIVED_MS)),
+                "payload_bytes": len(data),
+                "payload_sha256": hashlib.sha256(data).hexdigest(),
+            }
+        )
+    return rows
+
+
 def stream_rows(schema: StreamSchema, emitted: Sequence[pa.Table]) -> pa.Table:
     """A derived stream's emitted rows as its table stores them: the SELECT list and
     the (source, seq) tie order that stages reading the stream use (timestamps from
@@ -147,7 +171,11 @@ def batch_tables(
     for name, rows, schema in (
         ("late_readings", late_rows(plan, result.late), tables.LATE_READINGS),
         ("conflicts", conflict_rows(plan, result.conflicts), tables.CONFLICTS),
-        ("quarantine", quarantine_rows(quarantine), tables.QUARANTINE),
+        (
+            "quarantine",
+            quarantine_rows(quarantine) + capped_rows(plan, result.capped),
+            tables.QUARANTINE,
+        ),
     ):
         if rows:
             out[name] = pa.Table.from_pylist(rows, schema=schema)

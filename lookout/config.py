@@ -94,6 +94,14 @@ class S3Config:
 
 
 @dataclass(frozen=True)
+class StreamKeys:
+    """How many keys the rules reading a source stream may hold state for:
+    `[engine.streams.<name>]`, defaulting to `[engine]`'s."""
+
+    max_live_keys: int
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """The Spark job's resources and pace."""
 
@@ -120,6 +128,23 @@ class EngineConfig:
     # (0: none).
     metrics_address: str = "127.0.0.1"
     metrics_port: int = 9810
+    # Each rule reading a source stream holds state for at most this many keys (its
+    # PARTITION BY / GROUP BY values) at once: a reading of a new key beyond it is
+    # quarantined, naming the stream, the cap and the key (0: no cap). Idle keys are
+    # evicted, so this bounds the keys live at once, not the keys ever seen.
+    max_live_keys: int = 500_000
+    # [engine.streams.<name>]: the caps of the streams that differ from the above.
+    streams: Mapping[str, StreamKeys] = field(default_factory=dict)
+
+    def live_key_caps(self, streams: Collection[str]) -> dict[str, int]:
+        """Each of ``streams``' cap on live keys (streams without one left out)."""
+        caps = {}
+        for name in streams:
+            own = self.streams.get(name)
+            cap = own.max_live_keys if own is not None else self.max_live_keys
+            if cap:
+                caps[name] = cap
+        return caps
 
 
 @dataclass(frozen=True)
@@ -299,6 +324,7 @@ _LIMITS: dict[tuple[str, str], _Limit] = {
     ("engine", "trigger_seconds"): _NOT_NEGATIVE,  # 0: Spark's "next batch at once"
     ("engine", "compact_every_seconds"): _NOT_NEGATIVE,  # 0: never compact
     ("engine", "compact_min_files"): _POSITIVE,
+    ("engine", "max_live_keys"): _NOT_NEGATIVE,  # 0: no cap
     ("ingest", "metrics_address"): _NOT_EMPTY,
     ("ingest", "metrics_port"): _Limit(lambda port: 0 <= port <= 65535, "(0: none, or a port)"),
     ("engine", "metrics_address"): _NOT_EMPTY,
@@ -397,7 +423,10 @@ def _sections() -> dict[str, _Section]:
 
 # Sub-tables of a section, one per named thing, each overriding some of the section's
 # own keys for that thing: `[ingest.streams.<stream>]`. Read from the file only.
-_PER_NAME: dict[tuple[str, str], type[DataclassInstance]] = {("ingest", "streams"): StreamClock}
+_PER_NAME: dict[tuple[str, str], type[DataclassInstance]] = {
+    ("ingest", "streams"): StreamClock,
+    ("engine", "streams"): StreamKeys,
+}
 
 _SECTIONS = _sections()
 

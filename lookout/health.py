@@ -5,8 +5,9 @@ so a reader never sees half of one.
 
 `problems` says in words why health is red (`[health]` in lookout.toml): a part down or
 failing, too many late, duplicate or conflicting readings or quarantined payloads in
-the last window of wall time, a stream's clock standing still while its readings
-arrive. The engine's record carries those recent figures (`RecentFigures`).
+the last window of wall time, any reading quarantined by its stream's cap on live
+keys, a stream's clock standing still while its readings arrive. The engine's record
+carries those recent figures (`RecentFigures`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from lookout.storage import DEFAULT_S3, list_names, put_whole, read_whole
 
 HEALTH_FOLDER = "_health"
 # What an arriving reading of a stream turns out to be, as the engine counts them.
-ARRIVALS = ("readings", "late", "duplicates", "conflicts")
+ARRIVALS = ("readings", "late", "duplicates", "conflicts", "capped")
 
 
 def health_location(lakehouse: str, part: str) -> str:
@@ -149,6 +150,18 @@ def _stream_problems(
                     f"the limit is {_percent(limit)})",
                 )
             )
+    capped = recent.get("capped", 0)
+    if capped:
+        cap = stream.get("max_live_keys")
+        found.append(
+            Problem(
+                subject,
+                "key cap",
+                f"{subject}: {capped:,} readings of new keys were quarantined in the last "
+                f"{window_s:.0f} s: a rule reading it holds state for max_live_keys = "
+                f"{cap if cap is not None else '?'} keys (the quarantine table names them)",
+            )
+        )
     still_s = stream.get("clock_still_ms", 0) / 1000
     while_still = stream.get("arrived_while_still", 0)
     max_event_ms = stream.get("max_event_ms")

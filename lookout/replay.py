@@ -22,6 +22,7 @@ from engine.core.evaluator import Output
 from engine.core.plan import END_OF_TIME, Plan, SinkKind, StreamSchema
 from engine.core.replay import ReplayResult, ordered_outputs, run_arrivals, sink_tables
 from ingest.validate import normalize_reading, parse_timestamp
+from lookout.config import ConfigError, load_config
 from lookout.replay_inputs import (
     EVERYTHING,
     Progress,
@@ -151,13 +152,16 @@ def run_replay(
     plan = rule_set.plan
     meter = Progress(out=sys.stderr) if progress else None
     try:
+        # The live engine's caps on live keys ([engine] of lookout.toml), so that replay
+        # quarantines what it quarantines.
+        caps = load_config().engine.live_key_caps([s.name for s in plan.sources()])
         readings = Readings(parse_inputs(input_specs, plan), window, meter)
         for note in readings.notes:
             print(f"replay: {note}", file=sys.stderr)
         result = run_arrivals(
-            plan, readings.batches(), end_at, meter.fed if meter is not None else None
+            plan, readings.batches(), end_at, meter.fed if meter is not None else None, caps
         )
-    except (ReplayInputError, OSError) as err:
+    except (ReplayInputError, OSError, ConfigError) as err:
         print(f"lookout replay: {err}", file=sys.stderr)
         return 2
     folder = Path(out)
@@ -166,11 +170,11 @@ def run_replay(
     outputs = ordered_outputs(result.emitted) if sinks is None else []
     incidents = incident_records(rule_set, result)
     if output_format == "jsonl":
-        write_jsonl(folder, plan, sinks, outputs, result.late, incidents)
+        write_jsonl(folder, plan, sinks, outputs, result.late, result.capped, incidents)
     else:
         if sinks is None:
             sinks = rows_by_sink(outputs)
-        write_tables(folder, output_format, plan, sinks, result.late, incidents)
+        write_tables(folder, output_format, plan, sinks, result.late, result.capped, incidents)
     rows = sum(e.table.num_rows for e in result.emitted)
     conflicts = (
         f", {len(result.conflicts)} conflicting readings set aside" if result.conflicts else ""
@@ -178,7 +182,8 @@ def run_replay(
     print(
         f"replay: {rows} output rows, {len(result.incidents)} incidents, "
         f"{len(result.late)} late readings, "
-        f"{sum(result.duplicates.values())} duplicates removed{conflicts} -> {folder}",
+        + (f"{len(result.capped)} quarantined by a cap on live keys, " if result.capped else "")
+        + f"{sum(result.duplicates.values())} duplicates removed{conflicts} -> {folder}",
         file=sys.stderr,
     )
     # How much of the output is only there because the input ended (pending expirations

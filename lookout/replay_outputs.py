@@ -1,14 +1,15 @@
 """What `lookout replay` writes: one file (JSON lines, Parquet) or Delta table per
-derived stream and alert, plus `late_readings` and `incidents`.
+derived stream and alert, plus `late_readings`, `quarantine` and `incidents`.
 
 JSON lines (the default) hold each row as an object with the SELECT list's columns in
 order and timestamps as ISO-8601 UTC text with milliseconds; `late_readings` lines are
 the reading (its stream's columns, `source`, `epoch` when it has one, `seq`) and its
-`stream`; `incidents` lines each incident in its final state. Parquet and Delta hold the
-same rows with the stream's declared column types (timestamps as TIMESTAMP, UTC, in
-microseconds: what the lakehouse's tables hold): `late_readings` has a column per
-column of any source stream (NULL where the reading's stream has none), `incidents` the
-`incidents` table's engine columns.
+`stream`; `quarantine` lines (written only when a cap on live keys set readings aside)
+the same and the `reason`; `incidents` lines each incident in its final state. Parquet
+and Delta hold the same rows with the stream's declared column types (timestamps as
+TIMESTAMP, UTC, in microseconds: what the lakehouse's tables hold): `late_readings` and
+`quarantine` have a column per column of any source stream (NULL where the reading's
+stream has none), `incidents` the `incidents` table's engine columns.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 
 from engine.alerts import iso_utc
 from engine.core.evaluator import Output
+from engine.core.keycap import CappedReading
 from engine.core.plan import ColumnType, Plan, StreamSchema
 from engine.core.replay import STAGE, LateReading
 from engine.core.runners import KEY, SEQ, SOURCE, TS
@@ -232,16 +234,24 @@ def late_line(late: LateReading, schema: StreamSchema) -> bytes:
     return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
 
 
+def quarantine_line(capped: CappedReading, schema: StreamSchema) -> bytes:
+    """A reading set aside by a cap on live keys: the reading, its stream and why."""
+    row = {**_render(capped.row, schema), "stream": capped.stream, "reason": capped.reason}
+    return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
+
+
 def write_jsonl(
     folder: Path,
     plan: Plan,
     sinks: dict[str, pa.Table] | None,
     outputs: Sequence[Output],
     late: Sequence[LateReading],
+    capped: Sequence[CappedReading],
     incidents: Sequence[dict[str, Any]],
 ) -> None:
     """DIR/<name>.jsonl per sink (from ``sinks``' tables, or from ``outputs`` rows when
-    there are none), late readings and incidents (times as text)."""
+    there are none), late readings, readings a cap on live keys set aside (`quarantine`,
+    when there are any) and incidents (times as text)."""
     lines: dict[str, list[bytes]] = {}
     if sinks is not None:
         for sink, table in sinks.items():
@@ -256,6 +266,8 @@ def write_jsonl(
         lines.setdefault("late_readings", []).append(
             late_line(reading, plan.streams[reading.stream])
         )
+    for held in capped:
+        lines.setdefault("quarantine", []).append(quarantine_line(held, plan.streams[held.stream]))
     for query in plan.queries:
         lines.setdefault(query.sink.name, [])
     lines["incidents"] = [
@@ -308,10 +320,10 @@ def _ms_array(values: list[Any], type_: pa.DataType) -> pa.Array:
     return pa.array(values, type_)
 
 
-def late_table(plan: Plan, late: Sequence[LateReading]) -> pa.Table:
-    """Late readings of every source stream in one table: a column per column of any
-    source stream (a name two streams declare with different types holds the value as
-    JSON text), then ``source``, ``epoch``, ``seq`` and ``stream``."""
+def late_table(plan: Plan, late: Sequence[LateReading | CappedReading]) -> pa.Table:
+    """Late (or capped) readings of every source stream in one table: a column per
+    column of any source stream (a name two streams declare with different types holds
+    the value as JSON text), then ``source``, ``epoch``, ``seq`` and ``stream``."""
     types: dict[str, pa.DataType] = {}
     mixed: set[str] = set()
     for schema in plan.sources():
@@ -362,10 +374,12 @@ def write_tables(
     plan: Plan,
     sinks: dict[str, pa.Table],
     late: Sequence[LateReading],
+    capped: Sequence[CappedReading],
     incidents: Sequence[dict[str, Any]],
 ) -> None:
     """DIR/<name>.parquet files or DIR/<name>/ Delta tables (``fmt``), one per sink,
-    `late_readings` and `incidents`."""
+    `late_readings`, `quarantine` (readings a cap on live keys set aside, when there
+    are any) and `incidents`."""
     tables: dict[str, pa.Table] = {}
     for sink, table in sinks.items():
         tables[sink] = _typed(row_columns(table), plan.streams.get(sink))
@@ -373,6 +387,11 @@ def write_tables(
         if query.sink.name not in tables:
             tables[query.sink.name] = _empty(plan.streams.get(query.sink.name))
     tables["late_readings"] = late_table(plan, late)
+    if capped:
+        quarantined = late_table(plan, capped)
+        tables["quarantine"] = quarantined.append_column(
+            "reason", pa.array([r.reason for r in capped], pa.string())
+        )
     tables["incidents"] = incidents_table(incidents)
     for name, table in tables.items():
         if fmt == "parquet":

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lookout.cli import main
-from lookout.config import Config, ConfigError, StreamClock, load_config
+from lookout.config import Config, ConfigError, StreamClock, StreamKeys, load_config
 from tests.examples import examples
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -414,6 +414,36 @@ def test_a_wrong_stream_table_names_file_line_and_key() -> None:
     ]
     path, loaded = load_text("[ingest]\nstreams = 3\n")
     assert str(loaded) == (f"{path}:2: [ingest] streams must be tables, [ingest.streams.<name>]")
+
+
+def test_a_stream_may_have_its_own_cap_on_live_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOKOUT_ENGINE_MAX_LIVE_KEYS", "5000")
+    _, loaded = load_text(
+        "[engine.streams.traffic]\nmax_live_keys = 0\n\n"
+        "[engine.streams.tag_readings]\nmax_live_keys = 200000\n"
+    )
+    assert isinstance(loaded, Config)
+    assert loaded.engine.streams == {
+        "traffic": StreamKeys(max_live_keys=0),
+        "tag_readings": StreamKeys(max_live_keys=200_000),
+    }
+    caps = loaded.engine.live_key_caps(["traffic", "tag_readings", "positions"])
+    assert caps == {"tag_readings": 200_000, "positions": 5000}  # 0: no cap
+    assert Config().engine.live_key_caps(["traffic"]) == {"traffic": 500_000}
+    path, loaded = load_text("[engine.streams.traffic]\nmax_live_keys = -1\n")
+    assert str(loaded) == (
+        f"{path}:2: [engine.streams.traffic] max_live_keys = -1: expected an integer of 0 or more"
+    )
+
+
+def test_the_engine_refuses_a_cap_for_a_stream_the_rules_do_not_declare() -> None:
+    from engine.spark.job import EngineJob
+    from rules.language.loader import load_rules
+
+    _, loaded = load_text("[engine.streams.trafic]\nmax_live_keys = 1\n")
+    assert isinstance(loaded, Config)
+    with pytest.raises(ConfigError, match=r"\[engine.streams.trafic\]: the rules declare no"):
+        EngineJob(loaded, load_rules([str(ROOT / "rules")]).plan, {}, spark=object())  # type: ignore[arg-type]
 
 
 def test_the_old_clock_distance_key_says_what_replaced_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -99,6 +99,17 @@ def test_red_when_a_stream_clock_stops_while_readings_still_land() -> None:
     assert reasons(frozen | {"clock_still_ms": 50_000}) == []
 
 
+def test_red_when_a_stream_cap_on_live_keys_quarantined_a_reading() -> None:
+    """One reading kept from the rules is worth saying: no share, no minimum."""
+    assert reasons(stream(capped=0)) == []
+    capped = {**stream("tag_readings", capped=1), "max_live_keys": 200_000}
+    assert reasons(capped) == [
+        "stream tag_readings: 1 readings of new keys were quarantined in the last 60 s: a "
+        "rule reading it holds state for max_live_keys = 200000 keys (the quarantine "
+        "table names them)"
+    ]
+
+
 def test_red_when_a_part_is_down_or_cannot_land() -> None:
     stale = engine(stream(duplicates=900)) | {"updated_at_ms": NOW - 40_000}
     failing = {"updated_at_ms": NOW, "connected": False, "landing_failing_since_ms": NOW - 30_000}

@@ -147,6 +147,11 @@ def engine_streams() -> dict[str, dict[str, Any]]:
     return {s["stream"]: s for s in record.get("streams") or [] if "stream" in s}
 
 
+def _cap(cap: int | None) -> str | None:
+    """A stream's cap on live keys as shown (0: none)."""
+    return None if cap is None else "none" if cap == 0 else f"{cap:,}"
+
+
 def _ms_time(ms: int | None) -> pd.Timestamp | None:
     return None if ms is None else pd.Timestamp(ms, unit="ms", tz="UTC")
 
@@ -159,12 +164,16 @@ STREAM_COLUMNS = [
     "late",
     "duplicates",
     "conflicts",
+    "capped",
     "clock still (s)",
     "event lag (s)",
     "readings",
     "late (total)",
     "duplicates (total)",
     "conflicts (total)",
+    "capped (total)",
+    "live keys",
+    "key cap",
     "newest event",
     "watermark",
     "engine lag (s)",
@@ -178,10 +187,13 @@ def _engine_figures(seen: dict[str, Any], window_s: float) -> dict[str, Any]:
     lag_ms, still_ms = seen.get("lag_ms"), seen.get("clock_still_ms")
     return {
         "arrived/s": arrived / window_s if recent and window_s else None,
-        **{what: recent.get(what) for what in ("late", "duplicates", "conflicts")},
+        **{what: recent.get(what) for what in ("late", "duplicates", "conflicts", "capped")},
         "clock still (s)": None if still_ms is None else still_ms / 1000,
         "duplicates (total)": seen.get("duplicates"),
         "conflicts (total)": seen.get("conflicts"),
+        "capped (total)": seen.get("capped"),
+        "live keys": seen.get("live_keys"),
+        "key cap": _cap(seen.get("max_live_keys")),
         "watermark": _ms_time(seen.get("watermark_ms")),
         "engine lag (s)": None if lag_ms is None else lag_ms / 1000,
     }
@@ -240,7 +252,10 @@ def streams() -> None:
         "arrived/s, late, duplicates, conflicts: readings that reached the engine in the "
         f"last {health_limits().window_seconds:g} s (late: behind the slack; "
         "duplicates: an id and values seen before, dropped; conflicts: an id seen before "
-        "with other values, kept in `conflicts`). clock still: how long the stream's "
+        "with other values, kept in `conflicts`; capped: readings of keys new to a rule "
+        "that holds state for its stream's max_live_keys, quarantined). live keys: the "
+        "most keys a rule reading the stream holds state for (idle keys are evicted); key "
+        "cap: max_live_keys. clock still: how long the stream's "
         "newest event time has not moved. event lag: wall clock minus the newest event "
         "time in the table. Totals: late from `late_readings`, duplicates and conflicts "
         "since the engine started; watermark and engine lag from the engine's last report."

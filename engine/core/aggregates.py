@@ -100,6 +100,16 @@ class WindowAggregate:
         """Restore what ``get_state`` returned (on a fresh instance)."""
         vars(self).update(state)
 
+    def at_rest(self, fresh: WindowAggregate) -> bool:
+        """Whether this aggregate, its window empty, now gives what ``fresh`` (a new
+        instance) would for any later tuples: by default, when their states are equal.
+        An idle key is evicted only when every aggregate of its window is at rest
+        (docs/engine.md, *Eviction*)."""
+        try:
+            return bool(self.get_state() == fresh.get_state())
+        except Exception:  # a state that does not compare (arrays): never at rest
+            return False
+
 
 class IncrementalAggregate(WindowAggregate):
     """A delta-maintained aggregate: accumulate on arrival, retract (FIFO) on expiry.
@@ -303,6 +313,10 @@ class Max(IncrementalAggregate):
 
     def get_value(self) -> Any:
         return self.candidates[0][1] if self.candidates else None
+
+    def at_rest(self, fresh: WindowAggregate) -> bool:
+        # Arrival indexes only count relative to each other: nothing left, nothing owed.
+        return not self.candidates and self.arrived == self.retracted
 
     algebraic = True
 

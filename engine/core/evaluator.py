@@ -435,6 +435,42 @@ class KeyedEvaluator:
             times.append(self.change[0] + 1)
         return min(times) if times else None
 
+    def idle(self, watermark: int) -> bool:
+        """Whether, advanced to ``watermark``, the evaluator gives every later tuple what
+        a new one given its :meth:`residue` would: nothing pending, no timer, no relation
+        held by a relation-to-stream operator, and an idle operator. Its key may then be
+        evicted (docs/engine.md, *Eviction*)."""
+        return (
+            not self.pending
+            and self.change is None
+            and not self.relation
+            and self.operator.next_timer() is None
+            and self.operator.idle(watermark)
+        )
+
+    def idle_wakeup(self) -> int | None:
+        """The lowest watermark at which time alone can make the evaluator idle (None:
+        only its timers, or nothing)."""
+        return self.operator.idle_wakeup()
+
+    def residue(self) -> tuple[int, Any] | None:
+        """What an idle evaluator's key must keep to go on as if never evicted: the
+        output count (``seq`` of its next output, which alert ids hash) and the
+        operator's own (None: nothing, a new evaluator starts there)."""
+        kept = self.operator.residue()
+        return None if not self.emitted and kept is None else (self.emitted, kept)
+
+    def resume(self, residue: tuple[int, Any]) -> None:
+        """Go on from an evicted evaluator's :meth:`residue` (on a new evaluator)."""
+        self.emitted, kept = residue
+        self.operator.resume(kept)
+
+    def stored_chunks(self) -> list[int]:
+        """The numbers of the buffer chunks :meth:`save` has stored (none unless
+        chunked)."""
+        chunks = getattr(self.operator, "stored_chunks", None)
+        return chunks() if self.chunked and chunks is not None else []
+
     def snapshot(self) -> bytes:
         """The whole state as bytes (plain data only: no callables, no plan)."""
         return self._dump(self.operator.get_state())

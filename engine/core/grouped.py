@@ -118,6 +118,21 @@ class RowsGroupOperator:
     def settle(self, watermark: int) -> None:
         """Nothing leaves by time."""
 
+    def idle(self, watermark: int) -> bool:
+        """Only before its first tuple: a ROWS window's tuples stay for the next ones."""
+        return not self.windows and not self.groups
+
+    def idle_wakeup(self) -> int | None:
+        """None: nothing leaves by time."""
+        return None
+
+    def residue(self) -> Any:
+        """Nothing survives (tuple ids count only among themselves)."""
+        return None
+
+    def resume(self, residue: Any) -> None:
+        """Nothing to take back."""
+
     def get_state(self) -> Any:
         """Plain data: the id counter, the partitions' queues, the groups' tuples and
         aggregate states (groups in their order)."""

@@ -211,6 +211,23 @@ class PatternOperator:
     def settle(self, watermark: int) -> None:
         """Rows leave on decisions only."""
 
+    def idle(self, watermark: int) -> bool:
+        """No row waits for a decision (the match number survives: ``residue``)."""
+        return not self.rows
+
+    def idle_wakeup(self) -> int | None:
+        """None: rows leave at arrivals and WITHIN deadlines (timers)."""
+        return None
+
+    def residue(self) -> Any:
+        """MATCH_NUMBER goes on counting."""
+        return self.matches or None
+
+    def resume(self, residue: Any) -> None:
+        """Take back the match count."""
+        if residue:
+            self.matches = residue
+
     def _resolve(self, complete_upto: int, instant: int, out: list[Result]) -> None:
         """Decide start rows while possible (every row with ts <= ``complete_upto`` is
         in); a match decided now gets event time ``instant``."""

@@ -24,6 +24,10 @@ readings just judged, and each runner's changed keys. A pipeline built on a stor
 state resumes it; state of a rule edited or removed since
 (:attr:`~engine.core.plan.Query.definition`) is dropped, and said so in
 :attr:`Pipeline.dropped`.
+
+**Keys.** Keyed stages evict keys whose state is idle (docs/engine.md, *Eviction*). A
+source stream may have a cap on live keys (:mod:`engine.core.keycap`): readings of new
+keys beyond it are set aside (:attr:`BatchResult.capped`), never evaluated.
 """
 
 from __future__ import annotations
@@ -40,11 +44,13 @@ import pyarrow.compute as pc
 from engine.core.held import KIND as HELD
 from engine.core.held import HeldRows
 from engine.core.incidents import IncidentTracker, IncidentUpdate
+from engine.core.keycap import KIND as KEYCAP
+from engine.core.keycap import CappedReading, CappedStage, KeyCap
 from engine.core.plan import END_OF_TIME, Plan, Stage, StreamSchema
 from engine.core.planner import runner_for
 from engine.core.runners import (
     KEY,
-    STAGE_PIECE_KINDS,
+    LISTED_PIECE_KINDS,
     STAGE_STATE_KINDS,
     SinkRows,
     StageRunner,
@@ -107,6 +113,8 @@ class BatchResult:
     """The incidents the batch changed, each in its state after the batch."""
     watermarks: dict[str, int] = field(default_factory=dict)
     """Each source stream's watermark after the batch."""
+    capped: list[CappedReading] = field(default_factory=list)
+    """On-time readings of new keys beyond their stream's cap, in arrival order."""
 
 
 def components(plan: Plan) -> list[tuple[str, ...]]:
@@ -182,15 +190,21 @@ def fed_stages(plan: Plan, sources: Collection[str]) -> list[tuple[int, Stage]]:
 
 class Pipeline:
     """Every stage fed by ``sources`` (all source streams of ``plan`` by default), on a
-    state store (none: state lives as long as the object)."""
+    state store (none: state lives as long as the object). ``evict``: keyed stages drop
+    keys whose state is idle (docs/engine.md, *Eviction*); off, every key ever seen is
+    kept, which gives the same rows. ``caps``: per source stream, how many keys each
+    keyed stage reading it may hold (:mod:`engine.core.keycap`; none: no cap)."""
 
     def __init__(
         self,
         plan: Plan,
         sources: Collection[str] | None = None,
         store: StateStore | None = None,
+        evict: bool = True,
+        caps: Mapping[str, int] | None = None,
     ) -> None:
         self.plan = plan
+        self.evict = evict
         self.sources: dict[str, StreamSchema] = {
             s.name: s for s in plan.sources() if sources is None or s.name in sources
         }
@@ -218,6 +232,17 @@ class Pipeline:
             if tracker.spec.observe is not None:
                 self._observers.setdefault(tracker.spec.observe, []).append(tracker)
         self._arrivals = 0  # identity of readings that carry none (replay): arrival index
+        # Each source stream's watermark its stages were last advanced to.
+        self._at = {name: -END_OF_TIME for name in self.sources}
+        self.caps: dict[str, KeyCap] = {}
+        for name, cap in (caps or {}).items():
+            capped = [
+                CappedStage(i, stage, self.runners[i], set())
+                for i, stage in self.stages
+                if stage.input == name and stage.key
+            ]
+            if name in self.sources and cap > 0 and capped:
+                self.caps[name] = KeyCap(name, cap, capped)
         self.dropped: list[str] = []
         """Stages whose saved state was dropped at restore (edited or removed rules)."""
         if store is not None:
@@ -297,6 +322,9 @@ class Pipeline:
         table = table.set_column(table.column_names.index("seq"), "seq", pa.array(seqs))
         table = table.set_column(table.column_names.index("source"), "source", sources)
         on_time = verdicts == Verdict.ON_TIME
+        handed = 0  # the readings before this one went to the stages already
+        if stream in self.caps:
+            on_time, handed = self._admit(stream, table, on_time, ts, judged.before, result)
         kept = table.filter(pa.array(on_time))
         result.readings[stream] = kept.append_column(
             ARRIVAL_WATERMARK, pa.array(judged.after[on_time], pa.int64())
@@ -324,18 +352,92 @@ class Pipeline:
             result.conflicts.append(
                 Conflict(stream, row, int(ts[index]), reason, first if first >= 0 else None)
             )
+        rest = on_time.copy()
+        rest[:handed] = False
+        self._hand_over(stream, table.filter(pa.array(rest)))
+
+    def _hand_over(self, stream: str, kept: pa.Table) -> None:
+        """Admitted readings to the stages (held until the watermark passes them) and
+        to the incident trackers observing the stream."""
         if kept.num_rows and stream in self.held:
             # What a stage sees of a reading: its columns and its tie order.
+            columns = [c.name for c in self.sources[stream].columns]
             self.held[stream].add(kept.select([*columns, "source", "seq"]))
         if kept.num_rows:
             for tracker in self._observers.get(stream, ()):
                 tracker.observe(kept)
 
+    def _admit(
+        self,
+        stream: str,
+        table: pa.Table,
+        on_time: np.ndarray,
+        ts: np.ndarray,
+        before: np.ndarray,
+        result: BatchResult,
+    ) -> tuple[np.ndarray, int]:
+        """Which on-time readings of a capped stream are admitted, and how many of the
+        first readings went to the stages already (:mod:`engine.core.keycap`): deciding a
+        reading that arrived past a step of the watermark first evaluates the stream's
+        stages up to that step, with every reading admitted before it."""
+        cap = self.caps[stream]
+        held = self.held.get(stream)
+        waiting = sum(t.num_rows for t in held.rows) if held is not None else 0
+        if not cap.may_fill(waiting, int(on_time.sum())):
+            return on_time, 0
+        admitted = on_time.copy()
+        names = sorted({c for s in cap.stages for c in s.stage.key})
+        rows = table.select(names).to_pylist()
+        handed = 0
+        decide = None
+        for i in np.flatnonzero(on_time):
+            step = cap.due(int(before[i]))
+            if step is not None:
+                mask = admitted.copy()
+                mask[:handed] = mask[i:] = False
+                self._hand_over(stream, table.filter(pa.array(mask)))
+                handed = int(i)
+                self._step(stream, step, result)
+                decide = None
+            if decide is None:
+                decide = cap.decider(held.rows if held is not None else ())
+            reason = decide(rows[i])
+            if reason is not None:
+                admitted[i] = False
+                result.capped.append(
+                    CappedReading(stream, _reading(table, int(i)), int(ts[i]), reason)
+                )
+        return admitted, handed
+
+    def _step(self, stream: str, step: int, result: BatchResult) -> None:
+        """Evaluate ``stream``'s stages up to ``step`` (the other streams' stay)."""
+        self._advance_once({**self._at, stream: max(step, self._at[stream])}, result)
+        self.caps[stream].stepped(step)
+
     # -- advancing -----------------------------------------------------------------------
     def _advance(self, watermarks: dict[str, int], result: BatchResult) -> None:
+        """Advance every stage to its input's watermark (:meth:`_advance_once`), a capped
+        stream's first to the last step before it if it passes one (the keys its stages
+        hold there decide the next readings: :mod:`engine.core.keycap`)."""
+        steps = {
+            name: step
+            for name, cap in self.caps.items()
+            if (step := cap.due(watermarks[name])) is not None
+        }
+        if steps:
+            at = {name: max(step, self._at[name]) for name, step in steps.items()}
+            self._advance_once({**watermarks, **at}, result)
+            for name, step in steps.items():
+                self.caps[name].stepped(step)
+        self._advance_once(watermarks, result)
+
+    def _advance_once(self, watermarks: dict[str, int], result: BatchResult) -> None:
         """Advance every stage to its input's watermark in dependency order, feeding each
         derived row to the stages reading it (they come later in that order), after the
         held readings the watermarks have passed."""
+        watermarks = dict(watermarks)
+        for name in self.sources:
+            self._at[name] = max(self._at[name], watermarks[name])
         for stream, held in self.held.items():
             released = held.release(watermarks[stream])
             if released is not None:
@@ -348,6 +450,9 @@ class Pipeline:
                 for j in self._readers.get(emitted.sink, ()):
                     self.runners[j].insert(input_rows(self.stage(j).timestamp, emitted.table))
                 self._to_trackers(emitted)
+            evicted = self.runners[i].take_evicted()
+            if stage.input in self.caps:
+                self.caps[stage.input].note_evicted(i, evicted)
             # What the stage emits from now on has ts >= watermark: its sinks' watermark,
             # the lowest of their producers' for a UNION ALL.
             for sink in _sinks(stage):
@@ -391,6 +496,8 @@ class Pipeline:
             runner.save(store)
         for tracker in self.trackers.values():
             tracker.save(store)
+        for cap in self.caps.values():
+            cap.save(store)
 
     def _restore(self, store: StateStore) -> None:
         segments: dict[str, list[tuple[int, list[tuple[Any, ...]]]]] = {}
@@ -401,6 +508,13 @@ class Pipeline:
                 self.sequencers[stream] = StreamSequencer.from_state(
                     self.sources[stream].slack_ms, pickle.loads(data), segments.get(stream, ())
                 )
+                # Each batch ends with the stream's stages advanced to its watermark.
+                self._at[stream] = self.sequencers[stream].clock.watermark
+        for entry, data in store.scan(KEYCAP):
+            if entry[1] in self.caps:
+                self.caps[entry[1]].restore([(entry, data)])
+            elif entry[1] in self.sources:  # the stream has no cap any more
+                store.delete(entry)
         chunks: dict[str, list[tuple[StateKey, bytes]]] = {}
         for entry, data in store.scan(HELD):
             chunks.setdefault(entry[1], []).append((entry, data))
@@ -414,7 +528,7 @@ class Pipeline:
         for kind in STAGE_STATE_KINDS:
             for entry, data in store.scan(kind):
                 saved.setdefault(entry[1], {}).setdefault(kind, []).append((entry, data))
-        for kind in STAGE_PIECE_KINDS:
+        for kind in LISTED_PIECE_KINDS:
             for entry in store.keys(kind):
                 saved.setdefault(entry[1], {}).setdefault(kind, []).append((entry, b""))
         owners: dict[str, StageRunner | IncidentTracker] = {
@@ -443,6 +557,13 @@ class Pipeline:
         live = {stage.name: self.runners[i].live_keys() for i, stage in self.stages}
         live.update({t.name: t.live_keys() for t in self.trackers.values()})
         return live
+
+    def key_figures(self, stream: str) -> dict[str, int]:
+        """A source stream's cap on live keys (0: none) and the most keys a stage reading
+        it holds."""
+        cap = self.caps.get(stream)
+        live = [self.runners[i].live_keys() for i, s in self.stages if s.input == stream and s.key]
+        return {"max_live_keys": cap.cap if cap else 0, "live_keys": max(live, default=0)}
 
     def firing(self) -> dict[str, int]:
         """How many incidents of each alert are open now."""

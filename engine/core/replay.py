@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from engine.core.evaluator import Output
 from engine.core.incidents import IncidentUpdate
+from engine.core.keycap import CappedReading
 from engine.core.pipeline import (
     HEARTBEAT,
     BatchResult,
@@ -52,6 +53,8 @@ class ReplayResult:
     """Every incident in its final state, by opening time, alert and key."""
     late: list[LateReading] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)
+    capped: list[CappedReading] = field(default_factory=list)
+    """Readings of new keys beyond their stream's cap on live keys, in arrival order."""
     duplicates: dict[str, int] = field(default_factory=dict)
     watermarks: dict[str, int] = field(default_factory=dict)
     """Each source stream's watermark at the end of the input (before the final heartbeat;
@@ -82,6 +85,7 @@ def run(
     readings: Iterable[tuple[str, Row]],
     batch: int = 10_000,
     end_at: int | None = END_OF_TIME,
+    caps: Mapping[str, int] | None = None,
 ) -> ReplayResult:
     """Evaluate ``plan`` over ``(stream, row)`` readings in arrival order, then end with
     a heartbeat at ``end_at`` (int ms; None: none, the input's own watermarks end it).
@@ -92,11 +96,14 @@ def run(
     ``batch`` at a time (which bounds memory and, by snapshot-equivalence, does not
     change the result).
 
+    ``caps``: each source stream's cap on live keys (``[engine] max_live_keys``, as the
+    live engine has them): readings beyond it are in ``capped``.
+
     Outputs are ordered by event time, then stage, key and the evaluator's own order;
     late readings in arrival order.
     """
     sources = {s.name: s for s in plan.sources()}
-    result = run_arrivals(plan, _row_batches(sources, readings, batch), end_at)
+    result = run_arrivals(plan, _row_batches(sources, readings, batch), end_at, caps=caps)
     result.outputs = ordered_outputs(result.emitted)
     return result
 
@@ -138,14 +145,16 @@ def run_arrivals(
     arrivals: Iterable[Mapping[str, pa.Table]],
     end_at: int | None = END_OF_TIME,
     progress: Callable[[int], None] | None = None,
+    caps: Mapping[str, int] | None = None,
 ) -> ReplayResult:
     """Evaluate ``plan`` over batches of arrivals, each ``{stream: table}`` as
     :meth:`Pipeline.process` takes it (every stream's readings in arrival order; a
     ``seq`` left NULL is numbered by the pipeline's own arrival count), then end with a
     heartbeat at ``end_at`` as :func:`run` does. The outputs are left as the stages
     emitted them (:attr:`ReplayResult.emitted`; :func:`sink_tables` orders them), and
-    ``progress`` is told how many readings each batch held once it is evaluated."""
-    pipeline = Pipeline(plan)
+    ``progress`` is told how many readings each batch held once it is evaluated;
+    ``caps`` as :func:`run` takes them."""
+    pipeline = Pipeline(plan, caps=caps)
     result = ReplayResult()
     incidents: dict[tuple[str, str, int], IncidentUpdate] = {}
 
@@ -156,6 +165,7 @@ def run_arrivals(
             incidents[(update.alert, update.key, update.opened_at)] = update
         result.late += step.late
         result.conflicts += step.conflicts
+        result.capped += step.capped
         for stream, count in step.duplicates.items():
             result.duplicates[stream] = result.duplicates.get(stream, 0) + count
         for emitted in step.outputs:

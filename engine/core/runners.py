@@ -18,6 +18,13 @@ ms) and four columns of the engine's own: ``_ts`` (the row's event time), ``_sou
 store named after the stage; each record carries the rule's definition digest and the
 runner's kind, so state built by another rule, or kept in another layout, is dropped at
 restore rather than misread.
+
+**Eviction.** A keyed stage's runner drops a key whose state is idle: nothing it holds
+can make a later output differ from what a new key's state gives (per window form:
+docs/engine.md, *Eviction*). What must survive, the key's output count (the ``_seq`` of
+its next row, which alert ids hash) and the window's own (a row slide's place, a running
+sum's total), is its residue: kept in :class:`Rests`, one small entry per evicted key,
+and taken back if the key returns.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import pyarrow as pa
 
 from engine.core.columnar import ops
 from engine.core.evaluator import KeyedEvaluator, Output, output_rows
-from engine.core.plan import Stage
+from engine.core.plan import END_OF_TIME, Stage
 from engine.core.state import StateKey, StateStore
 
 Key = tuple[Any, ...]
@@ -63,9 +70,91 @@ class SinkRows:
 
 class HasStore(Protocol):
     """What a runner is part of: its current store (a runtime may hand over a new one
-    for every batch)."""
+    for every batch), and whether idle keys are evicted."""
 
     store: StateStore | None
+    evict: bool
+
+
+def earliest(*times: int | None) -> int | None:
+    """The lowest of the times given (None: none given)."""
+    return min((t for t in times if t is not None), default=None)
+
+
+REST = "rest"
+"""The kind of an evicted key's residue in the store: (rest, stage, key, 0)."""
+RESTS = "rests"
+"""The kind of a stage's count of stored residues: (rests, stage, "", 0)."""
+
+
+class Rests:
+    """What a stage's evicted keys left behind: per key its residue (plain data), taken
+    back when the key returns. A residue waits in memory until the runner's next save
+    writes it to the store (one small entry per key, read only when its key comes back);
+    without a store, residues stay in memory. The store also keeps how many residues it
+    holds, so that a stage none of whose keys left any never looks one up."""
+
+    def __init__(self, stage: Stage, kind: str, owner: HasStore) -> None:
+        self.name, self.definition, self.kind = stage.name, stage.query.definition, kind
+        self.owner = owner
+        self.waiting: dict[Key, Any] = {}  # not in the store (yet)
+        self.taken: dict[Key, bool] = {}  # stored ones taken back: whether they counted
+        self.stored = 0
+        self._stored_saved = 0
+
+    def __len__(self) -> int:
+        return len(self.waiting) + self.stored
+
+    def put(self, key: Key, residue: Any) -> None:
+        """Keep ``key``'s residue (None: nothing to keep)."""
+        if residue is not None:
+            self.waiting[key] = residue
+
+    def take(self, key: Key) -> Any:
+        """The residue ``key`` left, if any; it is no longer kept."""
+        if key in self.waiting:
+            return self.waiting.pop(key)
+        store = self.owner.store
+        if store is None or not self.stored or key in self.taken:
+            return None
+        data = store.get(self._entry(key))
+        if data is None:
+            return None
+        definition, kind, residue = pickle.loads(data)
+        ours = definition == self.definition and kind == self.kind
+        self.taken[key] = ours
+        return residue if ours else None
+
+    def save(self, store: StateStore) -> None:
+        """Delete the residues taken back, write the new ones."""
+        for key, counted in sorted(self.taken.items(), key=lambda item: key_json(item[0])):
+            store.delete(self._entry(key))
+            self.stored -= counted
+        for key, residue in sorted(self.waiting.items(), key=lambda item: key_json(item[0])):
+            record = (self.definition, self.kind, residue)
+            store.put(self._entry(key), pickle.dumps(record, _PICKLE))
+            self.stored += 1
+        self.taken.clear()
+        self.waiting.clear()
+        if self.stored != self._stored_saved:
+            record = (self.definition, self.kind, self.stored)
+            store.put((RESTS, self.name, "", 0), pickle.dumps(record, _PICKLE))
+            self._stored_saved = self.stored
+
+    def restore(self, saved: Saved) -> list[StateKey]:
+        """Take up the stored count; returns it if another definition or kind wrote it
+        (its residues are then dropped as their keys come back)."""
+        stale = []
+        for entry, data in saved.get(RESTS, []):
+            definition, kind, count = pickle.loads(data)
+            if definition != self.definition or kind != self.kind:
+                stale.append(entry)
+                continue
+            self.stored = self._stored_saved = count
+        return stale
+
+    def _entry(self, key: Key) -> StateKey:
+        return (REST, self.name, key_json(key), 0)
 
 
 class StageRunner(Protocol):
@@ -94,6 +183,14 @@ class StageRunner(Protocol):
 
     def live_keys(self) -> int:
         """How many keys hold state."""
+        ...
+
+    def is_live(self, key: Key) -> bool:
+        """Whether ``key`` holds state."""
+        ...
+
+    def take_evicted(self) -> list[Key]:
+        """The keys evicted since the last call."""
         ...
 
 
@@ -155,6 +252,12 @@ class RowRunner:
         self._wakeups: dict[Key, int] = {}
         self._fed: set[Key] = set()
         self._touched: set[Key] = set()
+        # Eviction (module docstring): an unkeyed stage has one key, kept.
+        self.evicts = bool(stage.key) and owner.evict
+        self.rests = Rests(stage, self.kind, owner)
+        self._saved: set[Key] = set()  # keys with a head in the store
+        self._gone: dict[Key, list[int]] = {}  # evicted keys' stored chunks, to delete
+        self._evicted: list[Key] = []
         # The query's steps before its window (joins, WHERE) run over the batch's
         # columns when they can: row by row, a lookup join builds a dict per match.
         pre = stage.query.pre
@@ -209,7 +312,10 @@ class RowRunner:
                     by_sink.setdefault(sink, []).append(outputs_table(outputs, text))
             if self.owner.store is not None:
                 self._touched.add(key)
-            self._schedule(key, evaluator.next_wakeup())
+            if self.evicts and evaluator.idle(watermark):
+                self._evict(key, evaluator)
+            else:
+                self._schedule(key, earliest(evaluator.next_wakeup(), evaluator.idle_wakeup()))
         return [
             SinkRows(self.index, sink, pa.concat_tables(parts, promote_options="permissive"))
             for sink, parts in by_sink.items()
@@ -232,6 +338,17 @@ class RowRunner:
             self._wakeups[key] = wakeup
             heapq.heappush(self._heap, (wakeup, key_json(key), key))
 
+    def _evict(self, key: Key, evaluator: KeyedEvaluator) -> None:
+        """Drop an idle key: its residue is kept, its stored state deleted at save."""
+        del self.evaluators[key]
+        self._wakeups.pop(key, None)
+        self._touched.discard(key)
+        self.rests.put(key, evaluator.residue())
+        if key in self._saved:
+            self._saved.discard(key)
+            self._gone.setdefault(key, []).extend(evaluator.stored_chunks())
+        self._evicted.append(key)
+
     def _evaluator(self, key: Key) -> KeyedEvaluator:
         found = self.evaluators.get(key)
         if found is not None:
@@ -239,6 +356,9 @@ class RowRunner:
         head = self._stored.pop(key, None)
         if head is None:
             evaluator = KeyedEvaluator(self.stage)
+            residue = self.rests.take(key) if self.evicts else None
+            if residue is not None:
+                evaluator.resume(residue)
         else:
             name, text = self.stage.name, key_json(key)
 
@@ -258,36 +378,68 @@ class RowRunner:
 
     def save(self, store: StateStore) -> None:
         name, definition = self.stage.name, self.stage.query.definition
+        # The evicted first: a key back in the same batch writes its state afresh.
+        for key in sorted(self._gone, key=key_json):
+            text = key_json(key)
+            store.delete(("head", name, text, 0))
+            for number in self._gone[key]:
+                store.delete(("chunk", name, text, number))
+        self._gone.clear()
+        self.rests.save(store)
         for key in sorted(self._touched, key=key_json):
             evaluator = self.evaluators[key]
             saved = evaluator.save()
             text = key_json(key)
-            record = (definition, self.kind, evaluator.next_wakeup(), saved.head)
+            wakeup = earliest(evaluator.next_wakeup(), evaluator.idle_wakeup())
+            record = (definition, self.kind, wakeup, saved.head, _WAKEUPS)
             store.put(("head", name, text, 0), pickle.dumps(record, _PICKLE))
             for number in saved.deletes:
                 store.delete(("chunk", name, text, number))
             for number, data in saved.writes.items():
                 store.put(("chunk", name, text, number), data)
+            self._saved.add(key)
         self._touched.clear()
 
     def restore(self, saved: Saved) -> list[StateKey]:
         stale: set[str] = set()
         for (_, _, text, _), data in saved.get("head", []):
-            definition, kind, wakeup, head = pickle.loads(data)
+            definition, kind, wakeup, head, *since = pickle.loads(data)
             if definition != self.stage.query.definition or kind != self.kind:
                 stale.add(text)
                 continue
             key = tuple(orjson.loads(text))
             self._stored[key] = head
+            self._saved.add(key)
+            if not since and self.evicts:
+                # Saved before eviction: its wakeup does not say when it turns idle, so
+                # it is looked at in the next advance.
+                wakeup = -END_OF_TIME
             self._schedule(key, wakeup)
-        return [entry for entries in saved.values() for entry, _ in entries if entry[2] in stale]
+        doomed = self.rests.restore(saved)
+        doomed += [e for kind, found in saved.items() if kind != RESTS for e, _ in found
+                   if e[2] in stale]  # fmt: skip
+        return doomed
 
     def live_keys(self) -> int:
-        return len(self.evaluators.keys() | self._stored.keys())
+        return len(self.evaluators) + len(self._stored)  # a loaded key leaves _stored
+
+    def is_live(self, key: Key) -> bool:
+        return key in self.evaluators or key in self._stored
+
+    def take_evicted(self) -> list[Key]:
+        evicted, self._evicted = self._evicted, []
+        return evicted
 
 
-STAGE_STATE_KINDS = ("head", "cstate")
+_WAKEUPS = 1
+"""Marks a head saved with its eviction wakeup (a fifth field; older heads have four)."""
+
+STAGE_STATE_KINDS = ("head", "cstate", RESTS)
 """The kinds of store entries a stage runner restores from (each entry names its stage)."""
-STAGE_PIECE_KINDS = ("chunk", "slice")
+STAGE_PIECE_KINDS = ("chunk", "slice", REST)
 """The kinds of entries a runner reads only when it needs them (a window's stored
-pieces): at restore only their keys are listed, to drop those of stale state."""
+pieces, an evicted key's residue)."""
+LISTED_PIECE_KINDS = ("chunk", "slice")
+"""The piece kinds whose keys are listed at restore, to drop those of stale state. A
+stale residue is dropped when its key comes back instead: there may be one per key
+ever evicted, too many to list at every rebuild."""

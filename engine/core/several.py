@@ -68,6 +68,31 @@ class SeveralOverOperator:
             for op in ops.values():
                 op.settle(watermark)
 
+    def idle(self, watermark: int) -> bool:
+        """Every window's operators are idle (none has a slide: nothing survives)."""
+        return all(op.idle(watermark) for ops in self.parts for op in ops.values())
+
+    def idle_wakeup(self) -> int | None:
+        """When the last of the operators not yet idle turns idle by time alone (None
+        if one never does)."""
+        latest = None
+        for ops in self.parts:
+            for op in ops.values():
+                wakeup = op.idle_wakeup()
+                if wakeup is None:
+                    if not op._at_rest():
+                        return None
+                    continue
+                latest = wakeup if latest is None else max(latest, wakeup)
+        return latest
+
+    def residue(self) -> Any:
+        """Nothing survives (no slides)."""
+        return None
+
+    def resume(self, residue: Any) -> None:
+        """Nothing to take back."""
+
     def get_state(self) -> Any:
         """Per window, (partition value, its operator's state) pairs."""
         return [[(part, op.get_state()) for part, op in ops.items()] for ops in self.parts]

@@ -10,6 +10,13 @@ the query's ``post`` ops. ``next_timer`` is the next instant at which ``fire`` m
 expiry, lagged tuples entering) in the same order relative to the arrivals, and lets
 idle partitions drop state no future tuple can need.
 
+**Eviction.** ``idle(watermark)`` says whether the operator, advanced to ``watermark``,
+now gives every later tuple what a new operator would, once given back its
+``residue()`` (what must survive: a row slide's count, a pattern's match number) with
+``resume``; ``idle_wakeup()`` is the lowest watermark at which time alone can make it
+idle (None: only its timers or nothing can). The evaluator's key is then evicted
+(docs/engine.md, *Eviction*).
+
 Window pieces, after the ESL paper §4-5 and the scopes of Patroumpas & Sellis, "Window
 Specification over Data Streams":
 
@@ -114,6 +121,37 @@ class StatelessOperator:
 
     def set_state(self, state: Any) -> None:
         """No state."""
+
+    def idle(self, watermark: int) -> bool:
+        """Always: nothing is kept."""
+        return True
+
+    def idle_wakeup(self) -> int | None:
+        """Idle already."""
+        return None
+
+    def residue(self) -> Any:
+        """Nothing survives."""
+        return None
+
+    def resume(self, residue: Any) -> None:
+        """Nothing to take back."""
+
+
+class _Evicting:
+    """The eviction protocol's defaults (module docstring) for an operator whose idle
+    state leaves nothing behind and that time alone never makes idle."""
+
+    def idle_wakeup(self) -> int | None:
+        """None: only timers or arrivals change the operator."""
+        return None
+
+    def residue(self) -> Any:
+        """Nothing survives."""
+        return None
+
+    def resume(self, residue: Any) -> None:
+        """Nothing to take back."""
 
 
 class _Aggregating:
@@ -242,6 +280,24 @@ class _Aggregating:
             self._prune()  # an expire may delete from inwindow too
         return row, emitted
 
+    def _at_rest(self) -> bool:
+        """Whether the window is empty and every aggregate gives what a new one would:
+        nothing buffered or in an inwindow, each aggregate at rest
+        (:meth:`~engine.core.aggregates.WindowAggregate.at_rest`), and no aggregate
+        whose first tuple is special (its own ``initialize``) past its first tuple."""
+        if self.buffer or any(v is not None and v.entries for v in self.views):
+            return False
+        if not self.fresh and any(
+            type(agg).initialize is not WindowAggregate.initialize for agg in self.aggs
+        ):
+            return False
+        blank = [make_aggregate(c.name, c.factory) for c in self.calls]
+        return all(agg.at_rest(new) for agg, new in zip(self.aggs, blank, strict=True))
+
+    def stored_chunks(self) -> list[int]:
+        """The numbers of the buffer's chunks in the store (none unless chunked)."""
+        return sorted(self.chunks.newest) if self.chunks is not None else []
+
     def get_state(self, chunked: bool = False) -> Any:
         """Plain data: buffer, aggregate states, inwindows, counters. ``chunked``: the
         buffer as its chunk index, the changed chunks left in ``self.chunks.writes``."""
@@ -353,8 +409,17 @@ class OverOperator(_Aggregating):
         # expiry from outside): most tuples of a slot are replaced before that. Until
         # then the window must not change, which `_value_pending` guards.
         self.unvalued = False
-        # The batched path for the common sliding case (see `arrive_slot`), or None.
-        self.arrive_slot = self._arrive_slot if self._slot_batchable() else None
+        # Whether the batched path for the common sliding case runs (`arrive_slot`).
+        self._slots = self._slot_batchable()
+
+    @property
+    def arrive_slot(
+        self,
+    ) -> Callable[[list[tuple[int, str, int, int, Row]], int, int, int], int] | None:
+        """The batched path for the common sliding case (``_arrive_slot``), or None. A
+        property, not an attribute: a bound method kept on the operator is a reference
+        cycle, and an evicted key's operator would wait for the cyclic collector."""
+        return self._arrive_slot if self._slots else None
 
     def _slot_batchable(self) -> bool:
         """Whether ``arrive_slot`` may stand in for ``arrive``: a bounded RANGE frame with
@@ -590,6 +655,46 @@ class OverOperator(_Aggregating):
         if self.chunks is not None:
             self.buffer = self.chunks.prepare(self.buffer, watermark)
 
+    def idle(self, watermark: int) -> bool:
+        """Nothing waits (lagged tuples, a slot's yield) and the window is at rest; or a
+        reset period is over: every later tuple starts a new one, from scratch."""
+        if self.pending is not None or self.waiting:
+            return False
+        period = self.window.reset_every_ms
+        if (
+            period is not None
+            and self.period is not None
+            and watermark >= (self.period + 1) * period
+        ):
+            return True
+        return self._at_rest()
+
+    def idle_wakeup(self) -> int | None:
+        """When the newest tuple leaves a passive RANGE frame (``newest + lag + range +
+        1``), or the reset period ends; None otherwise (ROWS and UNBOUNDED frames keep
+        their tuples, active expiration and slides move by timers)."""
+        found = []
+        period = self.window.reset_every_ms
+        if period is not None and self.period is not None:
+            found.append((self.period + 1) * period)
+        if self.range is not None and not self.window.active_expiration:
+            newest = self.waiting[-1][0] if self.waiting else None
+            if newest is None and self.buffer:
+                newest = self.buffer[-1][1]
+            if newest is not None:
+                found.append(newest + self.lag + self.range + 1)
+        return min(found, default=None)
+
+    def residue(self) -> Any:
+        """A row slide's place in its slot (its ``n``-th tuples are kept)."""
+        slide = self.window.slide_rows
+        return self.arrived % slide if slide else None
+
+    def resume(self, residue: Any) -> None:
+        """Take back the row slide's place."""
+        if residue:
+            self.arrived = residue
+
     def get_state(self, chunked: bool = False) -> Any:
         """The frame's state plus the lag queue, counters and the pending yield."""
         self._value_pending()  # the values as they were when it arrived
@@ -671,6 +776,22 @@ class ExtentOperator(_Aggregating):
     def settle(self, watermark: int) -> None:
         """Tuples leave at extent closes (timers), never in between."""
 
+    def idle(self, watermark: int) -> bool:
+        """Every extent holding a tuple has closed, the empty one after it too (a
+        relation sees the group go): a later tuple's extents begin after ``closed``."""
+        return not self.showing and self._at_rest()
+
+    def idle_wakeup(self) -> int | None:
+        """None: extent closes are timers."""
+        return None
+
+    def residue(self) -> Any:
+        """Nothing survives (``closed`` lies before every later tuple's extents)."""
+        return None
+
+    def resume(self, residue: Any) -> None:
+        """Nothing to take back."""
+
     def get_state(self, chunked: bool = False) -> Any:
         """The frame's state plus the group key and the last extent closed."""
         return (super().get_state(chunked), self.key, self.closed, self.showing)
@@ -681,7 +802,7 @@ class ExtentOperator(_Aggregating):
         super().set_state(base)
 
 
-class PaneOperator:
+class PaneOperator(_Evicting):
     """``ROWS n PRECEDING SLIDE s`` over algebraic aggregates, by panes (ESL §5.1, ex. 15).
 
     The stream is cut into panes of ``g = gcd(n + 1, s)`` rows, each summarised by one
@@ -737,6 +858,10 @@ class PaneOperator:
 
     def settle(self, watermark: int) -> None:
         """Panes move by arrivals only."""
+
+    def idle(self, watermark: int) -> bool:
+        """Only before its first tuple: a ROWS frame's tuples stay for the next ones."""
+        return self.arrived == 0
 
     def get_state(self) -> Any:
         """The partials' states and the arrival count (pane numbers follow from it)."""
@@ -866,7 +991,7 @@ class _PaneQueue:
         return aggs
 
 
-class PaneExtentOperator:
+class PaneExtentOperator(_Evicting):
     """Extents ``[e - r, e)`` (``FROM s [RANGE r SLIDE s]``) over algebraic aggregates, by
     panes: ESL example 15's cascade of a tumble and a pane-less window, for logical
     windows (ESL §5.1, "similar optimization can also be applied in the case of logical
@@ -1049,6 +1174,11 @@ class PaneExtentOperator:
     def settle(self, watermark: int) -> None:
         """Panes leave at extent closes (timers), never in between."""
 
+    def idle(self, watermark: int) -> bool:
+        """No pane left and the empty extent after the last one closed (as
+        :meth:`ExtentOperator.idle`)."""
+        return not self.showing and self.current is None and not len(self.queue)
+
     def get_state(self) -> Any:
         """The panes' partials, the open pane, the group key and the last extent closed."""
         current = None if self.current is None else [a.get_state() for a in self.current]
@@ -1087,7 +1217,7 @@ def extent_pane_eligible(window: ExtentWindow) -> bool:
     return panes <= MAX_EXTENT_PANES and all(_algebraic(c) for c in window.aggregates)
 
 
-class RelationOperator:
+class RelationOperator(_Evicting):
     """A CQL window of raw tuples read as a relation (:class:`plan.RelationWindow`) for
     one key, with the query's relation-to-stream operator applied.
 
@@ -1210,6 +1340,11 @@ class RelationOperator:
 
     def settle(self, watermark: int) -> None:
         """Every change is at a timer or an arrival: nothing silent."""
+
+    def idle(self, watermark: int) -> bool:
+        """No tuple waits to enter or is in R (members that never leave are not kept:
+        nothing later reads them)."""
+        return not self.waiting and not self.members
 
     def get_state(self) -> Any:
         """Plain data: the waiting tuples and the members, with their rows."""

@@ -123,7 +123,14 @@ class Committer:
                 # batch's.
                 self.figures = {**merge_figures(self._latest.values()), **_timings(figures)}
                 for stream, counts in figures.get("streams", {}).items():
-                    for what in ("readings", "late", "duplicates", "conflicts", "heartbeats"):
+                    for what in (
+                        "readings",
+                        "late",
+                        "duplicates",
+                        "conflicts",
+                        "capped",
+                        "heartbeats",
+                    ):
                         self.totals[f"{what}.{stream}"] += counts.get(what, 0)
                 self.totals["quarantined"] += figures.get("quarantined", 0)
                 for name in figures.get("dropped", []):

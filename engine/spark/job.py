@@ -33,7 +33,7 @@ from engine.spark.metrics import ProgressListener, refresh
 from engine.spark.query import QUERY_NAME, engine_components, start_query
 from engine.spark.rule_changes import record_rule_changes
 from engine.spark.session import build_session
-from lookout.config import Config
+from lookout.config import Config, ConfigError
 from lookout.health import ARRIVALS, RecentFigures, write_health
 from lookout.storage import lakehouse_options, uses_object_store
 
@@ -50,6 +50,13 @@ class EngineJob:
         alerts: Mapping[str, AlertSpec],
         spark: SparkSession | None = None,
     ) -> None:
+        sources = sorted(s.name for s in plan.sources())
+        unknown = sorted(set(config.engine.streams) - set(sources))
+        if unknown:
+            raise ConfigError(
+                f"[engine.streams.{unknown[0]}]: the rules declare no such source stream "
+                f"(known: {', '.join(sources)})"
+            )
         self.config = config
         self.plan = plan
         self.components = engine_components(plan, alerts)
@@ -186,6 +193,8 @@ class EngineJob:
                         "lag_ms": None if max_ts is None else now_ms - max_ts,
                         "sources": now.get("sources"),
                         **{what: totals[f"{what}.{name}"] for what in ARRIVALS},
+                        "max_live_keys": now.get("max_live_keys"),
+                        "live_keys": now.get("live_keys"),
                         "clock_still_ms": still_ms,
                         "arrived_while_still": arrived_while_still,
                     }

@@ -11,14 +11,18 @@ the dashboard's Health page:
   written to the state store), `write` (on the executor), and the state store its
   `state_commit`, all inside `job` (the batch's Spark job, itself inside `add_batch`);
   then the driver's Delta commits take `commit`;
-* `lookout_stream_*_total{stream}`: readings, late, duplicates, conflicts, heartbeats;
+* `lookout_stream_*_total{stream}`: readings, late, duplicates, conflicts, capped
+  (readings of new keys quarantined by the stream's cap on live keys), heartbeats;
   `lookout_quarantined_total`;
 * `lookout_stream_event_time_seconds`, `lookout_stream_watermark_seconds`,
   `lookout_stream_lag_seconds` (wall clock minus the newest event time);
 * `lookout_engine_state_restores_total{query}`: batches that rebuilt their pipeline
   from the state store (another Python worker ran the one before);
-* `lookout_engine_live_keys{query}`, `lookout_engine_resident_bytes{process}` (the
-  driver's Python, its JVM, the Python workers);
+* `lookout_engine_live_keys{query, rule}`: keys each rule holds state for, as of the last
+  batch of its part of the rules; `lookout_stream_live_keys{stream}` (the most any rule
+  reading the stream holds) and `lookout_stream_max_live_keys{stream}` (its cap, 0: none);
+* `lookout_engine_resident_bytes{process}` (the driver's Python, its JVM, the Python
+  workers);
 * `lookout_incidents_firing{rule}`: the alert rule's incidents open now (firing, or
   within KEEP FIRING FOR), as of the last batch of the rule's part of the rules.
 
@@ -51,7 +55,7 @@ INPUT_FILES = Counter(
 )
 STREAM_COUNTS = {
     what: Counter(f"lookout_stream_{what}_total", f"{what.capitalize()} per stream", ["stream"])
-    for what in ("readings", "late", "duplicates", "conflicts", "heartbeats")
+    for what in ("readings", "late", "duplicates", "conflicts", "capped", "heartbeats")
 }
 QUARANTINED = Counter("lookout_quarantined_total", "Landed lines the engine quarantined")
 EVENT_TIME = Gauge("lookout_stream_event_time_seconds", "Newest event time seen", ["stream"])
@@ -62,7 +66,13 @@ RESTORES = Counter(
     "Batches whose pipeline was rebuilt from the state store (not in the worker's memory)",
     ["query"],
 )
-LIVE_KEYS = Gauge("lookout_engine_live_keys", "Keys with state in the rules", ["query"])
+LIVE_KEYS = Gauge("lookout_engine_live_keys", "Keys a rule holds state for", ["query", "rule"])
+STREAM_LIVE_KEYS = Gauge(
+    "lookout_stream_live_keys", "The most keys a rule reading the stream holds", ["stream"]
+)
+MAX_LIVE_KEYS = Gauge(
+    "lookout_stream_max_live_keys", "The stream's cap on live keys per rule (0: none)", ["stream"]
+)
 RESIDENT = Gauge("lookout_engine_resident_bytes", "Resident memory", ["process"])
 INCIDENTS_FIRING = Gauge("lookout_incidents_firing", "Incidents open now, per alert rule", ["rule"])
 
@@ -96,16 +106,20 @@ def observe_step(query: str, figures: Mapping[str, Any], job_s: float, commit_s:
     for stream, counts in (figures.get("streams") or {}).items():
         for what, counter in STREAM_COUNTS.items():
             counter.labels(stream).inc(counts.get(what, 0))
+        if (live := counts.get("live_keys")) is not None:
+            STREAM_LIVE_KEYS.labels(stream).set(live)
+            MAX_LIVE_KEYS.labels(stream).set(counts.get("max_live_keys", 0))
         if (max_ms := counts.get("max_event_ms")) is not None:
             EVENT_TIME.labels(stream).set(max_ms / 1000)
             WATERMARK.labels(stream).set(counts.get("watermark_ms", max_ms) / 1000)
     QUARANTINED.inc(figures.get("quarantined", 0))
     if figures.get("reused") is False:
         RESTORES.labels(query).inc()
-    if figures.get("keys") is not None:
-        LIVE_KEYS.labels(query).set(sum(figures["keys"].values()))
-    # Only the parts of the rules that ran this batch report; the others' incidents
-    # cannot have changed (their watermarks stood still), so their gauges stand.
+    # Only the parts of the rules that ran this batch report; the others' keys and
+    # incidents cannot have changed (their watermarks stood still), so their gauges
+    # stand (one gauge per query summed only the parts of the last batch).
+    for rule, count in (figures.get("keys") or {}).items():
+        LIVE_KEYS.labels(query, rule).set(count)
     for rule, count in (figures.get("firing") or {}).items():
         INCIDENTS_FIRING.labels(rule).set(count)
 

@@ -220,6 +220,8 @@ class EngineProcessor(StatefulProcessor):
                     "duplicates": result.duplicates.get(name, 0),
                     "conflicts": sum(1 for x in result.conflicts if x.stream == name),
                     "heartbeats": result.heartbeats.get(name, 0),
+                    "capped": sum(1 for x in result.capped if x.stream == name),
+                    **pipeline.key_figures(name),
                     "sources": pipeline.sequencers[name].sources(),
                 }
                 for name in pipeline.sources
@@ -258,7 +260,8 @@ class EngineProcessor(StatefulProcessor):
             pipeline.store.inner = store
             return pipeline, pipeline.store, True
         journal = JournaledStore.open(store)
-        return Pipeline(component.plan, component.sources, journal), journal, False
+        caps = self.config.engine.live_key_caps(component.sources)
+        return Pipeline(component.plan, component.sources, journal, caps=caps), journal, False
 
     def _write(
         self, component: Component, result: BatchResult, quarantine: list[dict[str, Any]]

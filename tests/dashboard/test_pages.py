@@ -756,6 +756,11 @@ def test_health_up_streams_quarantine_and_tables(lakehouse: Path, open_page: Ope
     }
     assert dict(zip(streams["stream"], streams["arrived/s"], strict=True))["traffic"] == 310.05
     assert streams["engine lag (s)"].max() < 1
+    assert dict(zip(streams["stream"], streams["live keys"], strict=True)) == {
+        "traffic": 40,
+        "tag_readings": 212,
+    }
+    assert set(streams["key cap"]) == {"500,000"}
     assert "missing field 'ts'" in set(quarantine["reason"])
     assert {"alerts", "readings_traffic", "quarantine"} <= set(tables["table"])
     compacted = dict(zip(tables["table"], tables["files compacted"], strict=True))
@@ -778,11 +783,16 @@ def test_health_red_says_which_stream_crossed_what(lakehouse: Path, open_page: O
     )
     assert "stream traffic: its clock (newest event time) has stood at" in red.value
     assert "for 270 s while 50,735 readings arrived (the limit is 60 s)" in red.value
+    assert (
+        "stream tag_readings: 12 readings of new keys were quarantined in the last 60 s: a "
+        "rule reading it holds state for max_live_keys = 5000 keys" in red.value
+    )
     streams = app.dataframe[1].value
     assert dict(zip(streams["stream"], streams["status"], strict=True)) == {
         "traffic": "red: duplicates, clock stopped",
-        "tag_readings": "ok",
+        "tag_readings": "red: key cap",
     }
+    assert dict(zip(streams["stream"], streams["capped"], strict=True))["tag_readings"] == 12
 
 
 def test_health_down_when_the_files_are_stale(lakehouse: Path, open_page: Open) -> None:

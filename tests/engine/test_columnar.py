@@ -272,3 +272,18 @@ def test_the_library_runs_its_windows_per_column() -> None:
     plan = load_rules([Path(__file__).resolve().parents[2] / "rules"]).plan
     row_stages = {s.name for s in plan.stages() if not planner.columnar(s)}
     assert row_stages == {"packing_groups", "larceny", "missed_shipping"}
+
+
+def test_a_rows_frame_run_by_its_time_slide_keeps_its_columns() -> None:
+    """A key run by its slot's close, with no rows, joined its kept rows' float column
+    with an empty integer one: the next batch's extremes then failed on objects."""
+    rule = (
+        "CREATE STREAM out AS SELECT station, lane, ts, speed, count(speed) OVER (PARTITION "
+        "BY station ROWS 1 PRECEDING SLIDE 1 SECONDS) AS n FROM traffic;\n"
+        "CREATE ALERT watch SEVERITY warning AS SELECT station, ts, n FROM out "
+        "WHERE n IS NOT NULL AND lane > 1;\n"
+    )
+    items = [(0, 1, 1, None, "a", "p", False)] * 6
+    items += [(t, 1, 1, None, "a", "p", False) for t in (5000, 7250, 8000)]
+    rows = arrivals(items)
+    assert run(rule, rows, [3, 5, 8], restart=False) == run(rule, rows, [], restart=False)

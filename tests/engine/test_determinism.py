@@ -241,7 +241,7 @@ def test_batched_slot_arrivals_equal_group_by_group(
     (stage,) = plan_for(window).stages()
     fast, slow = KeyedEvaluator(stage), KeyedEvaluator(stage)
     assert fast.operator.arrive_slot is not None  # type: ignore[union-attr]
-    slow.operator.arrive_slot = None  # type: ignore[union-attr]
+    slow.operator._slots = False  # type: ignore[union-attr]
     max_ts = -END_OF_TIME
     for row, step in zip(data[1], schedule, strict=False):
         fast.insert(dict(row))

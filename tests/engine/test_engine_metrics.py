@@ -42,6 +42,34 @@ def test_incidents_firing_per_rule_as_the_parts_that_ran_last_reported() -> None
     assert firing() == {"congestion": 1, "accident": 0, "larceny": 1, "missed_shipping": 3}
 
 
+def test_live_keys_per_rule_and_per_stream_as_the_parts_that_ran_last_reported() -> None:
+    """Each rule's keys stand until its part reports again: one gauge per query once
+    summed only the parts of the last batch, undercounting the others."""
+    traffic = {
+        "component": "traffic",
+        "keys": {"station_speed": 40, "congestion": 2},
+        "streams": {"traffic": {"live_keys": 40, "max_live_keys": 500, "capped": 3}},
+    }
+    rfid = {
+        "component": "rfid",
+        "keys": {"missed_shipping": 900},
+        "streams": {"tag_readings": {"live_keys": 900, "max_live_keys": 0}},
+    }
+    observe_step("engine", merge_figures([traffic, rfid]), 0.1, 0.01)
+    observe_step("engine", merge_figures([traffic]), 0.1, 0.01)
+
+    def sample(name: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, labels)
+
+    live = {rule: sample("lookout_engine_live_keys", query="engine", rule=rule) for rule in
+            ("station_speed", "congestion", "missed_shipping")}  # fmt: skip
+    assert live == {"station_speed": 40, "congestion": 2, "missed_shipping": 900}
+    assert sample("lookout_stream_live_keys", stream="tag_readings") == 900
+    assert sample("lookout_stream_max_live_keys", stream="traffic") == 500
+    assert sample("lookout_stream_max_live_keys", stream="tag_readings") == 0
+    assert sample("lookout_stream_capped_total", stream="traffic") == 6
+
+
 def test_the_stateful_step_reports_the_incidents_it_left_open(tmp_path: Path) -> None:
     """Under TwsTester: after each batch, the health row's `firing` per alert equals the
     incidents whose latest state the batch's files (and the earlier ones) leave open."""

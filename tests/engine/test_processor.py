@@ -36,7 +36,7 @@ from engine.spark.landing_source import (
 from engine.spark.processor import ENTRIES, PIECES, EngineProcessor, SparkStore
 from engine.spark.query import engine_components
 from ingest.landing import LandingWriter
-from lookout.config import Config, S3Config
+from lookout.config import Config, EngineConfig, S3Config
 from lookout.services import alert_specs
 from rules.language.loader import load_rules
 from tests.e2e.test_congestion import arrival_order, make_readings
@@ -45,7 +45,8 @@ from tests.examples import examples
 RULES = Path(__file__).resolve().parents[2] / "rules" / "traffic.sql"
 _LIBRARY = load_rules([RULES])
 PARTS = engine_components(_LIBRARY.plan, alert_specs(_LIBRARY))
-WALL_CLOCK = {"detected_at"}  # when the batch ran: differs between any two runs
+WALL_CLOCK = {"detected_at"}
+DEFAULT_ENGINE = EngineConfig()  # when the batch ran: differs between any two runs
 
 
 def landing_batches(root: Path, readings: list[dict], files_per_batch: int) -> list[list[Row]]:
@@ -69,10 +70,17 @@ def landing_batches(root: Path, readings: list[dict], files_per_batch: int) -> l
     return batches
 
 
-def run(lakehouse: Path, batches: list[list[Row]], forget: set[int]) -> dict[str, Counter]:
+def run(
+    lakehouse: Path,
+    batches: list[list[Row]],
+    forget: set[int],
+    engine: EngineConfig = DEFAULT_ENGINE,
+    figures: list[dict] | None = None,
+) -> dict[str, Counter]:
     """Every batch through one processor; the worker's memo emptied before the batches
-    in `forget`. Each table's rows written, as a multiset."""
-    config = Config(lakehouse=str(lakehouse))
+    in `forget`. Each table's rows written, as a multiset; the health rows' figures
+    appended to `figures`."""
+    config = Config(lakehouse=str(lakehouse), engine=engine)
     for name, schema in table_schemas(_LIBRARY.plan, ("traffic", "positions")).items():
         tables.ensure_table(config.table(name), schema)
     processor = EngineProcessor(PARTS, config, memo_id=str(lakehouse))
@@ -84,7 +92,10 @@ def run(lakehouse: Path, batches: list[list[Row]], forget: set[int]) -> dict[str
             processor_module._PIPELINES.clear()
         for out in tester.test("traffic", rows):
             if out["kind"] == "health":
-                restores += not orjson.loads(out["stats"])["reused"]
+                stats = orjson.loads(out["stats"])
+                restores += not stats["reused"]
+                if figures is not None:
+                    figures.append(stats)
                 continue
             found = pq.read_table(f"{config.table(out['table'])}/{out['path']}").to_pylist()
             written.setdefault(out["table"], Counter()).update(
@@ -108,7 +119,7 @@ def test_the_processor_keeps_its_state_in_two_variables(tmp_path: Path) -> None:
     assert not tester.handle.value_states and not tester.handle.list_states
 
 
-KINDS = ("sequencer", "head", "cstate", "journal", "chunk", "slice")
+KINDS = ("sequencer", "head", "cstate", "journal", "chunk", "slice", "rest", "rests", "keycap")
 state_keys = st.tuples(
     st.sampled_from(KINDS), st.sampled_from(["a", "b"]), st.sampled_from(["", "[1]"]),
     st.integers(0, 2),
@@ -153,3 +164,25 @@ def test_a_worker_without_the_pipeline_rebuilds_it_and_writes_the_same(
     rebuilt = run(tmp_path / "rebuilt", batches, forget=forget)
     assert kept["alerts"], "the readings must raise alerts"
     assert kept == rebuilt
+
+
+def test_readings_beyond_the_cap_on_live_keys_are_quarantined_alike_after_rebuilds(
+    tmp_path: Path, batches: list[list[Row]]
+) -> None:
+    """With room for 3 stations, the other stations' readings go to `quarantine` with
+    the stream, the cap and the key; the health figures say so; a rebuilt pipeline
+    quarantines the same ones."""
+    engine = EngineConfig(max_live_keys=3)
+    figures: list[dict] = []
+    kept = run(tmp_path / "kept", batches, forget=set(), engine=engine, figures=figures)
+    forget = set(random.Random(3).sample(range(1, len(batches)), len(batches) // 3))
+    assert run(tmp_path / "rebuilt", batches, forget=forget, engine=engine) == kept
+    reasons = [dict(row)["reason"] for row in kept["quarantine"].elements()]
+    assert reasons and all(
+        r.startswith("'stream traffic: max_live_keys = 3 reached by rule ") for r in reasons
+    )
+    assert all("; new key station=" in r for r in reasons)
+    traffic = [f["streams"]["traffic"] for f in figures]
+    assert sum(t["capped"] for t in traffic) == len(reasons)
+    assert {t["max_live_keys"] for t in traffic} == {3}
+    assert max(t["live_keys"] for t in traffic) == 3

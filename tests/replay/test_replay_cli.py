@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import orjson
+import pyarrow.parquet as pq
 
 from lookout.replay import run_replay
 from rules.language.loader import RULES_DIR
@@ -115,3 +116,40 @@ def test_the_demos_rfid_simulator_raises_a_larceny_alarm_within_two_minutes(
     incidents = [orjson.loads(x) for x in (out / "incidents.jsonl").read_bytes().splitlines()]
     opened = [datetime.fromisoformat(i["opened_at"]) for i in incidents if i["rule"] == "larceny"]
     assert opened and opened[0] - datetime.fromisoformat(FILE_START) <= timedelta(minutes=2)
+
+
+def test_replay_quarantines_what_the_engine_cap_on_live_keys_would(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """lookout.toml's `[engine.streams.traffic] max_live_keys = 4`: the rule keyed by
+    station and lane sees four lanes, those keyed by station no more stations (a reading
+    one rule has no room for is quarantined for all); the other readings go to
+    quarantine.jsonl, each with its reason; positions keep the default cap."""
+    config = tmp_path / "lookout.toml"
+    config.write_text("[engine.streams.traffic]\nmax_live_keys = 4\n")
+    monkeypatch.setenv("LOOKOUT_CONFIG", str(config))
+    recording = simulate(tmp_path)
+    rules = str(RULES_DIR / "traffic.sql")
+    assert run_replay([rules], [str(recording)], str(tmp_path / "out")) == 0
+
+    def rows(name: str) -> list[dict]:
+        return [orjson.loads(x) for x in (tmp_path / "out" / name).read_bytes().splitlines()]
+
+    lines = rows("quarantine.jsonl")
+    assert lines and {line["stream"] for line in lines} == {"traffic"}
+    assert all(
+        line["reason"].startswith("stream traffic: max_live_keys = 4 reached by rule ")
+        for line in lines
+    )
+    assert "quarantined by a cap on live keys" in capsys.readouterr().err
+    assert len({row["station"] for row in rows("station_speed.jsonl")}) <= 4
+    assert len({(row["station"], row["lane"]) for row in rows("lane_reports.jsonl")}) == 4
+    assert rows("accident.jsonl"), "the position reports are not capped"
+
+    # Parquet holds the same readings set aside, with the reason as a column.
+    tables = tmp_path / "tables"
+    assert run_replay([rules], [str(recording)], str(tables), output_format="parquet") == 0
+    quarantine = pq.read_table(tables / "quarantine.parquet").to_pylist()
+    assert [(q["source"], q["seq"], q["reason"]) for q in quarantine] == [
+        (line["source"], line["seq"], line["reason"]) for line in lines
+    ]

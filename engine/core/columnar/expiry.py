@@ -75,6 +75,10 @@ class NewestExpiryRunner(ColumnarRunner):
             return None
         return int(state.column(self.stage.timestamp)[0].as_py()) + self.reach + 1
 
+    def idle(self, state: pa.Table | None, watermark: int) -> bool:
+        """The key's newest tuple has expired (or none came): nothing is kept."""
+        return state is None
+
     def window(
         self, key: Key, state: Any, rows: pa.Table, watermark: int, span: tuple[int, int]
     ) -> pa.Table | None:

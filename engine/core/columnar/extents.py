@@ -190,6 +190,18 @@ class ExtentRunner(ColumnarRunner):
         columns[TS] = pa.array(ends, pa.int64())
         return pa.table(columns)
 
+    def idle(self, state: Panes, watermark: int) -> bool:
+        """Every extent holding one of the group's panes has been emitted: a later row's
+        extents end after ``closed`` and cover none of them."""
+        return self.wakeup(state) is None
+
+    def residue(self, state: Panes) -> Any:
+        """The running totals an extent's sums are differences of."""
+        return state.totals
+
+    def resume(self, state: Panes, residue: Any) -> None:
+        state.totals = residue
+
     def dump(self, key: Key, store: Any) -> Any:
         state: Panes = self.states[key]
         return (state.numbers, state.parts, state.totals, state.closed)

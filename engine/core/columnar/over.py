@@ -82,6 +82,8 @@ class Run:
     @staticmethod
     def then(first: Run, second: Run) -> Run:
         """``second``'s rows after ``first``'s (its totals continue ``first``'s)."""
+        if not len(second):  # a key run by its wakeup: its columns have no type to join
+            return first
         return Run(
             np.concatenate([first.ts, second.ts]),
             [
@@ -554,3 +556,34 @@ class OverRunner(ColumnarRunner):
                 next_number,
             )
         return OverKey(count, kept, waiting, closes, totals)
+
+    # -- eviction (the hooks `ColumnarRunner` calls) ---------------------------------------
+    def idle(self, state: OverKey, watermark: int) -> bool:
+        """A RANGE frame whose rows have all left every later row's frame (the frame
+        let go of its slices below ``watermark - t``), no slot's row waiting. ROWS and
+        UNBOUNDED frames never are: a later row's frame holds their rows."""
+        return (
+            isinstance(self.frame, RangeFrame) and not state.kept.slices and state.waiting is None
+        )
+
+    def idle_wakeup(self, state: OverKey) -> int | None:
+        """The watermark at which the newest row leaves a RANGE frame (``last + t + 1``)."""
+        if isinstance(self.frame, RangeFrame) and state.kept.slices:
+            return int(state.kept.slices[-1].last) + self.frame.t + 1
+        return None
+
+    def residue(self, state: OverKey) -> Any:
+        """The row count (a row slide's place) and the running totals: an output's sums
+        are differences of them, so a returning key goes on from the same ones."""
+        return (state.count, state.totals)
+
+    def resume(self, state: OverKey, residue: Any) -> None:
+        state.count, state.totals = residue
+
+    def forget(self, key: Key, state: OverKey) -> list[tuple[str, str, str, int]]:
+        """The stored slices the frame let go of, not yet deleted."""
+        kept = state.kept
+        if not isinstance(kept, SliceBuffer):
+            return []
+        numbers = [*kept.dropped, *(p.number for p in kept.slices if p.stored)]
+        return [("slice", self.stage.name, key_json(key), n) for n in numbers]

@@ -14,7 +14,10 @@ must run again without new rows (:meth:`ColumnarRunner.wakeup`). The rest is her
   number first, then its consumers' rows and theirs, in plan order (the order in which
   :class:`~engine.core.evaluator.KeyedEvaluator` delivers them).
 
-State per key is one pickled record (``cstate``), written when the key changed.
+State per key is one pickled record (``cstate``), written when the key changed. A key
+whose window says it is idle (:meth:`ColumnarRunner.idle`) is evicted after the
+advance that made it so; its output count and the window's :meth:`ColumnarRunner.residue`
+stay behind (:class:`~engine.core.runners.Rests`).
 """
 
 from __future__ import annotations
@@ -31,8 +34,21 @@ import pyarrow.compute as pc
 
 from engine.core.columnar import ops
 from engine.core.evaluator import derived_source
-from engine.core.plan import Query, Stage
-from engine.core.runners import KEY, SEQ, SOURCE, TS, HasStore, Key, Saved, SinkRows, key_json
+from engine.core.plan import END_OF_TIME, Query, Stage
+from engine.core.runners import (
+    KEY,
+    RESTS,
+    SEQ,
+    SOURCE,
+    TS,
+    HasStore,
+    Key,
+    Rests,
+    Saved,
+    SinkRows,
+    earliest,
+    key_json,
+)
 from engine.core.state import StateKey, StateStore
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
@@ -73,6 +89,12 @@ class ColumnarRunner:
         self._consumers: dict[str, list[Query]] = {}
         for query in stage.downstream:
             self._consumers.setdefault(query.input, []).append(query)
+        # Eviction (module docstring): an unkeyed stage has one key, kept.
+        self.evicts = bool(stage.key) and owner.evict
+        self.rests = Rests(stage, self.kind, owner)
+        self._saved: set[Key] = set()  # keys with a record in the store
+        self._gone: dict[Key, list[StateKey]] = {}  # evicted keys' entries, to delete
+        self._evicted: list[Key] = []
 
     # -- what a window supplies ------------------------------------------------------------
     def new_state(self, key: Key) -> Any:
@@ -93,6 +115,28 @@ class ColumnarRunner:
     def wakeup(self, state: Any) -> int | None:
         """The watermark at which the key must run again with no new rows, if any."""
         return None
+
+    def idle(self, state: Any, watermark: int) -> bool:
+        """Whether the key's state, advanced to ``watermark``, gives every later row what
+        a new key's state given :meth:`residue` would (then it is evicted); never by
+        default."""
+        return False
+
+    def idle_wakeup(self, state: Any) -> int | None:
+        """The lowest watermark at which time alone can make the key idle, if any."""
+        return None
+
+    def residue(self, state: Any) -> Any:
+        """What an idle key's window keeps for the key's return (None: nothing)."""
+        return None
+
+    def resume(self, state: Any, residue: Any) -> None:
+        """Take back a :meth:`residue` into a new key's state."""
+
+    def forget(self, key: Key, state: Any) -> list[StateKey]:
+        """The store entries of its own an idle key's window leaves (its ``cstate`` aside),
+        to delete."""
+        return []
 
     # -- running ------------------------------------------------------------------------
     def insert(self, rows: pa.Table) -> None:
@@ -123,22 +167,57 @@ class ColumnarRunner:
         keys: list[Key] = []
         windows: list[pa.Table] = []
         key_index: list[np.ndarray] = []
+        idle: list[Key] = []
         for key, part, span in sorted(batches, key=lambda b: key_json(b[0])):
-            state = self.states.get(key)
-            if state is None:
-                state = self.states[key] = self.new_state(key)
+            if key in self.states:
+                state = self.states[key]
+            else:
+                state = self.states[key] = self._new_state(key)
             rows = self.empty_rows if part is None else part
             out = self.window(key, state, rows, watermark, span)
             self._touched.add(key)
-            self._schedule(key, self.wakeup(self.states[key]))  # a window may replace it
+            state = self.states[key]  # a window may replace it
+            if self.evicts and self.idle(state, watermark):
+                idle.append(key)  # once its rows are numbered
+            else:
+                self._schedule(key, earliest(self.wakeup(state), self.idle_wakeup(state)))
             if out is not None and out.num_rows:
                 key_index.append(np.full(out.num_rows, len(keys), dtype=np.int64))
                 keys.append(key)
                 windows.append(out)
-        if not windows:
-            return []
-        window_rows = pa.concat_tables(windows, promote_options="permissive")
-        return self._emit(keys, window_rows, np.concatenate(key_index))
+        emitted = []
+        if windows:
+            window_rows = pa.concat_tables(windows, promote_options="permissive")
+            emitted = self._emit(keys, window_rows, np.concatenate(key_index))
+        for key in idle:
+            self._evict(key)
+        return emitted
+
+    def _new_state(self, key: Key) -> Any:
+        """A key's state: a new one, given back what the key left if it was evicted."""
+        state = self.new_state(key)
+        residue = self.rests.take(key) if self.evicts else None
+        if residue is not None:
+            emitted, kept = residue
+            if emitted:
+                self.emitted[key] = emitted
+            self.resume(state, kept)
+        return state
+
+    def _evict(self, key: Key) -> None:
+        """Drop an idle key: its residue is kept, its stored state deleted at save."""
+        state = self.states.pop(key)
+        emitted, kept = self.emitted.pop(key, 0), self.residue(state)
+        self.rests.put(key, None if not emitted and kept is None else (emitted, kept))
+        self._wakeups.pop(key, None)
+        self._touched.discard(key)
+        doomed = self.forget(key, state)
+        if key in self._saved:
+            self._saved.discard(key)
+            doomed.append(("cstate", self.stage.name, key_json(key), 0))
+        if doomed:
+            self._gone.setdefault(key, []).extend(doomed)
+        self._evicted.append(key)
 
     @property
     def empty_rows(self) -> pa.Table:
@@ -230,9 +309,16 @@ class ColumnarRunner:
         if self.pending:  # rows not yet final belong to the state too
             self.pending = [pa.concat_tables(self.pending, promote_options="permissive")]
         pending = self.pending[0] if self.pending else None
+        # The evicted first: a key back in the same batch writes its state afresh.
+        for key in sorted(self._gone, key=key_json):
+            for entry in self._gone[key]:
+                store.delete(entry)
+        self._gone.clear()
+        self.rests.save(store)
         for key in sorted(self._touched, key=key_json):
             record = (definition, self.kind, self.emitted.get(key, 0), self.dump(key, store))
             store.put(("cstate", name, key_json(key), 0), pickle.dumps(record, _PICKLE))
+            self._saved.add(key)
         if pending is not None or self._pending_saved:  # none, and none stored: no write
             store.put(("cstate", name, "", -1), pickle.dumps((definition, self.kind, pending)))
             self._pending_saved = pending is not None
@@ -258,15 +344,26 @@ class ColumnarRunner:
                 continue
             key = tuple(orjson.loads(entry[2]))
             self.emitted[key] = rest[0]
-            self.states[key] = self.load(key, rest[1])
-            self._schedule(key, self.wakeup(self.states[key]))
+            state = self.states[key] = self.load(key, rest[1])
+            self._saved.add(key)
+            wakeup = earliest(self.wakeup(state), self.idle_wakeup(state))
+            if self.evicts and self.idle(state, -END_OF_TIME):
+                wakeup = -END_OF_TIME  # saved idle (before eviction): evicted next advance
+            self._schedule(key, wakeup)
         doomed = {e[2] for e in stale}
-        stale += [e for kind, found in saved.items() if kind != "cstate" for e, _ in found
-                  if e[2] in doomed]  # fmt: skip
-        return stale
+        stale += [e for kind, found in saved.items() if kind not in ("cstate", RESTS)
+                  for e, _ in found if e[2] in doomed]  # fmt: skip
+        return stale + self.rests.restore(saved)
 
     def live_keys(self) -> int:
         return len(self.states)
+
+    def is_live(self, key: Key) -> bool:
+        return key in self.states
+
+    def take_evicted(self) -> list[Key]:
+        evicted, self._evicted = self._evicted, []
+        return evicted
 
 
 def _exclusive_cumsum_by(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
