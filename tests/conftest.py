@@ -4,10 +4,15 @@ server (moto's) per test that asks for one.
 Both are real (no mocks): the broker is the Debian mosquitto started from the shipped
 `deploy/mosquitto.conf` on a free loopback port; Spark runs in local mode with Delta.
 A SparkSession takes seconds to start, so every Spark test shares this one.
+
+Under pytest-xdist (`-n`, the fast lane) each worker is a test session of its own, with
+its own mosquitto; the Spark and browser tests refuse to run there (see
+`pytest_runtest_setup`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +36,20 @@ def pytest_configure(config: pytest.Config) -> None:
     markexpr = config.getoption("markexpr") or ""
     if "not slow" in markexpr and not config.getoption("hypothesis_profile"):
         settings.load_profile("dev")
+
+
+@pytest.hookimpl(tryfirst=True)  # before any fixture starts Spark or Chromium
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Spark and browser tests run in one process, one after another: under several
+    pytest-xdist workers (`-n`, the fast lane's) each fails at once, rather than start a
+    SparkSession or a Chromium per worker side by side."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and (
+        item.get_closest_marker("spark") or item.get_closest_marker("browser")
+    ):
+        pytest.fail(
+            "spark and browser tests run without -n (with -n, add -m 'not spark and not browser')",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ that row (`compile_expr`), NULL for NULL. Expressions with no columnar form must
 from __future__ import annotations
 
 import math
+from functools import cache
 from typing import Any
 
 import pyarrow as pa
@@ -51,6 +52,7 @@ def literal(kind: str) -> st.SearchStrategy[ast.Expr]:
     )
 
 
+@cache  # one strategy per kind and depth: Hypothesis validates it once, not per example
 def expr(kind: str, depth: int = 2) -> st.SearchStrategy[ast.Expr]:
     leaves = st.one_of(column(kind), literal(kind)) if kind != "TIMESTAMP" else column(kind)
     if depth == 0:
