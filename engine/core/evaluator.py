@@ -48,7 +48,7 @@ from engine.core.plan import (
     RowOps,
     RowsGroupWindow,
     Stage,
-    compile_ops,
+    compiled_ops,
 )
 from engine.core.several import SeveralOverOperator
 from engine.core.windows import (
@@ -216,14 +216,14 @@ class KeyedEvaluator:
         self.pending: list[tuple[int, str, int, int, Row]] = []
         self._tiebreak = itertools.count()
         self.pre = stage.query.pre
-        self._pre, self._post = compile_ops(self.pre), compile_ops(stage.query.post)
+        self._pre, self._post = compiled_ops(self.pre), compiled_ops(stage.query.post)
         self.ts_column = stage.timestamp
         self.chunked = False  # whether the operator's buffer is kept in chunks (`save`)
         # Per stream this stage writes: the stateless queries reading it, with their
         # pre and post ops.
         self._consumers: dict[str, list[tuple[Query, RowOps, RowOps]]] = {}
         for q in stage.downstream:
-            entry = (q, compile_ops(q.pre), compile_ops(q.post))
+            entry = (q, compiled_ops(q.pre), compiled_ops(q.post))
             self._consumers.setdefault(q.input, []).append(entry)
         # Extents whose results the SELECT list only copies, with nothing reading the
         # sink here, leave as columns: the row keys each output column copies.

@@ -52,7 +52,7 @@ from engine.core.plan import (
     OverWindow,
     RelationWindow,
     StatelessOp,
-    compile_ops,
+    compiled_ops,
 )
 
 Row = dict[str, Any]
@@ -1242,7 +1242,7 @@ class RelationOperator(_Evicting):
         _check_relation(window)
         self.window = window
         self.r2s = r2s
-        self._rows = compile_ops(post)  # a tuple's rows: post applied once, on arrival
+        self._rows = compiled_ops(post)  # a tuple's rows: post applied once, on arrival
         self.rows_frame = window.units is FrameUnits.ROWS
         leaves = self.rows_frame or window.range_ms is not None or bool(window.reset_every_ms)
         self.keep = leaves or r2s is R2S.RSTREAM
