@@ -287,3 +287,24 @@ def test_a_rows_frame_run_by_its_time_slide_keeps_its_columns() -> None:
     items += [(t, 1, 1, None, "a", "p", False) for t in (5000, 7250, 8000)]
     rows = arrivals(items)
     assert run(rule, rows, [3, 5, 8], restart=False) == run(rule, rows, [], restart=False)
+
+
+def test_a_closing_slot_beside_other_keys_new_rows(per_row) -> None:
+    """In one advance station 2's held row leaves (its slot closed, no new rows of its
+    own) while station 1's new rows leave too: each row is numbered as its own key's."""
+    rule = (
+        "CREATE STREAM out AS SELECT station, lane, ts, speed, count(*) OVER (PARTITION "
+        "BY station RANGE 2 SECONDS PRECEDING SLIDE 1 SECONDS) AS n FROM traffic;\n"
+        "CREATE ALERT watch SEVERITY warning AS SELECT station, ts, n FROM out "
+        "WHERE lane > 1;\n"
+    )
+    # The first batch's watermark (0.5 s) makes station 2's row final; its slot
+    # [0 s, 1 s) is still open, so the row waits. The second's (2 s) closes that slot and
+    # station 1's [1 s, 2 s).
+    items = [(0, 2, 2, 1.0, "a", "p", False), (2500, 3, 2, 1.0, "a", "p", False)]
+    items += [(t, 1, 2, 1.0, "a", "p", False) for t in (1000, 1250, 4000)]
+    rows = arrivals(items)
+    per_row["on"] = True
+    expected = run(rule, rows, [], restart=False)
+    per_row["on"] = False
+    assert run(rule, rows, [2], restart=False) == expected

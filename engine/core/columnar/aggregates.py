@@ -138,6 +138,21 @@ class Parts:
     least: np.ndarray
     most: np.ndarray
 
+    def take(self, start: int, end: int | None) -> Parts:
+        """The outputs ``[start, end)``."""
+        return Parts(*(a[start:end] for a in self._arrays()))
+
+    def _arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.rows, self.valid, self.total, self.least, self.most)
+
+    @staticmethod
+    def concat(many: list[Parts]) -> Parts:
+        """The outputs of several, one after another."""
+        if len(many) == 1:
+            return many[0]
+        columns = zip(*(p._arrays() for p in many), strict=True)
+        return Parts(*(np.concatenate(arrays) for arrays in columns))
+
 
 def parts(
     ends: tuple[np.ndarray, np.ndarray, np.ndarray],

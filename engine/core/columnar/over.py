@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.core.columnar import aggregates as agg
-from engine.core.columnar.stage import ColumnarRunner
+from engine.core.columnar.stage import ColumnarRunner, Picked
 from engine.core.plan import FrameUnits, OverWindow, Stage
 from engine.core.runners import TS, HasStore, Key, key_json
 from engine.core.state import StateStore
@@ -452,44 +452,52 @@ class OverRunner(ColumnarRunner):
 
     def window(
         self, key: Key, state: OverKey, rows: pa.Table, watermark: int, span: tuple[int, int]
-    ) -> pa.Table | None:
+    ) -> Picked | pa.Table | None:
         self._loading = key
         new = self._run(span, state.totals)
         emit = self.emit.choose(state, new)
-        out: list[pa.Table] = []
+        before = None
         if state.waiting is not None:
             assert state.closes is not None
             if len(new) and new.ts[0] <= state.closes:
                 state.waiting = state.closes = None  # a later row of its slot replaces it
             elif state.closes < watermark:
-                out.append(state.waiting)  # its slot is over
+                before = state.waiting  # its slot is over
                 state.waiting = state.closes = None
+        picked = None
         if len(emit):
             parts = self.frame.parts(state.kept, new, emit)
-            values = rows.take(pa.array(emit, pa.int64()))
-            for call, p in zip(self.calls, parts, strict=True):
-                values = values.append_column(call.alias, agg.finish(call, p))
-            values = values.append_column(TS, values.column(self.stage.timestamp))
+            index = emit + span[0]
             if isinstance(self.emit, TimeSlide):
                 slide = self.emit.s
                 closes = (new.ts[emit] // slide + 1) * slide - 1
-                ready = closes < watermark
-                if not ready[-1]:  # the last slot is still open: its row waits
-                    # A copy: a pickled slice would carry every emitted row's buffers.
-                    state.waiting = values.take(pa.array([len(emit) - 1], pa.int64()))
+                if not closes[-1] < watermark:  # the last slot is still open: its row waits
+                    last = len(emit) - 1
+                    state.waiting = self.assemble(
+                        self._final, [Picked(index[last:], [p.take(last, None) for p in parts])]
+                    )
                     state.closes = int(closes[-1])
-                    values = values.slice(0, len(emit) - 1)
-            out.append(values)
+                    index, parts = index[:last], [p.take(0, last) for p in parts]
+            picked = Picked(index, parts, before)
         state.count += len(new)
         state.totals = [p.end() for p in new.prefixes]
         state.kept = self.frame.keep(state.kept, new, watermark)
-        if not out:
-            return None
-        return pa.concat_tables(out, promote_options="permissive")
+        return picked if picked is not None else before
+
+    def assemble(self, final: pa.Table, picked: list[Picked]) -> pa.Table:
+        """The picked rows of ``final``, each aggregate's value and ``_ts``: one take and
+        one column per aggregate for all keys."""
+        index = np.concatenate([p.index for p in picked])
+        values = final.take(pa.array(index, pa.int64()))
+        for i, call in enumerate(self.calls):
+            parts = agg.Parts.concat([p.values[i] for p in picked])
+            values = values.append_column(call.alias, agg.finish(call, parts))
+        return values.append_column(TS, values.column(self.stage.timestamp))
 
     def begin(self, final: pa.Table) -> None:
         """Each aggregate's argument over all the batch's rows, computed once."""
         n = final.num_rows
+        self._final = final
         self._ts = np.asarray(
             final.column(self.stage.timestamp).to_numpy(zero_copy_only=False), dtype=np.int64
         )

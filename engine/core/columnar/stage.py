@@ -3,8 +3,10 @@ the query's steps after the window, and numbering the rows emitted.
 
 A subclass supplies the window (:meth:`ColumnarRunner.window`): given a key's final
 rows of the batch (sorted in (ts, source, seq) order) it returns that key's window rows
-(the columns the query's ``post`` steps read, and ``_ts``), and it may say when a key
-must run again without new rows (:meth:`ColumnarRunner.wakeup`). The rest is here:
+(the columns the query's ``post`` steps read, and ``_ts``), or names them as rows of
+the batch (:class:`Picked`) for :meth:`ColumnarRunner.assemble` to build for all keys
+at once, and it may say when a key must run again without new rows
+(:meth:`ColumnarRunner.wakeup`). The rest is here:
 
 * ``pre`` steps run as rows arrive; rows wait until the watermark passes them;
 * ``post`` steps, then the stateless queries fed by the stage's sink (``downstream``,
@@ -52,6 +54,19 @@ from engine.core.runners import (
 from engine.core.state import StateKey, StateStore
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
+
+
+@dataclass
+class Picked:
+    """A key's window rows as rows ``index`` of the advance's final rows (what
+    :meth:`ColumnarRunner.begin` got) with what the window computed for them
+    (``values``, the runner's own form), after the table ``before`` (rows of earlier
+    batches, or None). Building one table per key costs more than the key's rows do;
+    :meth:`ColumnarRunner.assemble` builds all keys' at once."""
+
+    index: np.ndarray
+    values: Any
+    before: pa.Table | None = None
 
 
 @dataclass
@@ -107,9 +122,14 @@ class ColumnarRunner:
 
     def window(
         self, key: Key, state: Any, rows: pa.Table, watermark: int, span: tuple[int, int]
-    ) -> pa.Table | None:
+    ) -> pa.Table | Picked | None:
         """The key's window rows for this advance (``rows``: its final rows, sorted; they
         are rows ``span`` of what :meth:`begin` got)."""
+        raise NotImplementedError
+
+    def assemble(self, final: pa.Table, picked: list[Picked]) -> pa.Table:
+        """The window rows of the keys whose :meth:`window` gave :class:`Picked` s, in
+        their order, as one table (a runner that gives them says how)."""
         raise NotImplementedError
 
     def wakeup(self, state: Any) -> int | None:
@@ -165,8 +185,7 @@ class ColumnarRunner:
         seen = {key for key, _, _ in batches}
         batches += [(key, None, (0, 0)) for key in self._due(watermark) if key not in seen]
         keys: list[Key] = []
-        windows: list[pa.Table] = []
-        key_index: list[np.ndarray] = []
+        windows = _Windows()
         idle: list[Key] = []
         for key, part, span in sorted(batches, key=lambda b: key_json(b[0])):
             if key in self.states:
@@ -181,14 +200,13 @@ class ColumnarRunner:
                 idle.append(key)  # once its rows are numbered
             else:
                 self._schedule(key, earliest(self.wakeup(state), self.idle_wakeup(state)))
-            if out is not None and out.num_rows:
-                key_index.append(np.full(out.num_rows, len(keys), dtype=np.int64))
+            if windows.add(len(keys), out):
                 keys.append(key)
-                windows.append(out)
         emitted = []
-        if windows:
-            window_rows = pa.concat_tables(windows, promote_options="permissive")
-            emitted = self._emit(keys, window_rows, np.concatenate(key_index))
+        if windows.sizes:
+            batch = final if final is not None else self.empty_rows  # none picked then
+            window_rows, key_index = windows.table(lambda picked: self.assemble(batch, picked))
+            emitted = self._emit(keys, window_rows, key_index)
         for key in idle:
             self._evict(key)
         return emitted
@@ -364,6 +382,49 @@ class ColumnarRunner:
     def take_evicted(self) -> list[Key]:
         evicted, self._evicted = self._evicted, []
         return evicted
+
+
+class _Windows:
+    """An advance's window rows, key by key in order: tables, and :class:`Picked` rows
+    assembled at the end; :meth:`table` puts them back in the keys' order."""
+
+    def __init__(self) -> None:
+        self.tables: list[pa.Table] = []
+        self.picked: list[Picked] = []
+        self.sizes: list[tuple[bool, int, int]] = []  # (picked?, rows, key number)
+
+    def add(self, key: int, out: pa.Table | Picked | None) -> bool:
+        """Take a key's window rows; whether it had any."""
+        if isinstance(out, Picked):
+            added = self._table(key, out.before)
+            if len(out.index):
+                self.picked.append(out)
+                self.sizes.append((True, len(out.index), key))
+                added = True
+            return added
+        return self._table(key, out)
+
+    def _table(self, key: int, out: pa.Table | None) -> bool:
+        if out is None or not out.num_rows:
+            return False
+        self.tables.append(out)
+        self.sizes.append((False, out.num_rows, key))
+        return True
+
+    def table(self, assemble: Any) -> tuple[pa.Table, np.ndarray]:
+        """All rows as one table in the keys' order, and each row's key number."""
+        parts = [*self.tables, *([assemble(self.picked)] if self.picked else [])]
+        rows = pa.concat_tables(parts, promote_options="permissive")
+        key_of = np.concatenate([np.full(n, key, dtype=np.int64) for _, n, key in self.sizes])
+        if self.tables and self.picked:
+            # The tables' rows come first in ``rows``, the picked rows after them.
+            next_at = [0, sum(t.num_rows for t in self.tables)]
+            order = []
+            for picked, n, _ in self.sizes:
+                order.append(np.arange(next_at[picked], next_at[picked] + n))
+                next_at[picked] += n
+            rows = rows.take(pa.array(np.concatenate(order), pa.int64()))
+        return rows, key_of
 
 
 def _exclusive_cumsum_by(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
