@@ -29,7 +29,7 @@ from engine.core.columnar import aggregates as agg
 from engine.core.columnar.stage import ColumnarRunner, Picked
 from engine.core.plan import FrameUnits, OverWindow, Stage
 from engine.core.runners import TS, HasStore, Key, key_json
-from engine.core.state import StateStore
+from engine.core.state import StateStore, dumps
 
 
 def columnar_over(window: OverWindow) -> bool:
@@ -543,9 +543,7 @@ class OverRunner(ColumnarRunner):
             kept.dropped = []
             for piece in kept.slices:
                 if not piece.stored:
-                    store.put(
-                        ("slice", self.stage.name, text, piece.number), pickle.dumps(piece.run)
-                    )
+                    store.put(("slice", self.stage.name, text, piece.number), dumps(piece.run))
                     piece.stored = True
             # Only the front slice is read again soon (a frame's start moves forward), and
             # the last one, which the next rows may join.

@@ -51,7 +51,7 @@ from engine.core.runners import (
     earliest,
     key_json,
 )
-from engine.core.state import StateKey, StateStore
+from engine.core.state import StateKey, StateStore, dumps
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
 
@@ -335,10 +335,10 @@ class ColumnarRunner:
         self.rests.save(store)
         for key in sorted(self._touched, key=key_json):
             record = (definition, self.kind, self.emitted.get(key, 0), self.dump(key, store))
-            store.put(("cstate", name, key_json(key), 0), pickle.dumps(record, _PICKLE))
+            store.put(("cstate", name, key_json(key), 0), dumps(record))
             self._saved.add(key)
         if pending is not None or self._pending_saved:  # none, and none stored: no write
-            store.put(("cstate", name, "", -1), pickle.dumps((definition, self.kind, pending)))
+            store.put(("cstate", name, "", -1), dumps((definition, self.kind, pending)))
             self._pending_saved = pending is not None
         self._touched.clear()
 
