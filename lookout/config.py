@@ -109,9 +109,10 @@ class EngineConfig:
     # The driver JVM's heap; in local mode it runs the executors and their state stores
     # too. Spark's 1g default ran out at 20k readings/s, sending state to Python workers.
     driver_memory: str = "4g"
-    # One state store task per partition per batch: as many as local[2]'s cores, so a
-    # batch is one wave of tasks (a cluster wants about 2x its executor cores).
-    shuffle_partitions: int = 2
+    # One state store task per partition per batch. On one machine one: the batch's
+    # stateful task then gets the Python worker that ran the last one, pipelines in
+    # memory (docs/runtime.md); a cluster wants about 2x its executor cores.
+    shuffle_partitions: int = 1
     # A batch every so often when there are new landing files: a reading waits up to
     # this long before its batch starts.
     trigger_seconds: float = 0.5
