@@ -430,6 +430,11 @@ class Pipeline:
             for name, step in steps.items():
                 self.caps[name].stepped(step)
         self._advance_once(watermarks, result)
+        if steps:
+            # An incident both advances changed is the batch's change once, in its last
+            # state (the incidents table merges a batch's rows by incident).
+            latest = {(u.alert, u.key, u.opened_at): u for u in result.incidents}
+            result.incidents = list(latest.values())
 
     def _advance_once(self, watermarks: dict[str, int], result: BatchResult) -> None:
         """Advance every stage to its input's watermark in dependency order, feeding each

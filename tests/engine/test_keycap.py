@@ -252,3 +252,25 @@ def test_a_key_evicted_after_a_step_is_still_known_until_the_next(rows_only: boo
     with per_row_runners(rows_only):
         for cuts in ([], [2], [1], [1, 2], [3]):
             assert run(one_key_plan(250), rows, cuts, False, {"traffic": 1}, 1)[1] == [], cuts
+
+
+def test_an_incident_changed_before_and_after_a_step_is_one_update() -> None:
+    """A batch that passes a step advances twice; an incident reported in both is the
+    batch's change once, in its state after the batch (a second row of it failed the
+    incidents table's merge)."""
+    plan = compiled(
+        "CREATE ALERT fast SEVERITY warning AS SELECT station, speed FROM traffic "
+        "WHERE speed > 10;\n"
+        # A keyed rule reading the stream: the cap steps.
+        "CREATE STREAM counts AS SELECT station, count(*) OVER (PARTITION BY station "
+        "ROWS 1 PRECEDING) AS n FROM traffic;\n"
+    )
+    rows = [
+        {"station": 1, "lane": 1, "speed": 11.0, "name": "a", "ts": t, "source": "s", "seq": t}
+        for t in range(5_000, 26_000, 1_000)
+    ]
+    pipeline = Pipeline(plan, store=MemoryStore(), caps={"traffic": 100})
+    step = pipeline.process({"traffic": arrival_table(plan.streams["traffic"], rows)})
+    assert [(u.alert, u.opened_at, u.last_report_at, u.reports) for u in step.incidents] == [
+        ("fast", 5_000, 22_000, 18)
+    ]
