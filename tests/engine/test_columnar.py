@@ -308,3 +308,26 @@ def test_a_closing_slot_beside_other_keys_new_rows(per_row) -> None:
     expected = run(rule, rows, [], restart=False)
     per_row["on"] = False
     assert run(rule, rows, [2], restart=False) == expected
+
+
+def test_a_range_frame_over_many_slices_reads_each_slices_extremes(
+    per_row, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A RANGE frame stored one row a slice: each row's frame starts inside one slice
+    and spans several later ones, whose least and greatest values it must take in (the
+    random streams rarely make frames that long)."""
+    monkeypatch.setattr(over, "SLICE_ROWS", 1)
+    rule = (
+        "CREATE STREAM out AS SELECT station, lane, ts, speed, min(speed) OVER (PARTITION BY "
+        "station RANGE 3 SECONDS PRECEDING) AS low, max(speed) OVER (PARTITION BY station "
+        "RANGE 3 SECONDS PRECEDING) AS high FROM traffic;\n"
+        "CREATE ALERT watch SEVERITY warning AS SELECT station, ts, low, high FROM out "
+        "WHERE lane > 1;\n"
+    )
+    speeds = [3.0, 11.0, 0.5, 7.25, 2.0]
+    items = [(t * 250, 1, 2, speeds[t * 3 % 5], "a", "p", False) for t in range(40)]
+    rows = arrivals(items)
+    per_row["on"] = True
+    expected = run(rule, rows, [], restart=False)
+    per_row["on"] = False
+    assert run(rule, rows, [10, 20, 30], restart=True) == expected
