@@ -12,6 +12,11 @@ At random moments of the run (seeded) each fault in `--faults` strikes once:
 * `broker`: mosquitto restarted (SIGTERM, which saves its persistence, then start);
 * `dashboard`: kill -9 of the Streamlit server, restarted; it must answer again.
 
+With `--cluster N` the engine runs on a Spark standalone cluster on this machine (`lookout
+cluster`: a master and N one-core workers): `lookout engine` is then the driver, and
+the CPU per reading is reported for it and for each worker with its executor and the
+executor's Python workers (`executors-<n>`), so the driver's share shows.
+
 Afterwards a heartbeat a day ahead on every stream closes every window, and the tables
 must hold: every generated reading in its `readings_<stream>` table or `late_readings`
 exactly once (the late ones exactly those the simulators made late, duplicates
@@ -64,6 +69,7 @@ from engine.core.replay import run as replay
 from engine.tables import readings_table
 from ingest.validate import heartbeat_filter
 from lookout.broker import Broker, free_port
+from lookout.cluster import LocalCluster
 from lookout.demo import Part, lookout_argv, wait_for_parts
 from lookout.health import engine_running, read_health
 from lookout.mqtt_auth import PUBLISHER
@@ -316,6 +322,13 @@ def main() -> int:
     parser.add_argument(
         "--rules", action="append", default=None, help="rule file or folder (repeatable)"
     )
+    parser.add_argument(
+        "--cluster",
+        type=int,
+        default=0,
+        help="run the engine on a local standalone cluster "
+        "of this many one-core workers (0: local mode)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     parser.add_argument("--json", default=None, help="also write the report to this file")
     args = parser.parse_args()
@@ -361,6 +374,10 @@ def main() -> int:
            "LOOKOUT_INGEST_MAX_FUTURE_MS": str(2 * 86_400_000),
            "LOOKOUT_ENGINE_METRICS_PORT": str(metrics_port),
            "LOOKOUT_DASHBOARD_PORT": str(dash_port)}  # fmt: skip
+    cluster = None
+    if args.cluster:
+        cluster = LocalCluster(work / "cluster", workers=args.cluster, cores=1, memory="2g")
+        env["LOOKOUT_ENGINE_MASTER"] = cluster.start().url
     logs = work / "logs"
     parts = {
         "ingest": Part("ingest", lookout_argv("ingest"), logs / "ingest.log"),
@@ -378,12 +395,20 @@ def main() -> int:
     def pid_of(part: Part) -> Callable[[], int | None]:
         return lambda: part.process.pid if part.process and part.process.poll() is None else None
 
+    def cluster_pid(n: int) -> Callable[[], int | None]:
+        return lambda: cluster.processes[n].pid if cluster and cluster.processes else None
+
+    # A worker's descendants are its executor and the executor's Python workers.
+    workers = {f"executors-{n}": cluster_pid(n + 1) for n in range(args.cluster)}
+    if args.cluster:
+        workers["cluster-master"] = cluster_pid(0)
     sampler = Sampler(
         {**{p.name: pid_of(p) for p in (*parts.values(), *publishers)},
-         "broker": lambda: broker.process.pid if broker.process else None},
+         "broker": lambda: broker.process.pid if broker.process else None, **workers},
         metrics_port,
     )  # fmt: skip
     report: dict = {"rate": args.rate, "duration": args.duration, "faults": faults,
+                    "cluster": args.cluster,
                     "rules": args.rules, "streams": {s.stream: len(generated[s.stream])
                                                       for s in streams}}  # fmt: skip
     latency: list[float] = []
@@ -537,6 +562,8 @@ def main() -> int:
         for part in (*publishers, *parts.values()):
             part.stop()
         broker.stop()
+        if cluster is not None:
+            cluster.stop()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     text = json.dumps(report, default=str, indent=1)
