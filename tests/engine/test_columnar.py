@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import engine.core.columnar.over as over
-import engine.core.planner as planner
+import engine.core.planner.runners as planner
 from engine.core.pipeline import HEARTBEAT, Pipeline
 from engine.core.replay import arrival_table
 from engine.core.runners import emitted_outputs

@@ -1,0 +1,6 @@
+"""The planner: every decision about which code serves a stage, taken where the stage
+is first run, and nowhere else.
+
+* :mod:`engine.core.planner.runners`: which runner runs a stage, per column or row by
+  row (:func:`~engine.core.planner.runners.runner_for`).
+"""
