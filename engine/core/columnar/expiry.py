@@ -22,7 +22,7 @@ import pyarrow as pa
 from engine.core.columnar.stage import ColumnarRunner
 from engine.core.plan import AggCall, FrameUnits, OverWindow, Stage
 from engine.core.runners import TS, HasStore, Key
-from engine.core.windows import BufferView
+from engine.core.windows.contents import BufferView
 
 
 def columnar_expiry(window: OverWindow) -> bool:
