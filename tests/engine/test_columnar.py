@@ -249,7 +249,7 @@ def test_columnar_runners_give_the_per_row_rows(
 ) -> None:
     # `slices` rows per slice: every ROWS frame of 1 row or more keeps its rows in slices
     # (a long frame's storage, at a size the drawn streams cross many times).
-    monkeypatch.setattr(over, "SLICED_ROWS_FROM", 10**9 if slices is None else 1)
+    monkeypatch.setattr(planner, "SLICED_ROWS_FROM", 10**9 if slices is None else 1)
     monkeypatch.setattr(over, "SLICE_ROWS", slices or over.SLICE_ROWS)
     rows = arrivals(items)
     rng = random.Random(seed)

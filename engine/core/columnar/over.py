@@ -12,38 +12,27 @@ built-in aggregates, composed.
   slot ``[j*s, (j+1)*s)``, emitted once the watermark passes the slot: the slot's last
   row so far waits in the key's state, its values already computed).
 
-The SQL:2003 window function over the input in (ts, source, seq) order is the pin, the
-same one the per-row runner holds; `tests/engine/test_columnar.py` holds them equal.
+Which frame and policy serve a window is the planner's choice
+(:func:`engine.core.planner.runners.runner_for`). The SQL:2003 window function over the
+input in (ts, source, seq) order is the pin, the same one the per-row runner holds;
+`tests/engine/test_columnar.py` holds them equal.
 """
 
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from engine.core.columnar import aggregates as agg
 from engine.core.columnar.stage import ColumnarRunner
-from engine.core.plan import FrameUnits, OverWindow, Stage
+from engine.core.plan import OverWindow, Stage
 from engine.core.runners import TS, HasStore, Key, key_json
 from engine.core.state import StateStore
-
-
-def columnar_over(window: OverWindow) -> bool:
-    """Whether the columnar runner computes ``window``: built-in aggregates, no active
-    expiration, lag, reset or fixed bounds."""
-    return (
-        not window.active_expiration
-        and not window.lag
-        and window.reset_every_ms is None
-        and window.since_ms is None
-        and window.until_ms is None
-        and all(agg.columnar_call(c) for c in window.aggregates)
-    )
-
 
 # ---- frames ------------------------------------------------------------------------------
 
@@ -115,7 +104,49 @@ def _extremes(run: Run, lo: np.ndarray, hi: np.ndarray) -> list[tuple[np.ndarray
     return [agg.extremes(c, lo, hi) for c in run.columns]
 
 
-class RowsFrame:
+SliceLoader = Callable[[int], "Run"]
+"""Reads a stored slice's rows back (slice number -> its rows)."""
+
+
+class Frame(Protocol):
+    """Which rows an output's aggregates cover, and what a key keeps between batches
+    (``kept``: a frame's own shape, :meth:`fresh` for a new key)."""
+
+    def fresh(self) -> Any:
+        """What a new key keeps."""
+        ...
+
+    def parts(self, kept: Any, new: Run, emit: np.ndarray) -> list[agg.Parts]:
+        """Each aggregate's parts over the frames of the rows ``emit`` of ``new``."""
+        ...
+
+    def keep(self, kept: Any, new: Run, watermark: int) -> Any:
+        """What the key keeps after ``new``, advanced to ``watermark``."""
+        ...
+
+    def empty(self, kept: Any) -> bool:
+        """Whether nothing kept can reach a later row's frame."""
+        ...
+
+    def idle_wakeup(self, kept: Any) -> int | None:
+        """The watermark at which time alone empties the frame (None: never)."""
+        ...
+
+
+class _Lasting:
+    """A frame whose rows stay for every later row's frame: a key is never idle."""
+
+    def fresh(self) -> Any:
+        return None
+
+    def empty(self, kept: Any) -> bool:
+        return False
+
+    def idle_wakeup(self, kept: Any) -> int | None:
+        return None
+
+
+class RowsFrame(_Lasting):
     """``ROWS n PRECEDING``: the row and the ``n`` rows before it; a key keeps its last
     ``n`` rows."""
 
@@ -138,7 +169,7 @@ class RowsFrame:
         return whole.take(max(len(whole) - self.n, 0), len(whole)) if self.n else None
 
 
-class UnboundedFrame:
+class UnboundedFrame(_Lasting):
     """``UNBOUNDED PRECEDING``: every row so far; a key keeps its least and greatest
     values (its sums are its running totals). ``RANGE`` frames take a row's later peers
     too, ``ROWS`` frames end at the row itself."""
@@ -219,9 +250,21 @@ class RangeFrame:
     back from the store if not in memory); its extremes combine the batch's rows, that
     slice's rows from there, and the later slices' own extremes."""
 
-    def __init__(self, range_ms: int, load: Any) -> None:
+    def __init__(self, range_ms: int, load: SliceLoader) -> None:
         self.t = range_ms
-        self.load = load  # (slice number) -> Run, for a slice not in memory
+        self.load = load  # for a slice not in memory
+
+    def fresh(self) -> SliceBuffer:
+        return SliceBuffer()
+
+    def empty(self, kept: SliceBuffer) -> bool:
+        """Every row has left every later row's frame (the frame let go of its slices
+        below ``watermark - t``)."""
+        return not kept.slices
+
+    def idle_wakeup(self, kept: SliceBuffer) -> int | None:
+        """When the newest row leaves (``last + t + 1``)."""
+        return int(kept.slices[-1].last) + self.t + 1 if kept.slices else None
 
     def parts(self, kept: SliceBuffer, new: Run, emit: np.ndarray) -> list[agg.Parts]:
         ts = new.ts[emit]
@@ -305,24 +348,24 @@ def _start_in_slice(
         extremes[i] = (all_least, all_most)
 
 
-SLICED_ROWS_FROM = 128
-"""A ``ROWS n PRECEDING`` frame with ``n`` at least this keeps its rows in slices
-(:class:`SlicedRowsFrame`); a shorter one in the key's state (:class:`RowsFrame`)."""
 SLICE_ROWS = 256
 """Rows a :class:`SlicedRowsFrame` slice gathers (rewritten each batch meanwhile) before
 later rows start a new one."""
 
 
-class SlicedRowsFrame:
+class SlicedRowsFrame(_Lasting):
     """``ROWS n PRECEDING`` for a long frame: the key's last ``n`` rows in slices of
     about :data:`SLICE_ROWS` rows, each stored once full, so a batch writes the rows it
     added, not all ``n`` (the whole frame pickled into the key's state every batch made
     most of a busy batch's state bytes). Sums and extremes come from the slices as in
     :class:`RangeFrame`; a frame's first row is found by counting rows, not by time."""
 
-    def __init__(self, preceding: int, load: Any) -> None:
+    def __init__(self, preceding: int, load: SliceLoader) -> None:
         self.n = preceding
-        self.load = load  # (slice number) -> Run, for a slice not in memory
+        self.load = load  # for a slice not in memory
+
+    def fresh(self) -> SliceBuffer:
+        return SliceBuffer()
 
     def parts(self, kept: SliceBuffer, new: Run, emit: np.ndarray) -> list[agg.Parts]:
         slices = kept.slices
@@ -370,10 +413,16 @@ class EveryRow:
     """Every row gives an output."""
 
     def choose(self, state: OverKey, new: Run) -> np.ndarray:
+        """The rows of ``new`` that give an output."""
         return np.arange(len(new), dtype=np.int64)
 
+    def hold(self, state: OverKey, times: np.ndarray, values: pa.Table, watermark: int) -> pa.Table:
+        """The outputs ``values`` (of rows at ``times``) that leave now; the others wait
+        in ``state`` (none by default)."""
+        return values
 
-class RowSlide:
+
+class RowSlide(EveryRow):
     """``SLIDE k`` rows: the last row of each ``k``-row slot of the key's rows."""
 
     def __init__(self, rows: int) -> None:
@@ -384,7 +433,7 @@ class RowSlide:
         return np.flatnonzero(position % self.k == 0).astype(np.int64)
 
 
-class TimeSlide:
+class TimeSlide(EveryRow):
     """``SLIDE s`` of time: the last row of each slot ``[j*s, (j+1)*s)``."""
 
     def __init__(self, slide_ms: int) -> None:
@@ -395,6 +444,16 @@ class TimeSlide:
             return np.zeros(0, dtype=np.int64)
         slot = new.ts // self.s
         return np.flatnonzero(np.concatenate([slot[1:] != slot[:-1], [True]])).astype(np.int64)
+
+    def hold(self, state: OverKey, times: np.ndarray, values: pa.Table, watermark: int) -> pa.Table:
+        """The last slot's row waits while its slot is open."""
+        closes = (times // self.s + 1) * self.s - 1
+        if closes[-1] < watermark:
+            return values
+        # A copy: a pickled slice would carry every emitted row's buffers.
+        state.waiting = values.take(pa.array([len(values) - 1], pa.int64()))
+        state.closes = int(closes[-1])
+        return values.slice(0, len(values) - 1)
 
 
 # ---- the runner --------------------------------------------------------------------------
@@ -414,38 +473,30 @@ class OverKey:
 
 
 class OverRunner(ColumnarRunner):
-    """An OVER window stage per column (module docstring)."""
+    """An OVER window stage per column (module docstring): the frame ``frame`` makes
+    (given how to read a stored slice back) and the emit policy ``emit``."""
 
     kind = "columnar-over"
 
-    def __init__(self, index: int, stage: Stage, owner: HasStore) -> None:
+    def __init__(
+        self,
+        index: int,
+        stage: Stage,
+        owner: HasStore,
+        frame: Callable[[SliceLoader], Frame],
+        emit: EveryRow,
+    ) -> None:
         super().__init__(index, stage, owner)
         window = stage.query.window
         assert isinstance(window, OverWindow)
         self.window_spec = window
         self.calls = window.aggregates
-        if window.preceding is None:
-            self.frame: Any = UnboundedFrame(peers=window.units is FrameUnits.RANGE)
-        elif window.units is FrameUnits.ROWS and window.preceding < SLICED_ROWS_FROM:
-            self.frame = RowsFrame(window.preceding)
-        elif window.units is FrameUnits.ROWS:
-            self.frame = SlicedRowsFrame(window.preceding, self._load_slice)
-        else:
-            self.frame = RangeFrame(window.preceding, self._load_slice)
-        self.emit: Any = (
-            RowSlide(window.slide_rows)
-            if window.slide_rows
-            else TimeSlide(window.slide_ms)
-            if window.slide_ms
-            else EveryRow()
-        )
+        self.frame = frame(self._load_slice)
+        self.emit = emit
         self._loading: Key = ()
 
     def new_state(self, key: Key) -> OverKey:
-        state = OverKey(totals=[agg.START] * len(self.calls))
-        if isinstance(self.frame, RangeFrame | SlicedRowsFrame):
-            state.kept = SliceBuffer()
-        return state
+        return OverKey(kept=self.frame.fresh(), totals=[agg.START] * len(self.calls))
 
     def wakeup(self, state: OverKey) -> int | None:
         return None if state.closes is None else state.closes + 1
@@ -470,16 +521,7 @@ class OverRunner(ColumnarRunner):
             for call, p in zip(self.calls, parts, strict=True):
                 values = values.append_column(call.alias, agg.finish(call, p))
             values = values.append_column(TS, values.column(self.stage.timestamp))
-            if isinstance(self.emit, TimeSlide):
-                slide = self.emit.s
-                closes = (new.ts[emit] // slide + 1) * slide - 1
-                ready = closes < watermark
-                if not ready[-1]:  # the last slot is still open: its row waits
-                    # A copy: a pickled slice would carry every emitted row's buffers.
-                    state.waiting = values.take(pa.array([len(emit) - 1], pa.int64()))
-                    state.closes = int(closes[-1])
-                    values = values.slice(0, len(emit) - 1)
-            out.append(values)
+            out.append(self.emit.hold(state, new.ts[emit], values, watermark))
         state.count += len(new)
         state.totals = [p.end() for p in new.prefixes]
         state.kept = self.frame.keep(state.kept, new, watermark)
@@ -559,18 +601,14 @@ class OverRunner(ColumnarRunner):
 
     # -- eviction (the hooks `ColumnarRunner` calls) ---------------------------------------
     def idle(self, state: OverKey, watermark: int) -> bool:
-        """A RANGE frame whose rows have all left every later row's frame (the frame
-        let go of its slices below ``watermark - t``), no slot's row waiting. ROWS and
-        UNBOUNDED frames never are: a later row's frame holds their rows."""
-        return (
-            isinstance(self.frame, RangeFrame) and not state.kept.slices and state.waiting is None
-        )
+        """A frame nothing of whose can reach a later row's (RANGE: its rows have all
+        left), no slot's row waiting. ROWS and UNBOUNDED frames never are: a later row's
+        frame holds their rows."""
+        return self.frame.empty(state.kept) and state.waiting is None
 
     def idle_wakeup(self, state: OverKey) -> int | None:
-        """The watermark at which the newest row leaves a RANGE frame (``last + t + 1``)."""
-        if isinstance(self.frame, RangeFrame) and state.kept.slices:
-            return int(state.kept.slices[-1].last) + self.frame.t + 1
-        return None
+        """The watermark at which time alone empties the frame."""
+        return self.frame.idle_wakeup(state.kept)
 
     def residue(self, state: OverKey) -> Any:
         """The row count (a row slide's place) and the running totals: an output's sums
