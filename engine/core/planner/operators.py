@@ -175,10 +175,10 @@ def _changes(query: Query) -> Callable[[RowOps], RelationChanges] | None:
 def over_operator(window: OverWindow, relation: bool = False) -> Callable[[], Operator]:
     """The operator of a data-driven window; ``relation``: read as a CQL relation (only
     the last tuple of an instant counts)."""
+    check_over(window)
     if not relation and pane_eligible(window):
         assert window.preceding is not None and window.slide_rows is not None
         return partial(PaneOperator, window.aggregates, window.preceding, window.slide_rows)
-    check_over(window)
     return _over_operator(window, relation)
 
 
@@ -296,10 +296,10 @@ def several_operator(window: OverWindows) -> Callable[[], Operator]:
 
 def extent_operator(window: ExtentWindow) -> Callable[[], Operator]:
     """Extents on panes where they fit, else on tuples."""
-    if extent_pane_eligible(window):
-        return partial(PaneExtentOperator, window)
     if window.range_ms <= 0 or window.slide_ms <= 0:
         raise ValueError("extent RANGE and SLIDE must be positive")
+    if extent_pane_eligible(window):
+        return partial(PaneExtentOperator, window)
     calls = window.aggregates
     contents = _contents(calls, tuple(slot_kind(c) for c in calls), prunes=False)
     return lambda: ExtentOperator(contents(), window)
