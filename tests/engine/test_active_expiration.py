@@ -28,8 +28,8 @@ from engine.core.plan import (
 from engine.core.planner.operators import evaluator_pieces
 from engine.core.replay import run
 from engine.core.windows.contents import EslSlot, MixedContents
-from engine.core.windows.emits import ExpiryOutputs
-from engine.core.windows.frames import ExpiringFrame
+from engine.core.windows.emits import EveryTuple, ExpiryOutputs
+from engine.core.windows.frames import ExpiringFrame, RangeFrame
 from engine.core.windows.over import OverOperator
 from rules.udas import Silence
 from tests.engine.helpers import col, over_plan
@@ -379,5 +379,50 @@ def test_tuples_deleted_from_inwindow_leave_the_buffer_unseen(raw: list, uda: st
         for ev in evaluators.values():
             out += ev.advance(END_OF_TIME)
         return [(o.ts, o.row["tagid"], o.row["v"], o.seq) for o in out]
+
+    assert outputs(prune=True) == outputs(prune=False)
+
+
+class ForgetsTwins(WindowAggregate):
+    """Counts its inwindow; an expiring tuple deletes the later ones of its value from
+    it, so that they never expire."""
+
+    def iterate(self, args: tuple[Any, ...], inwindow: InWindow) -> Iterable[Any]:
+        return (len(inwindow) + 1,)
+
+    def expire(self, args: tuple[Any, ...], inwindow: InWindow) -> Iterable[Any]:
+        oldest = inwindow.oldest()
+        inwindow.delete(lambda t: t[0] == args[0] and t is not oldest)
+        return ()
+
+
+@settings(max_examples=examples(150), deadline=None)
+@given(
+    raw=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 2)), max_size=30),
+    r=st.integers(1, 12),
+)
+def test_passive_expiry_of_a_pruned_frame_whose_expire_deletes(raw: list, r: int) -> None:
+    # Passive expiry drops the tuples left behind the frame one by one; an expire that
+    # deletes from inwindow prunes the buffer under that loop: the outputs are those of
+    # the unpruned frame.
+    calls = (AggCall("forgets_twins", (col("tagtype"),), "v", factory=ForgetsTwins),)
+    window = OverWindow(calls, FrameUnits.RANGE, r * 100, ("door",))
+    (stage,) = over_plan(window, TAGS, extra=("tagid",)).stages()
+    rows = tag_rows([(t, str(v), 0) for t, v in raw], 50)
+
+    def unpruned() -> OverOperator:
+        frame = RangeFrame(MixedContents(calls, (EslSlot,)), r * 100)
+        return OverOperator(frame, EveryTuple(frame, calls), None)
+
+    planned = evaluator_pieces(stage)
+
+    def outputs(prune: bool) -> list[tuple]:
+        ev = KeyedEvaluator(stage, planned if prune else replace(planned, operator=unpruned))
+        out: list[Output] = []
+        for row in rows:
+            ev.insert(dict(row))
+            out += ev.advance(row["tagtime"])
+        out += ev.advance(END_OF_TIME)
+        return [(o.ts, o.row["tagid"], o.row["v"]) for o in out]
 
     assert outputs(prune=True) == outputs(prune=False)

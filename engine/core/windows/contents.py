@@ -386,8 +386,8 @@ class MixedContents(Contents):
         return [slot.value(em) for slot, em in zip(self.slots, emitted, strict=True)]
 
     def drop_before(self, horizon: int) -> None:
-        buffer = self.buffer
-        while buffer and buffer[0][1] < horizon:
+        # Read the buffer afresh each time: pruning after an expire replaces it.
+        while self.buffer and self.buffer[0][1] < horizon:
             self.expire_oldest()
 
     def expire_oldest(self) -> tuple[Row | None, Emissions]:
