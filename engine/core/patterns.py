@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from engine.core.plan import (
+from engine.core.pattern_plan import (
     AfterMatch,
     Pattern,
     PatternAlt,

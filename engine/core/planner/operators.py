@@ -15,6 +15,7 @@ from functools import partial
 
 from engine.core.aggregates import make_aggregate
 from engine.core.grouped import RowsGroupOperator
+from engine.core.pattern_plan import PatternWindow
 from engine.core.patterns import PatternOperator
 from engine.core.plan import (
     R2S,
@@ -23,7 +24,6 @@ from engine.core.plan import (
     FrameUnits,
     OverWindow,
     OverWindows,
-    PatternWindow,
     Project,
     Query,
     RelationWindow,
