@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import engine.core.columnar.over as over
+import engine.core.columnar.frames as frames
 import engine.core.planner.runners as planner
 from engine.core.pipeline import HEARTBEAT, Pipeline
 from engine.core.replay import arrival_table
@@ -250,7 +250,7 @@ def test_columnar_runners_give_the_per_row_rows(
     # `slices` rows per slice: every ROWS frame of 1 row or more keeps its rows in slices
     # (a long frame's storage, at a size the drawn streams cross many times).
     monkeypatch.setattr(planner, "SLICED_ROWS_FROM", 10**9 if slices is None else 1)
-    monkeypatch.setattr(over, "SLICE_ROWS", slices or over.SLICE_ROWS)
+    monkeypatch.setattr(frames, "SLICE_ROWS", slices or frames.SLICE_ROWS)
     rows = arrivals(items)
     rng = random.Random(seed)
     cuts = sorted(rng.sample(range(1, len(rows)), min(rng.randint(0, 4), max(len(rows) - 1, 0))))

@@ -18,19 +18,16 @@ from engine.core.columnar import StatelessRunner
 from engine.core.columnar.aggregates import columnar_call
 from engine.core.columnar.expiry import NewestExpiryRunner, newest_only_call
 from engine.core.columnar.extents import ExtentRunner
-from engine.core.columnar.ops import vectorised
-from engine.core.columnar.over import (
-    EveryRow,
+from engine.core.columnar.frames import (
     Frame,
-    OverRunner,
     RangeFrame,
     RowsFrame,
-    RowSlide,
     SlicedRowsFrame,
     SliceLoader,
-    TimeSlide,
     UnboundedFrame,
 )
+from engine.core.columnar.ops import vectorised
+from engine.core.columnar.over import EveryRow, OverRunner, RowSlide, TimeSlide
 from engine.core.plan import R2S, ExtentWindow, FrameUnits, OverWindow, Stage
 from engine.core.runners import HasStore, RowRunner, StageRunner
 
