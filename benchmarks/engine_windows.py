@@ -31,7 +31,6 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
-from engine.core import windows
 from engine.core.aggregates import InWindow, WindowAggregate
 from engine.core.evaluator import KeyedEvaluator
 from engine.core.plan import (
@@ -48,7 +47,9 @@ from engine.core.plan import (
     SinkKind,
     Stage,
 )
-from engine.core.windows import PaneExtentOperator, PaneOperator
+from engine.core.planner import operators
+from engine.core.windows.extents import PaneExtentOperator
+from engine.core.windows.panes import PaneOperator
 
 BATCH = 1_000  # tuples inserted between two advances, like one micro-batch per key
 
@@ -139,7 +140,7 @@ def fig6(quick: bool) -> None:
         ev = KeyedEvaluator(stage_for(window))
         feed(ev, 0, 80_000)
         op = ev.operator
-        entries = op.partials() if isinstance(op, PaneOperator) else len(op.buffer)
+        entries = op.partials() if isinstance(op, PaneOperator) else len(op.contents.buffer)
         kind = type(op).__name__
         print(f"{slide:>8} {kind:>14} {entries:>8} {len(ev.snapshot()):>15,}")
 
@@ -182,15 +183,17 @@ def time_slides(quick: bool) -> None:
             if isinstance(window, ExtentWindow):
                 post = Project((("end", column("window_end")), ("v", total)))
             stage = Stage(Query(Sink("out", SinkKind.STREAM), "s", window=window, post=(post,)))
-            limit = windows.MAX_EXTENT_PANES if paned else 0
-            saved, windows.MAX_EXTENT_PANES = windows.MAX_EXTENT_PANES, limit
+            limit = operators.MAX_EXTENT_PANES if paned else 0
+            saved, operators.MAX_EXTENT_PANES = operators.MAX_EXTENT_PANES, limit
             try:
                 ev = KeyedEvaluator(stage)
             finally:
-                windows.MAX_EXTENT_PANES = saved
+                operators.MAX_EXTENT_PANES = saved
             feed(ev, 0, 80_000)
             op = ev.operator
-            entries = op.partials() if isinstance(op, PaneExtentOperator) else len(op.buffer)
+            entries = (
+                op.partials() if isinstance(op, PaneExtentOperator) else len(op.contents.buffer)
+            )
             size = len(ev.snapshot())
             t0 = time.process_time()
             feed(ev, 80_000, measured)

@@ -6,7 +6,8 @@
   :class:`IncrementalAggregate`, :data:`BUILTINS`.
 * :mod:`engine.core.evaluator` — :class:`KeyedEvaluator` (one per stage and key) and
   :class:`Output`.
-* :mod:`engine.core.windows` — the window operators the evaluator drives.
+* :mod:`engine.core.windows` — the window operators the evaluator drives, composed of
+  pieces; :mod:`engine.core.planner` — which runner, operator and pieces serve a stage.
 * :mod:`engine.core.sequencer` — :class:`SlackClock` (the slack/lateness rule) and
   :class:`StreamSequencer` (identity, then slack: what happens to an arriving reading).
 * :mod:`engine.core.pipeline` — :class:`Pipeline`: the sequencers and every stage fed

@@ -33,38 +33,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from engine.core.chunks import ChunkReader
-from engine.core.grouped import RowsGroupOperator
-from engine.core.patterns import PatternOperator
-from engine.core.plan import (
-    END_OF_TIME,
-    R2S,
-    ExtentWindow,
-    OverWindow,
-    OverWindows,
-    PatternWindow,
-    Project,
-    Query,
-    RelationWindow,
-    RowOps,
-    RowsGroupWindow,
-    Stage,
-    compiled_ops,
-)
-from engine.core.several import SeveralOverOperator
-from engine.core.windows import (
-    ExtentColumns,
-    ExtentOperator,
-    OverOperator,
-    PaneExtentOperator,
-    PaneOperator,
-    RelationOperator,
-    Result,
-    Row,
-    StatelessOperator,
-    bag_minus,
-    extent_pane_eligible,
-    pane_eligible,
-)
+from engine.core.plan import END_OF_TIME, Project, Query, RowOps, Stage, compiled_ops
+from engine.core.planner.operators import EvaluatorPieces, evaluator_pieces
+from engine.core.windows.base import Result, Row
+from engine.core.windows.extents import ExtentColumns
 
 _SNAPSHOT_VERSION = 7
 """7: a data-driven RANGE frame's buffer may be a chunk index (:meth:`KeyedEvaluator.save`);
@@ -76,17 +48,6 @@ def derived_source(stage: str, key: tuple[Any, ...]) -> str:
     """The ``source`` of the rows a (stage, key) evaluator produces: canonical JSON of
     ``[stage, *key]`` (compact separators, non-ASCII kept), e.g. ``["station_speed",3]``."""
     return json.dumps([stage, *key], separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def _relation_to_stream(query: Query) -> R2S | None:
-    """The R2S operator the evaluator applies itself (None: rows pass as they are)."""
-    if query.r2s is None or isinstance(query.window, RelationWindow):
-        return None  # a relation window applies its operator itself
-    if query.window is not None:
-        return query.r2s
-    if query.r2s is not R2S.DSTREAM:
-        return None  # ISTREAM / RSTREAM (S [NOW]) is S
-    raise ValueError("DSTREAM needs a window (extent or OVER)")
 
 
 class Output(NamedTuple):
@@ -154,59 +115,13 @@ class KeyedEvaluator:
     """One stage, one partition key: ``insert`` / ``advance`` / ``next_wakeup`` /
     ``snapshot`` / ``restore`` (see the module docstring for the contract)."""
 
-    def __init__(self, stage: Stage) -> None:
+    def __init__(self, stage: Stage, pieces: EvaluatorPieces | None = None) -> None:
         self.stage = stage
-        window = stage.query.window
-        self.operator: (
-            OverOperator
-            | PaneOperator
-            | ExtentOperator
-            | PaneExtentOperator
-            | RelationOperator
-            | RowsGroupOperator
-            | PatternOperator
-            | SeveralOverOperator
-            | StatelessOperator
-        )
-        relation = stage.query.r2s is not None  # an OVER window read as a CQL relation
+        # What the planner chose for the stage (a runner passes it: chosen once).
+        pieces = pieces if pieces is not None else evaluator_pieces(stage)
+        self.operator = pieces.operator()
         # A relation window's results are the query's final rows (it ran `post` itself).
-        self._final = isinstance(window, RelationWindow)
-        if isinstance(window, OverWindows):
-            if stage.query.r2s is not None:
-                raise ValueError("several OVER windows are not read as a relation")
-            self.operator = SeveralOverOperator(window)
-        elif isinstance(window, RowsGroupWindow):
-            if stage.query.r2s is None:
-                raise ValueError("a grouped ROWS window needs ISTREAM, DSTREAM or RSTREAM")
-            self.operator = RowsGroupOperator(window)
-        elif isinstance(window, PatternWindow):
-            if stage.query.r2s is not None:
-                raise ValueError(
-                    "MATCH_RECOGNIZE's rows are a stream: no ISTREAM / DSTREAM / RSTREAM"
-                )
-            self.operator = PatternOperator(window)
-        elif isinstance(window, RelationWindow):
-            if stage.query.r2s is None:
-                raise ValueError("a relation window needs ISTREAM, DSTREAM or RSTREAM")
-            self.operator = RelationOperator(window, stage.query.r2s, stage.query.post)
-        elif isinstance(window, OverWindow) and pane_eligible(window) and not relation:
-            self.operator = PaneOperator(window)
-        elif isinstance(window, OverWindow):
-            self.operator = OverOperator(window, relation)
-        elif isinstance(window, ExtentWindow) and extent_pane_eligible(window):
-            self.operator = PaneExtentOperator(window)
-        elif isinstance(window, ExtentWindow):
-            self.operator = ExtentOperator(window)
-        else:
-            self.operator = StatelessOperator()
-        self.r2s = _relation_to_stream(stage.query)
-        self._timers_end_instants = isinstance(window, ExtentWindow) or (
-            isinstance(window, OverWindow) and window.active_expiration
-        )
-        # R2S: the relation's committed rows, and the latest change, held until its
-        # instant is final (several changes can hit one instant).
-        self.relation: list[Row] = []
-        self.change: tuple[int, list[Row]] | None = None
+        self._final = pieces.final
         self.watermark = -END_OF_TIME
         # Tie order of the outputs (module docstring); source is set at the first insert.
         self.source = ""
@@ -217,6 +132,8 @@ class KeyedEvaluator:
         self._tiebreak = itertools.count()
         self.pre = stage.query.pre
         self._pre, self._post = compiled_ops(self.pre), compiled_ops(stage.query.post)
+        # The relation-to-stream step applied here (None: rows pass as they are).
+        self.changes = pieces.changes(self._post) if pieces.changes is not None else None
         self.ts_column = stage.timestamp
         self.chunked = False  # whether the operator's buffer is kept in chunks (`save`)
         # Per stream this stage writes: the stateless queries reading it, with their
@@ -225,18 +142,7 @@ class KeyedEvaluator:
         for q in stage.downstream:
             entry = (q, compiled_ops(q.pre), compiled_ops(q.post))
             self._consumers.setdefault(q.input, []).append(entry)
-        # Extents whose results the SELECT list only copies, with nothing reading the
-        # sink here, leave as columns: the row keys each output column copies.
-        post = stage.query.post
-        self._copies = (
-            post[0].copies
-            if isinstance(self.operator, PaneExtentOperator)
-            and self.r2s is None
-            and len(post) == 1
-            and isinstance(post[0], Project)
-            and stage.query.sink.name not in self._consumers
-            else None
-        )
+        self._copies = pieces.copies
 
     def insert(self, row: Row) -> None:
         """Buffer one input tuple (processed by a later ``advance``)."""
@@ -294,22 +200,21 @@ class KeyedEvaluator:
         out: Emitted = []
         op = self.operator
         if self.chunked:
-            op.prepare(watermark)  # type: ignore[union-attr]
+            op.prepare(watermark)  # type: ignore[attr-defined]
         pending = self.pending
         pending.sort()
         n, i = len(pending), 0
         query = self.stage.query
-        window = query.window
         # Locals: this loop runs once per distinct timestamp.
-        next_timer, arrive, r2s = op.next_timer, op.arrive, self.r2s
+        next_timer, arrive, changes = op.next_timer, op.arrive, self.changes
         # A run of arrivals no timer separates, in one call (the sliding RANGE window).
         arrive_slot = getattr(op, "arrive_slot", None)
         # Arrivals and timers in one call, where no relation needs a hook per timer.
         run = getattr(op, "run", None)
         if self._copies is not None:
-            i, extents = op.run_columns(pending, i, n, watermark)  # type: ignore[union-attr]
+            i, extents = op.run_columns(pending, i, n, watermark)  # type: ignore[attr-defined]
             self._emit_columns(query, extents, out)
-        elif run is not None and r2s is None:
+        elif run is not None and changes is None:
             i, results = run(pending, i, n, watermark)
             self._emit_all(query, results, out)
         while True:
@@ -331,25 +236,20 @@ class KeyedEvaluator:
                 else:  # the usual group of one, without a slice
                     results = arrive([(arrival, pending[i][4])])
                 i = j
+                if changes is not None:
+                    self._deliver_all(query, changes.arrived(results), out)
+                    continue
             elif timer is not None:
                 results = op.fire(timer)
-                if self.r2s is not None and self._timers_end_instants:
-                    # An extent end or an expiry changes R from the next instant on,
-                    # possibly to empty.
-                    self._relation_change(timer + 1, results, out)
-                    if isinstance(window, ExtentWindow):
-                        self._commit(out)  # one change per extent end: final at once
+                if changes is not None:
+                    self._deliver_all(query, changes.fired(timer, results), out)
                     continue
             else:
                 break
-            if r2s is not None:
-                if results:  # an OVER relation changes where its window emits
-                    self._relation_change(results[0][0], results, out)
-                continue
             self._emit_all(query, results, out)
         del pending[:i]
-        if self.change is not None and self.change[0] < watermark:
-            self._commit(out)
+        if changes is not None:
+            self._deliver_all(query, changes.below(watermark), out)
         op.settle(watermark)
         self.watermark = max(self.watermark, watermark)
         return out
@@ -384,32 +284,6 @@ class KeyedEvaluator:
         """Run ``query``'s post ops (``post``) and deliver the result."""
         self._deliver_all(query, [(ts, final) for final in post(row)], out)
 
-    def _relation_change(self, ts: int, results: list[Result], out: Emitted) -> None:
-        """Note R's rows from instant ``ts`` on; an earlier pending change is final now."""
-        if self.change is not None and self.change[0] < ts:
-            self._commit(out)
-        rows = [r for _, row in results for r in self._post(row)]
-        self.change = (ts, rows)
-
-    def _commit(self, out: Emitted) -> None:
-        """Deliver the pending change at its instant: RSTREAM all its rows, ISTREAM /
-        DSTREAM the bag difference with the committed relation."""
-        assert self.change is not None
-        ts, rows = self.change
-        if self.r2s is R2S.RSTREAM:
-            for row in rows:
-                self._deliver(self.stage.query, ts, row, out)
-            self.relation, self.change = rows, None
-            return
-        new, old = (rows, self.relation) if self.r2s is R2S.ISTREAM else (self.relation, rows)
-        for row in bag_minus(new, old):
-            self._deliver(self.stage.query, ts, row, out)
-        self.relation, self.change = rows, None
-
-    def _deliver(self, query: Query, ts: int, final: Row, out: Emitted) -> None:
-        """Write a row to ``query``'s sink, then feed the stateless queries reading it."""
-        self._deliver_all(query, ((ts, final),), out)
-
     def _deliver_all(self, query: Query, finals: Sequence[Result], out: Emitted) -> None:
         """Write rows ``(ts, row)`` to ``query``'s sink in order, each followed by what the
         stateless queries reading it make of it (their outputs number after it)."""
@@ -431,8 +305,9 @@ class KeyedEvaluator:
         wake = self.operator.next_timer()
         if wake is not None:
             times.append(wake + 1)
-        if self.change is not None:
-            times.append(self.change[0] + 1)
+        change = self.changes.change if self.changes is not None else None
+        if change is not None:
+            times.append(change[0] + 1)
         return min(times) if times else None
 
     def idle(self, watermark: int) -> bool:
@@ -440,10 +315,10 @@ class KeyedEvaluator:
         a new one given its :meth:`residue` would: nothing pending, no timer, no relation
         held by a relation-to-stream operator, and an idle operator. Its key may then be
         evicted (docs/engine.md, *Eviction*)."""
+        changes = self.changes
         return (
             not self.pending
-            and self.change is None
-            and not self.relation
+            and (changes is None or (changes.change is None and not changes.relation))
             and self.operator.next_timer() is None
             and self.operator.idle(watermark)
         )
@@ -484,36 +359,41 @@ class KeyedEvaluator:
         if not (self.chunked or self._store_in_chunks(None)):
             return SavedState(self.snapshot(), {}, [])
         head = self._dump(op.get_state(chunked=True))  # type: ignore[call-arg]
-        chunks = op.chunks  # type: ignore[union-attr]
+        chunks = op.chunks  # type: ignore[attr-defined]
         assert chunks is not None  # set by store_in_chunks
         return SavedState(head, chunks.writes, chunks.deletes)
 
     def _dump(self, op_state: Any) -> bytes:
         pending = [(ts, src, seq, row) for ts, src, seq, _, row in sorted(self.pending)]
+        changes = self.changes
         state = (
             _SNAPSHOT_VERSION,
             self.watermark,
             pending,
             op_state,
-            self.relation,
-            self.change,
+            changes.relation if changes is not None else [],
+            changes.change if changes is not None else None,
             self.source,
             self.emitted,
         )
         return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
     @classmethod
-    def restore(cls, stage: Stage, data: bytes) -> KeyedEvaluator:
+    def restore(
+        cls, stage: Stage, data: bytes, pieces: EvaluatorPieces | None = None
+    ) -> KeyedEvaluator:
         """Rebuild an evaluator from the stage (recompiled from the rules) and a snapshot."""
-        ev = cls(stage)
+        ev = cls(stage, pieces)
         ev._apply(data)
         return ev
 
     @classmethod
-    def load(cls, stage: Stage, head: bytes, read: ChunkReader) -> KeyedEvaluator:
+    def load(
+        cls, stage: Stage, head: bytes, read: ChunkReader, pieces: EvaluatorPieces | None = None
+    ) -> KeyedEvaluator:
         """Rebuild an evaluator from what :meth:`save` stored: its head, and its chunks
         through ``read`` (chunk number -> bytes), which reads only the ones it needs."""
-        ev = cls(stage)
+        ev = cls(stage, pieces)
         ev._store_in_chunks(read)
         ev._apply(head)
         return ev
@@ -531,10 +411,8 @@ class KeyedEvaluator:
             raise ValueError(f"unsupported snapshot version {state[0]}")
         version, watermark, pending, op_state, relation, change, source, emitted = state
         self.source, self.emitted = source, emitted
-        self.relation, self.change = relation, change
+        if self.changes is not None:
+            self.changes.relation, self.changes.change = relation, change
         self.watermark = watermark
         self.pending = [(ts, src, seq, next(self._tiebreak), row) for ts, src, seq, row in pending]
-        if version == 5 and isinstance(self.operator, PaneExtentOperator):
-            self.operator.set_tuple_state(op_state)  # saved by an ExtentOperator
-        else:
-            self.operator.set_state(op_state)
+        self.operator.restore_state(op_state, version)

@@ -15,7 +15,8 @@ from typing import Any
 
 from engine.core.aggregates import IncrementalAggregate, make_aggregate
 from engine.core.plan import AggCall, RowsGroupWindow
-from engine.core.windows import Arrival, Result, Row, args_reader
+from engine.core.windows.base import Arrival, Operator, Result, Row
+from engine.core.windows.contents import args_reader
 
 Args = tuple[tuple[Any, ...], ...]
 """One tuple's argument tuple per aggregate call."""
@@ -64,9 +65,11 @@ class GroupFrame:
         return [agg.get_value() for agg in self.aggs]
 
 
-class RowsGroupOperator:
+class RowsGroupOperator(Operator):
     """``FROM s [ROWS n] GROUP BY g`` / ``[PARTITION BY p ROWS n] GROUP BY g`` for one
-    evaluator (all partitions, or one when every group lies inside one partition)."""
+    evaluator (all partitions, or one when every group lies inside one partition).
+    Tuples leave on arrivals only: no timers, and nothing survives eviction (tuple ids
+    count only among themselves)."""
 
     def __init__(self, window: RowsGroupWindow) -> None:
         if window.rows < 1:
@@ -107,31 +110,9 @@ class RowsGroupOperator:
         row.update(zip((c.alias for c in self.calls), frame.values(), strict=True))
         return row
 
-    def next_timer(self) -> int | None:
-        """Tuples leave on arrivals only: no timers."""
-        return None
-
-    def fire(self, instant: int) -> list[Result]:
-        """Nothing to fire."""
-        return []
-
-    def settle(self, watermark: int) -> None:
-        """Nothing leaves by time."""
-
     def idle(self, watermark: int) -> bool:
         """Only before its first tuple: a ROWS window's tuples stay for the next ones."""
         return not self.windows and not self.groups
-
-    def idle_wakeup(self) -> int | None:
-        """None: nothing leaves by time."""
-        return None
-
-    def residue(self) -> Any:
-        """Nothing survives (tuple ids count only among themselves)."""
-        return None
-
-    def resume(self, residue: Any) -> None:
-        """Nothing to take back."""
 
     def get_state(self) -> Any:
         """Plain data: the id counter, the partitions' queues, the groups' tuples and

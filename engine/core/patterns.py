@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from engine.core.plan import (
+from engine.core.pattern_plan import (
     AfterMatch,
     Pattern,
     PatternAlt,
@@ -27,7 +27,7 @@ from engine.core.plan import (
     PatternVar,
     PatternWindow,
 )
-from engine.core.windows import Arrival, Result, Row
+from engine.core.windows.base import Arrival, Operator, Result, Row
 
 
 class Consume(NamedTuple):
@@ -176,9 +176,10 @@ NONE = "none"
 """No match starts at the start row."""
 
 
-class PatternOperator:
+class PatternOperator(Operator):
     """One partition's matcher (see the module docstring): ``arrive`` / ``fire`` return
-    the final matches as (event time, row) pairs."""
+    the final matches as (event time, row) pairs. Rows leave on decisions only, at
+    arrivals and WITHIN deadlines (timers)."""
 
     def __init__(self, window: PatternWindow) -> None:
         self.window = window
@@ -208,16 +209,9 @@ class PatternOperator:
         self._resolve(instant, instant, out)
         return out
 
-    def settle(self, watermark: int) -> None:
-        """Rows leave on decisions only."""
-
     def idle(self, watermark: int) -> bool:
         """No row waits for a decision (the match number survives: ``residue``)."""
         return not self.rows
-
-    def idle_wakeup(self) -> int | None:
-        """None: rows leave at arrivals and WITHIN deadlines (timers)."""
-        return None
 
     def residue(self) -> Any:
         """MATCH_NUMBER goes on counting."""

@@ -47,7 +47,7 @@ from engine.core.incidents import IncidentTracker, IncidentUpdate
 from engine.core.keycap import KIND as KEYCAP
 from engine.core.keycap import CappedReading, CappedStage, KeyCap
 from engine.core.plan import END_OF_TIME, Plan, Stage, StreamSchema
-from engine.core.planner import runner_for
+from engine.core.planner.runners import runner_for
 from engine.core.runners import (
     KEY,
     LISTED_PIECE_KINDS,

@@ -41,6 +41,7 @@ import pyarrow as pa
 from engine.core.columnar import ops
 from engine.core.evaluator import KeyedEvaluator, Output, output_rows
 from engine.core.plan import END_OF_TIME, Stage
+from engine.core.planner.operators import EvaluatorPieces, evaluator_pieces
 from engine.core.state import StateKey, StateStore
 
 Key = tuple[Any, ...]
@@ -262,6 +263,13 @@ class RowRunner:
         # columns when they can: row by row, a lookup join builds a dict per match.
         pre = stage.query.pre
         self._columnar_pre = bool(pre) and ops.vectorised(pre)
+        self._pieces: EvaluatorPieces | None = None  # planned with the first key
+
+    def _planned(self) -> EvaluatorPieces:
+        """What the stage's evaluators are made of, chosen once."""
+        if self._pieces is None:
+            self._pieces = evaluator_pieces(self.stage)
+        return self._pieces
 
     def insert(self, rows: pa.Table) -> None:
         if not rows.num_rows:
@@ -355,7 +363,7 @@ class RowRunner:
             return found
         head = self._stored.pop(key, None)
         if head is None:
-            evaluator = KeyedEvaluator(self.stage)
+            evaluator = KeyedEvaluator(self.stage, self._planned())
             residue = self.rests.take(key) if self.evicts else None
             if residue is not None:
                 evaluator.resume(residue)
@@ -372,7 +380,7 @@ class RowRunner:
                     raise KeyError(f"state chunk {number} of {name} {text} missing")
                 return data
 
-            evaluator = KeyedEvaluator.load(self.stage, head, read_chunk)
+            evaluator = KeyedEvaluator.load(self.stage, head, read_chunk, self._planned())
         self.evaluators[key] = evaluator
         return evaluator
 

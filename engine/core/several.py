@@ -5,29 +5,27 @@ value of that window's partition columns beyond the evaluator's key. Each tuple 
 to its partition's operator of every window; every operator gives exactly one row per
 tuple (incremental aggregates, no slide), and the output row is the input row with
 every window's aliases. Peers reach each operator together, so RANGE peers read the
-values after the last one and ROWS tuples their own, as with one window.
+values after the last one and ROWS tuples their own, as with one window. No window has
+timers (no time slide, no active expiration) nor anything to keep on eviction.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from engine.core.aggregates import IncrementalAggregate, make_aggregate
 from engine.core.plan import OverWindows
-from engine.core.windows import Arrival, OverOperator, Result, Row
+from engine.core.windows.base import Arrival, Operator, Result, Row
+from engine.core.windows.over import OverOperator
 
 
-class SeveralOverOperator:
-    """The windows of one SELECT for one evaluator key."""
+class SeveralOverOperator(Operator):
+    """The windows of one SELECT for one evaluator key; ``makers`` make each window's
+    operator (one per partition value)."""
 
-    def __init__(self, window: OverWindows) -> None:
-        for w in window.windows:
-            if w.slide_rows or w.slide_ms or w.active_expiration:
-                raise ValueError("several OVER windows take no SLIDE or ACTIVE EXPIRATION")
-            for call in w.aggregates:
-                if not isinstance(make_aggregate(call.name, call.factory), IncrementalAggregate):
-                    raise ValueError(f"'{call.name}' in several OVER windows must be incremental")
+    def __init__(self, window: OverWindows, makers: Sequence[Callable[[], OverOperator]]) -> None:
         self.window = window
+        self.makers = makers
         key = set(window.partition_by)
         # Per window, its partition columns the evaluator's key does not cover.
         self.own = [tuple(c for c in w.partition_by if c not in key) for w in window.windows]
@@ -36,7 +34,7 @@ class SeveralOverOperator:
     def _operator(self, index: int, part: tuple[Any, ...]) -> OverOperator:
         ops = self.parts[index]
         if part not in ops:
-            ops[part] = OverOperator(self.window.windows[index])
+            ops[part] = self.makers[index]()
         return ops[part]
 
     def arrive(self, group: list[Arrival]) -> list[Result]:
@@ -53,14 +51,6 @@ class SeveralOverOperator:
                     rows[pos].update((a, out[a]) for a in aliases)
         ts = group[0][0]
         return [(ts, row) for row in rows]
-
-    def next_timer(self) -> int | None:
-        """No window has timers (no time slide, no active expiration)."""
-        return None
-
-    def fire(self, instant: int) -> list[Result]:
-        """Nothing to fire."""
-        return []
 
     def settle(self, watermark: int) -> None:
         """Passive expiry and lagged entries of every window's operators."""
@@ -80,18 +70,11 @@ class SeveralOverOperator:
             for op in ops.values():
                 wakeup = op.idle_wakeup()
                 if wakeup is None:
-                    if not op._at_rest():
+                    if not op.at_rest():
                         return None
                     continue
                 latest = wakeup if latest is None else max(latest, wakeup)
         return latest
-
-    def residue(self) -> Any:
-        """Nothing survives (no slides)."""
-        return None
-
-    def resume(self, residue: Any) -> None:
-        """Nothing to take back."""
 
     def get_state(self) -> Any:
         """Per window, (partition value, its operator's state) pairs."""

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.core import plan
+from engine.core import pattern_plan, plan
 from engine.core.aggregates import IncrementalAggregate
 from rules.language import ast
 from rules.language.access import Access
@@ -384,22 +384,22 @@ def _from_window(
     return plan.RowsGroupWindow(aggs, spec.rows, partition, group_by)
 
 
-def plan_pattern(node: ast.PatternNode) -> plan.Pattern:
+def plan_pattern(node: ast.PatternNode) -> pattern_plan.Pattern:
     """The pattern as the plan's plain data (positions dropped)."""
     if isinstance(node, ast.PatternVar):
-        return plan.PatternVar(node.name)
+        return pattern_plan.PatternVar(node.name)
     if isinstance(node, ast.PatternSeq):
-        return plan.PatternSeq(tuple(plan_pattern(i) for i in node.items))
+        return pattern_plan.PatternSeq(tuple(plan_pattern(i) for i in node.items))
     if isinstance(node, ast.PatternAlt):
-        return plan.PatternAlt(tuple(plan_pattern(o) for o in node.options))
-    return plan.PatternRepeat(plan_pattern(node.item), node.low, node.high, node.greedy)
+        return pattern_plan.PatternAlt(tuple(plan_pattern(o) for o in node.options))
+    return pattern_plan.PatternRepeat(plan_pattern(node.item), node.low, node.high, node.greedy)
 
 
-def _pattern_window(match: ast.MatchRecognize, timestamp: str) -> plan.PatternWindow:
+def _pattern_window(match: ast.MatchRecognize, timestamp: str) -> pattern_plan.PatternWindow:
     """MATCH_RECOGNIZE: DEFINE conditions and measures read the match through the
     refs :func:`rules.language.recognize.match_reads` finds in them."""
     variables = {v.name for v in pattern_variables(match.pattern)}
-    refs: dict[str, plan.PatternRef] = {}
+    refs: dict[str, pattern_plan.PatternRef] = {}
 
     def compiled(expr: ast.Expr, final: bool) -> Fn:
         reads = match_reads(expr, variables, final)
@@ -408,7 +408,7 @@ def _pattern_window(match: ast.MatchRecognize, timestamp: str) -> plan.PatternWi
 
     defines = tuple((var.name, compiled(cond, False)) for var, cond in match.defines)
     measures = tuple((name.name, compiled(expr, True)) for expr, name in match.measures)
-    return plan.PatternWindow(
+    return pattern_plan.PatternWindow(
         pattern=plan_pattern(match.pattern),
         defines=defines,
         measures=measures,
@@ -416,7 +416,7 @@ def _pattern_window(match: ast.MatchRecognize, timestamp: str) -> plan.PatternWi
         timestamp=timestamp,
         partition_by=tuple(p.name for p in match.partition),
         within_ms=match.within_ms,
-        after=plan.AfterMatch(match.skip),
+        after=pattern_plan.AfterMatch(match.skip),
     )
 
 
@@ -693,7 +693,7 @@ def _compile_select(
     if select.where is not None:
         pre.append(_filter(select.where, None, keys))
     post: list[plan.StatelessOp] = []
-    if isinstance(window, plan.PatternWindow) or (
+    if isinstance(window, pattern_plan.PatternWindow) or (
         isinstance(window, plan.RelationWindow) and window.units is plan.FrameUnits.ROWS
     ):
         # CQL joins and filters the window's tuples: the last n of the stream, not the

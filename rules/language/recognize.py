@@ -4,7 +4,7 @@ A pattern variable qualifies a column (``A.speed``: the last row mapped to A),
 ``FIRST(A.speed)`` / ``LAST(A.speed)`` navigate, ``count(A.*)``, ``sum``, ``avg``,
 ``min``, ``max`` aggregate over A's rows (no variable: every row of the match), and
 ``MATCH_NUMBER()`` numbers the matches of a partition. :func:`match_reads` finds those
-reads in an expression: as :class:`engine.core.plan.PatternRef` s under the row keys
+reads in an expression: as :class:`engine.core.pattern_plan.PatternRef` s under the row keys
 the compiled expression reads them by, and, for the checker, the expression with each
 read replaced by something of its type.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.core.plan import PatternRef
+from engine.core.pattern_plan import PatternRef
 from rules.language import ast
 from rules.language.errors import RuleFileError
 

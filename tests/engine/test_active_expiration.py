@@ -8,6 +8,7 @@ follow τ in (ts, source, seq) order and have ts <= t + r.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -24,7 +25,12 @@ from engine.core.plan import (
     OverWindow,
     StreamSchema,
 )
+from engine.core.planner.operators import evaluator_pieces
 from engine.core.replay import run
+from engine.core.windows.contents import EslSlot, MixedContents
+from engine.core.windows.emits import EveryTuple, ExpiryOutputs
+from engine.core.windows.frames import ExpiringFrame, RangeFrame
+from engine.core.windows.over import OverOperator
 from rules.udas import Silence
 from tests.engine.helpers import col, over_plan
 from tests.examples import examples
@@ -348,22 +354,75 @@ def test_tuples_deleted_from_inwindow_leave_the_buffer_unseen(raw: list, uda: st
     (stage,) = over_plan(window, TAGS, extra=("tagid",)).stages()
     rows = tag_rows(raw, 50)
 
+    def unpruned() -> OverOperator:
+        # The planner's pieces but for the contents: all of the frame's tuples kept.
+        frame = ExpiringFrame(MixedContents(window.aggregates, (EslSlot,)), r * 100)
+        return OverOperator(frame, ExpiryOutputs(frame, window.aggregates, frame), None)
+
+    planned = evaluator_pieces(stage)
+
     def outputs(prune: bool) -> list[tuple]:
+        pieces = planned if prune else replace(planned, operator=unpruned)
         evaluators: dict[int, KeyedEvaluator] = {}
         out: list[Output] = []
         for row in rows:
             ev = evaluators.get(row["door"])
             if ev is None:
-                ev = evaluators[row["door"]] = KeyedEvaluator(stage)
-                ev.operator.prune = prune
+                ev = evaluators[row["door"]] = KeyedEvaluator(stage, pieces)
             ev.insert(dict(row))
             out += ev.advance(row["tagtime"])
             if prune:
                 op = ev.operator
-                held = {uid for view in op.views for uid, _ in view.entries}
-                assert {entry[0] for entry in op.buffer} == held
+                assert isinstance(op, OverOperator)
+                held = {uid for view in op.contents.views() if view for uid, _ in view.entries}
+                assert {entry[0] for entry in op.contents.buffer} == held
         for ev in evaluators.values():
             out += ev.advance(END_OF_TIME)
         return [(o.ts, o.row["tagid"], o.row["v"], o.seq) for o in out]
+
+    assert outputs(prune=True) == outputs(prune=False)
+
+
+class ForgetsTwins(WindowAggregate):
+    """Counts its inwindow; an expiring tuple deletes the later ones of its value from
+    it, so that they never expire."""
+
+    def iterate(self, args: tuple[Any, ...], inwindow: InWindow) -> Iterable[Any]:
+        return (len(inwindow) + 1,)
+
+    def expire(self, args: tuple[Any, ...], inwindow: InWindow) -> Iterable[Any]:
+        oldest = inwindow.oldest()
+        inwindow.delete(lambda t: t[0] == args[0] and t is not oldest)
+        return ()
+
+
+@settings(max_examples=examples(150), deadline=None)
+@given(
+    raw=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 2)), max_size=30),
+    r=st.integers(1, 12),
+)
+def test_passive_expiry_of_a_pruned_frame_whose_expire_deletes(raw: list, r: int) -> None:
+    # Passive expiry drops the tuples left behind the frame one by one; an expire that
+    # deletes from inwindow prunes the buffer under that loop: the outputs are those of
+    # the unpruned frame.
+    calls = (AggCall("forgets_twins", (col("tagtype"),), "v", factory=ForgetsTwins),)
+    window = OverWindow(calls, FrameUnits.RANGE, r * 100, ("door",))
+    (stage,) = over_plan(window, TAGS, extra=("tagid",)).stages()
+    rows = tag_rows([(t, str(v), 0) for t, v in raw], 50)
+
+    def unpruned() -> OverOperator:
+        frame = RangeFrame(MixedContents(calls, (EslSlot,)), r * 100)
+        return OverOperator(frame, EveryTuple(frame, calls), None)
+
+    planned = evaluator_pieces(stage)
+
+    def outputs(prune: bool) -> list[tuple]:
+        ev = KeyedEvaluator(stage, planned if prune else replace(planned, operator=unpruned))
+        out: list[Output] = []
+        for row in rows:
+            ev.insert(dict(row))
+            out += ev.advance(row["tagtime"])
+        out += ev.advance(END_OF_TIME)
+        return [(o.ts, o.row["tagid"], o.row["v"]) for o in out]
 
     assert outputs(prune=True) == outputs(prune=False)

@@ -25,8 +25,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import engine.core.columnar.over as over
-import engine.core.planner as planner
+import engine.core.columnar.frames as frames
+import engine.core.planner.runners as planner
 from engine.core.pipeline import HEARTBEAT, Pipeline
 from engine.core.replay import arrival_table
 from engine.core.runners import emitted_outputs
@@ -249,8 +249,8 @@ def test_columnar_runners_give_the_per_row_rows(
 ) -> None:
     # `slices` rows per slice: every ROWS frame of 1 row or more keeps its rows in slices
     # (a long frame's storage, at a size the drawn streams cross many times).
-    monkeypatch.setattr(over, "SLICED_ROWS_FROM", 10**9 if slices is None else 1)
-    monkeypatch.setattr(over, "SLICE_ROWS", slices or over.SLICE_ROWS)
+    monkeypatch.setattr(planner, "SLICED_ROWS_FROM", 10**9 if slices is None else 1)
+    monkeypatch.setattr(frames, "SLICE_ROWS", slices or frames.SLICE_ROWS)
     rows = arrivals(items)
     rng = random.Random(seed)
     cuts = sorted(rng.sample(range(1, len(rows)), min(rng.randint(0, 4), max(len(rows) - 1, 0))))
@@ -316,7 +316,7 @@ def test_a_range_frame_over_many_slices_reads_each_slices_extremes(
     """A RANGE frame stored one row a slice: each row's frame starts inside one slice
     and spans several later ones, whose least and greatest values it must take in (the
     random streams rarely make frames that long)."""
-    monkeypatch.setattr(over, "SLICE_ROWS", 1)
+    monkeypatch.setattr(frames, "SLICE_ROWS", 1)
     rule = (
         "CREATE STREAM out AS SELECT station, lane, ts, speed, min(speed) OVER (PARTITION BY "
         "station RANGE 3 SECONDS PRECEDING) AS low, max(speed) OVER (PARTITION BY station "

@@ -26,7 +26,12 @@ from engine.core.plan import (
     Sink,
     SinkKind,
 )
+from engine.core.planner.operators import evaluator_pieces
 from engine.core.replay import run
+from engine.core.windows.contents import IncrementalContents
+from engine.core.windows.emits import TimeSlide
+from engine.core.windows.frames import RangeFrame
+from engine.core.windows.over import OverOperator
 from tests.engine.helpers import TRAFFIC, col, extent_plan, over_plan
 from tests.examples import examples
 
@@ -239,9 +244,16 @@ def test_batched_slot_arrivals_equal_group_by_group(
     )
     window = OverWindow(aggs[:calls], FrameUnits.RANGE, 40, slide_ms=slide)
     (stage,) = plan_for(window).stages()
-    fast, slow = KeyedEvaluator(stage), KeyedEvaluator(stage)
-    assert fast.operator.arrive_slot is not None  # type: ignore[union-attr]
-    slow.operator._slots = False  # type: ignore[union-attr]
+
+    def group_by_group() -> OverOperator:
+        # The planner's pieces but for the slide: the one without the batched path.
+        frame = RangeFrame(IncrementalContents(aggs[:calls]), 40)
+        return OverOperator(frame, TimeSlide(frame, aggs[:calls], slide), 40)
+
+    fast = KeyedEvaluator(stage)
+    slow = KeyedEvaluator(stage, replace(evaluator_pieces(stage), operator=group_by_group))
+    assert fast.operator.arrive_slot is not None  # type: ignore[attr-defined]
+    assert slow.operator.arrive_slot is None  # type: ignore[attr-defined]
     max_ts = -END_OF_TIME
     for row, step in zip(data[1], schedule, strict=False):
         fast.insert(dict(row))

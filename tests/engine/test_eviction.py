@@ -27,7 +27,7 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import engine.core.planner as planner
+import engine.core.planner.runners as planner
 from engine.alerts import alert_id
 from engine.core.pipeline import HEARTBEAT, Pipeline
 from engine.core.plan import Plan

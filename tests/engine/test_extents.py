@@ -18,7 +18,6 @@ from unittest import mock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.core import windows
 from engine.core.evaluator import KeyedEvaluator, OutputColumns, output_rows
 from engine.core.plan import (
     END_OF_TIME,
@@ -33,7 +32,8 @@ from engine.core.plan import (
     Sink,
     SinkKind,
 )
-from engine.core.windows import ExtentOperator, PaneExtentOperator
+from engine.core.planner import operators
+from engine.core.windows.extents import ExtentOperator, PaneExtentOperator
 from tests.engine.helpers import TRAFFIC, col, extent_plan
 from tests.examples import examples
 
@@ -97,7 +97,9 @@ def test_extents_match_the_wid_definition(
     evaluators: dict[Any, KeyedEvaluator] = {}
     outputs: dict[Any, list] = {}
     bounds = [0, *sorted(c for c in cuts if c < len(rows)), len(rows)]
-    with mock.patch.object(windows, "MAX_EXTENT_PANES", windows.MAX_EXTENT_PANES if paned else 0):
+    with mock.patch.object(
+        operators, "MAX_EXTENT_PANES", operators.MAX_EXTENT_PANES if paned else 0
+    ):
         for lo, hi in itertools.pairwise(bounds):
             for row in rows[lo:hi]:
                 evaluators.setdefault(row["station"], KeyedEvaluator(stage)).insert(row)
@@ -315,7 +317,7 @@ def test_a_version_5_snapshot_of_tuples_restores_into_panes(
     ]
     (stage,) = minmax_plan(r, s).stages()
     whole = KeyedEvaluator(stage)
-    with mock.patch.object(windows, "MAX_EXTENT_PANES", 0):
+    with mock.patch.object(operators, "MAX_EXTENT_PANES", 0):
         old = KeyedEvaluator(stage)
     for row in rows:
         whole.insert(dict(row))

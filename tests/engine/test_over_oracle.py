@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from engine.core.evaluator import KeyedEvaluator
 from engine.core.plan import END_OF_TIME, AggCall, FrameUnits, OverWindow
-from engine.core.windows import PaneOperator, pane_eligible
+from engine.core.planner.operators import pane_eligible
+from engine.core.windows.panes import PaneOperator
 from tests.engine.helpers import col, over_plan
 from tests.examples import examples
 

@@ -32,7 +32,7 @@ from engine.core.plan import (
     SinkKind,
 )
 from engine.core.replay import run
-from engine.core.windows import bag_minus
+from engine.core.windows.streams import bag_minus
 from tests.engine.helpers import TRAFFIC, col
 from tests.examples import examples
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.core.evaluator import KeyedEvaluator
-from engine.core.windows import ExtentOperator, OverOperator, PaneExtentOperator, PaneOperator
+from engine.core.windows.extents import ExtentOperator, PaneExtentOperator
+from engine.core.windows.over import OverOperator
+from engine.core.windows.panes import PaneOperator
 from rules.language.loader import load_rules
 from tests.rules.helpers import FIXTURES, TRAFFIC, check_text
 

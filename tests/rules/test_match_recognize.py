@@ -23,7 +23,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.core.plan import PatternAlt, PatternRepeat, PatternSeq, PatternVar, PatternWindow
+from engine.core.pattern_plan import (
+    PatternAlt,
+    PatternRepeat,
+    PatternSeq,
+    PatternVar,
+    PatternWindow,
+)
 from engine.core.replay import run
 from rules.language.access import RulePolicy
 from rules.language.explain import explain

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import engine.core.planner as planner
+import engine.core.planner.runners as planner
 from engine.core.replay import run
 from rules.language.loader import load_rules
 from tests.examples import examples

@@ -10,7 +10,7 @@ per-row runner (:mod:`engine.core.runners`).
 * :mod:`.extents` — extent windows on panes;
 * :class:`StatelessRunner` — a query without a window.
 
-:func:`engine.core.planner.runner_for` chooses between them when a pipeline is built.
+:func:`engine.core.planner.runners.runner_for` chooses between them when a pipeline is built.
 """
 
 from __future__ import annotations

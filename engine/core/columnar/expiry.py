@@ -20,31 +20,13 @@ import numpy as np
 import pyarrow as pa
 
 from engine.core.columnar.stage import ColumnarRunner
-from engine.core.plan import AggCall, FrameUnits, OverWindow, Stage
+from engine.core.plan import AggCall, OverWindow, Stage
 from engine.core.runners import TS, HasStore, Key
-from engine.core.windows import BufferView
+from engine.core.windows.contents import BufferView
 
 
-def columnar_expiry(window: OverWindow) -> bool:
-    """Whether ``window`` is a RANGE frame with active expiration over one aggregate that
-    declares ``newest_only`` (columnar arguments), and nothing else."""
-    calls = window.aggregates
-    return (
-        window.active_expiration
-        and window.units is FrameUnits.RANGE
-        and window.preceding is not None
-        and not window.lag
-        and window.slide_rows is None
-        and window.slide_ms is None
-        and window.reset_every_ms is None
-        and window.since_ms is None
-        and window.until_ms is None
-        and len(calls) == 1
-        and _newest_only(calls[0])
-    )
-
-
-def _newest_only(call: AggCall) -> bool:
+def newest_only_call(call: AggCall) -> bool:
+    """Whether ``call``'s aggregate declares ``newest_only``, its arguments columnar."""
     factory = call.factory
     return (
         factory is not None

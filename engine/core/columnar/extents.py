@@ -22,11 +22,6 @@ from engine.core.plan import ExtentWindow, Stage
 from engine.core.runners import TS, HasStore, Key
 
 
-def columnar_extent(window: ExtentWindow) -> bool:
-    """Whether the columnar runner computes ``window`` (built-in aggregates)."""
-    return all(agg.columnar_call(c) for c in window.aggregates)
-
-
 @dataclass
 class PaneParts:
     """One aggregate over a group's panes: the running totals before each pane's first

@@ -2,23 +2,22 @@
 built-in aggregates, composed.
 
 * **Frame** — which rows an output's aggregates cover, and what a key keeps between
-  batches: :class:`RowsFrame` (the row and the ``n`` before it, physically: ties in
-  (ts, source, seq) order), :class:`SlicedRowsFrame` (the same for a long frame, its
-  rows kept in stored slices), :class:`RangeFrame` (``[ts - t, ts]``, peers included,
-  its rows kept in stored slices), :class:`UnboundedFrame` (everything so far: running
-  parts; ``RANGE`` takes peers, ``ROWS`` does not).
+  batches (:mod:`engine.core.columnar.frames`).
 * **Emit policy** — which rows give an output: :class:`EveryRow`, :class:`RowSlide`
   (the last row of each ``k``-row slot), :class:`TimeSlide` (the last row of each time
   slot ``[j*s, (j+1)*s)``, emitted once the watermark passes the slot: the slot's last
   row so far waits in the key's state, its values already computed).
 
-The SQL:2003 window function over the input in (ts, source, seq) order is the pin, the
-same one the per-row runner holds; `tests/engine/test_columnar.py` holds them equal.
+Which frame and policy serve a window is the planner's choice
+(:func:`engine.core.planner.runners.runner_for`). The SQL:2003 window function over the
+input in (ts, source, seq) order is the pin, the same one the per-row runner holds;
+`tests/engine/test_columnar.py` holds them equal.
 """
 
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,342 +25,14 @@ import numpy as np
 import pyarrow as pa
 
 from engine.core.columnar import aggregates as agg
+
+# `Run` is also how a key's state pickled before the frames had a module of their own
+# finds the class: keep it importable from here.
+from engine.core.columnar.frames import Frame, Run, Slice, SliceBuffer, SliceLoader
 from engine.core.columnar.stage import ColumnarRunner, Picked
-from engine.core.plan import FrameUnits, OverWindow, Stage
+from engine.core.plan import OverWindow, Stage
 from engine.core.runners import TS, HasStore, Key, key_json
 from engine.core.state import StateStore, dumps
-
-
-def columnar_over(window: OverWindow) -> bool:
-    """Whether the columnar runner computes ``window``: built-in aggregates, no active
-    expiration, lag, reset or fixed bounds."""
-    return (
-        not window.active_expiration
-        and not window.lag
-        and window.reset_every_ms is None
-        and window.since_ms is None
-        and window.until_ms is None
-        and all(agg.columnar_call(c) for c in window.aggregates)
-    )
-
-
-# ---- frames ------------------------------------------------------------------------------
-
-
-@dataclass
-class Run:
-    """Rows of a key in (ts, source, seq) order as a frame reads them: event times, one
-    argument column per aggregate, and each aggregate's running totals after each row."""
-
-    ts: np.ndarray
-    columns: list[agg.Column]
-    prefixes: list[agg.Prefix]
-
-    def __len__(self) -> int:
-        return len(self.ts)
-
-    def take(self, start: int, end: int) -> Run:
-        """Rows ``[start, end)``, their running totals with them."""
-        prefixes = []
-        for p in self.prefixes:
-            before = p.before(np.array([start]))
-            first = (int(before[0][0]), int(before[1][0]), before[2][0].item())
-            prefixes.append(
-                agg.Prefix(p.rows[start:end], p.valid[start:end], p.total[start:end], first)
-            )
-        return Run(self.ts[start:end], [c.take(start, end) for c in self.columns], prefixes)
-
-    def ends(self, index: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Per aggregate, the running totals after rows ``index``."""
-        return [(p.rows[index], p.valid[index], p.total[index]) for p in self.prefixes]
-
-    def starts(self, index: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Per aggregate, the running totals before rows ``index``."""
-        return [p.before(index) for p in self.prefixes]
-
-    @staticmethod
-    def then(first: Run, second: Run) -> Run:
-        """``second``'s rows after ``first``'s (its totals continue ``first``'s)."""
-        if not len(second):  # a key run by its wakeup: its columns have no type to join
-            return first
-        return Run(
-            np.concatenate([first.ts, second.ts]),
-            [
-                agg.Column(
-                    np.concatenate([a.values, b.values])
-                    if a.values.dtype == b.values.dtype
-                    else np.concatenate([a.values.astype(object), b.values.astype(object)]),
-                    np.concatenate([a.valid, b.valid]),
-                    a.numeric and b.numeric,
-                    (a.extremes[0] or b.extremes[0], a.extremes[1] or b.extremes[1]),
-                )
-                for a, b in zip(first.columns, second.columns, strict=True)
-            ],
-            [
-                agg.Prefix(
-                    np.concatenate([a.rows, b.rows]),
-                    np.concatenate([a.valid, b.valid]),
-                    np.concatenate([a.total, b.total.astype(a.total.dtype)])
-                    if len(a.total)
-                    else b.total,
-                    a.start,
-                )
-                for a, b in zip(first.prefixes, second.prefixes, strict=True)
-            ],
-        )
-
-
-def _extremes(run: Run, lo: np.ndarray, hi: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [agg.extremes(c, lo, hi) for c in run.columns]
-
-
-class RowsFrame:
-    """``ROWS n PRECEDING``: the row and the ``n`` rows before it; a key keeps its last
-    ``n`` rows."""
-
-    def __init__(self, preceding: int) -> None:
-        self.n = preceding
-
-    def parts(self, kept: Run | None, new: Run, emit: np.ndarray) -> list[agg.Parts]:
-        whole = new if kept is None else Run.then(kept, new)
-        at = emit + (0 if kept is None else len(kept))
-        lo = np.maximum(at - self.n, 0)
-        ends, starts = whole.ends(at), whole.starts(lo)
-        extremes = _extremes(whole, lo, at + 1)
-        return [
-            agg.parts(e, s, least, most)
-            for e, s, (least, most) in zip(ends, starts, extremes, strict=True)
-        ]
-
-    def keep(self, kept: Run | None, new: Run, watermark: int) -> Run | None:
-        whole = new if kept is None else Run.then(kept, new)
-        return whole.take(max(len(whole) - self.n, 0), len(whole)) if self.n else None
-
-
-class UnboundedFrame:
-    """``UNBOUNDED PRECEDING``: every row so far; a key keeps its least and greatest
-    values (its sums are its running totals). ``RANGE`` frames take a row's later peers
-    too, ``ROWS`` frames end at the row itself."""
-
-    def __init__(self, peers: bool) -> None:
-        self.peers = peers
-
-    def parts(
-        self, kept: list[tuple[np.ndarray, np.ndarray]] | None, new: Run, emit: np.ndarray
-    ) -> list[agg.Parts]:
-        hi = np.searchsorted(new.ts, new.ts[emit], "right") if self.peers else emit + 1
-        zero = np.zeros(len(emit), dtype=np.int64)
-        out = []
-        for i, (e, (least, most)) in enumerate(
-            zip(new.ends(hi - 1), _extremes(new, zero, hi), strict=True)
-        ):
-            if kept is not None:
-                before_least, before_most = (np.repeat(x, len(emit)) for x in kept[i])
-                least = agg.combine_extremes(before_least, least, np.minimum)
-                most = agg.combine_extremes(before_most, most, np.maximum)
-            origin = (zero, zero, np.zeros(len(emit), dtype=e[2].dtype))
-            out.append(agg.parts(e, origin, least, most))
-        return out
-
-    def keep(
-        self, kept: list[tuple[np.ndarray, np.ndarray]] | None, new: Run, watermark: int
-    ) -> list[tuple[np.ndarray, np.ndarray]] | None:
-        if not len(new):
-            return kept
-        n = np.array([len(new)])
-        now = _extremes(new, np.zeros(1, dtype=np.int64), n)
-        if kept is None:
-            return now
-        return [
-            (
-                agg.combine_extremes(a_least, b_least, np.minimum),
-                agg.combine_extremes(a_most, b_most, np.maximum),
-            )
-            for (a_least, a_most), (b_least, b_most) in zip(kept, now, strict=True)
-        ]
-
-
-@dataclass
-class Slice:
-    """Rows of a RANGE frame's key that arrived together: stored once (``number``), with
-    their first and last event times and each aggregate's least and greatest values;
-    the rows themselves stay in memory only while a frame's start may fall among them."""
-
-    number: int
-    first: int
-    last: int
-    extremes: list[tuple[Any, Any]]
-    run: Run | None = None
-    stored: bool = False
-    size: int = 0
-
-    @staticmethod
-    def of(number: int, run: Run) -> Slice:
-        """A new (not yet stored) slice of ``run``'s rows."""
-        whole = _extremes(run, np.zeros(1, dtype=np.int64), np.array([len(run)]))
-        extremes = [(least[0], most[0]) for least, most in whole]
-        return Slice(number, int(run.ts[0]), int(run.ts[-1]), extremes, run, False, len(run))
-
-
-@dataclass
-class SliceBuffer:
-    """A RANGE frame key's rows, in slices (oldest first)."""
-
-    slices: list[Slice] = field(default_factory=list)
-    next_number: int = 0
-    dropped: list[int] = field(default_factory=list)  # stored slices to delete
-
-
-class RangeFrame:
-    """``RANGE t PRECEDING``: rows in ``[ts - t, ts]``, later peers included. A key keeps
-    the rows of the last ``t`` in slices. An output's sums are its running totals minus
-    those before the frame's first row, found in the batch's rows or in one slice (read
-    back from the store if not in memory); its extremes combine the batch's rows, that
-    slice's rows from there, and the later slices' own extremes."""
-
-    def __init__(self, range_ms: int, load: Any) -> None:
-        self.t = range_ms
-        self.load = load  # (slice number) -> Run, for a slice not in memory
-
-    def parts(self, kept: SliceBuffer, new: Run, emit: np.ndarray) -> list[agg.Parts]:
-        ts = new.ts[emit]
-        start = ts - self.t
-        hi = np.searchsorted(new.ts, ts, "right")  # peers included
-        lo = np.searchsorted(new.ts, start, "left")
-        ends = new.ends(hi - 1)
-        starts = new.starts(lo)
-        extremes = _extremes(new, lo, hi)
-        slices = kept.slices
-        reach = lo == 0  # the frame may start among the kept rows
-        if slices and reach.any():
-            last = np.array([s.last for s in slices], dtype=np.int64)
-            first_in = np.searchsorted(last, start, "left")  # first slice with a row in it
-            for b in np.unique(first_in[reach]):
-                if b >= len(slices):
-                    continue  # every kept row is before the frame
-                at = np.flatnonzero(reach & (first_in == b))
-                run = _loaded(slices[b], self.load)
-                begin = np.searchsorted(run.ts, start[at], "left")
-                _start_in_slice(slices, int(b), at, begin, starts, extremes)
-        return [
-            agg.parts(e, s, least, most)
-            for e, s, (least, most) in zip(ends, starts, extremes, strict=True)
-        ]
-
-    def keep(self, kept: SliceBuffer, new: Run, watermark: int) -> SliceBuffer:
-        if len(new):
-            kept.slices.append(Slice.of(kept.next_number, new))
-            kept.next_number += 1
-        horizon = watermark - self.t  # a later row's frame starts at or after it
-        while kept.slices and kept.slices[0].last < horizon:
-            gone = kept.slices.pop(0)
-            if gone.stored:
-                kept.dropped.append(gone.number)
-        return kept
-
-
-def _loaded(piece: Slice, load: Any) -> Run:
-    """``piece``'s rows, read back from the store if they left memory."""
-    if piece.run is None:
-        piece.run = load(piece.number)
-    return piece.run
-
-
-def _start_in_slice(
-    slices: list[Slice],
-    b: int,
-    at: np.ndarray,
-    begin: np.ndarray,
-    starts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
-    extremes: list[tuple[np.ndarray, np.ndarray]],
-) -> None:
-    """Outputs ``at`` have frames starting at rows ``begin`` of slice ``b`` (in memory):
-    their running totals before the frame come from that slice, and their extremes (so
-    far over the batch's rows) take in the rest of it and every later slice."""
-    run = slices[b].run
-    assert run is not None
-    before = run.starts(begin)
-    suffix = _extremes(run, begin, np.full(len(at), len(run), dtype=np.int64))
-    for i in range(len(starts)):
-        for part in range(3):
-            starts[i][part][at] = before[i][part]
-        if run.columns[i].extremes == (False, False):
-            continue  # a count, sum or avg: its extremes are never read
-        least, most = suffix[i]
-        for later in slices[b + 1 :]:
-            low, high = later.extremes[i]
-            least = agg.combine_extremes(
-                least, np.repeat(np.array([low], dtype=least.dtype), len(at)), np.minimum
-            )
-            most = agg.combine_extremes(
-                most, np.repeat(np.array([high], dtype=most.dtype), len(at)), np.maximum
-            )
-        all_least, all_most = extremes[i]
-        merged_least = agg.combine_extremes(all_least[at], least, np.minimum)
-        merged_most = agg.combine_extremes(all_most[at], most, np.maximum)
-        all_least = all_least.astype(merged_least.dtype)
-        all_most = all_most.astype(merged_most.dtype)
-        all_least[at], all_most[at] = merged_least, merged_most
-        extremes[i] = (all_least, all_most)
-
-
-SLICED_ROWS_FROM = 128
-"""A ``ROWS n PRECEDING`` frame with ``n`` at least this keeps its rows in slices
-(:class:`SlicedRowsFrame`); a shorter one in the key's state (:class:`RowsFrame`)."""
-SLICE_ROWS = 256
-"""Rows a :class:`SlicedRowsFrame` slice gathers (rewritten each batch meanwhile) before
-later rows start a new one."""
-
-
-class SlicedRowsFrame:
-    """``ROWS n PRECEDING`` for a long frame: the key's last ``n`` rows in slices of
-    about :data:`SLICE_ROWS` rows, each stored once full, so a batch writes the rows it
-    added, not all ``n`` (the whole frame pickled into the key's state every batch made
-    most of a busy batch's state bytes). Sums and extremes come from the slices as in
-    :class:`RangeFrame`; a frame's first row is found by counting rows, not by time."""
-
-    def __init__(self, preceding: int, load: Any) -> None:
-        self.n = preceding
-        self.load = load  # (slice number) -> Run, for a slice not in memory
-
-    def parts(self, kept: SliceBuffer, new: Run, emit: np.ndarray) -> list[agg.Parts]:
-        slices = kept.slices
-        offsets = np.concatenate([[0], np.cumsum([s.size for s in slices])]).astype(np.int64)
-        held = int(offsets[-1])  # kept rows, before the batch's
-        lo = np.maximum(held + emit - self.n, 0)  # each frame's first row, kept rows first
-        reach = lo < held  # the frame starts among the kept rows
-        lo_new = np.where(reach, 0, lo - held)
-        ends, starts = new.ends(emit), new.starts(lo_new)
-        extremes = _extremes(new, lo_new, emit + 1)
-        if reach.any():
-            first_in = np.searchsorted(offsets, lo, "right") - 1
-            for b in np.unique(first_in[reach]):
-                at = np.flatnonzero(reach & (first_in == b))
-                _loaded(slices[b], self.load)
-                _start_in_slice(slices, int(b), at, lo[at] - offsets[b], starts, extremes)
-        return [
-            agg.parts(e, s, least, most)
-            for e, s, (least, most) in zip(ends, starts, extremes, strict=True)
-        ]
-
-    def keep(self, kept: SliceBuffer, new: Run, watermark: int) -> SliceBuffer:
-        if len(new):
-            last = kept.slices[-1] if kept.slices else None
-            if last is not None and last.size < SLICE_ROWS:
-                # Same number: the stored copy is overwritten when the state is saved.
-                kept.slices[-1] = Slice.of(last.number, Run.then(_loaded(last, self.load), new))
-            else:
-                kept.slices.append(Slice.of(kept.next_number, new))
-                kept.next_number += 1
-        held = sum(s.size for s in kept.slices)
-        # The next row's frame starts at row held - n: a slice wholly before it is done.
-        while kept.slices and held - kept.slices[0].size >= self.n:
-            gone = kept.slices.pop(0)
-            held -= gone.size
-            if gone.stored:
-                kept.dropped.append(gone.number)
-        return kept
-
 
 # ---- emit policies -------------------------------------------------------------------------
 
@@ -370,10 +41,23 @@ class EveryRow:
     """Every row gives an output."""
 
     def choose(self, state: OverKey, new: Run) -> np.ndarray:
+        """The rows of ``new`` that give an output."""
         return np.arange(len(new), dtype=np.int64)
 
+    def hold(
+        self,
+        state: OverKey,
+        times: np.ndarray,
+        picked: Picked,
+        watermark: int,
+        assemble: Callable[[list[Picked]], pa.Table],
+    ) -> Picked:
+        """The outputs ``picked`` (of rows at ``times``) that leave now; the others wait
+        in ``state`` as a table ``assemble`` builds (none by default)."""
+        return picked
 
-class RowSlide:
+
+class RowSlide(EveryRow):
     """``SLIDE k`` rows: the last row of each ``k``-row slot of the key's rows."""
 
     def __init__(self, rows: int) -> None:
@@ -384,7 +68,7 @@ class RowSlide:
         return np.flatnonzero(position % self.k == 0).astype(np.int64)
 
 
-class TimeSlide:
+class TimeSlide(EveryRow):
     """``SLIDE s`` of time: the last row of each slot ``[j*s, (j+1)*s)``."""
 
     def __init__(self, slide_ms: int) -> None:
@@ -395,6 +79,24 @@ class TimeSlide:
             return np.zeros(0, dtype=np.int64)
         slot = new.ts // self.s
         return np.flatnonzero(np.concatenate([slot[1:] != slot[:-1], [True]])).astype(np.int64)
+
+    def hold(
+        self,
+        state: OverKey,
+        times: np.ndarray,
+        picked: Picked,
+        watermark: int,
+        assemble: Callable[[list[Picked]], pa.Table],
+    ) -> Picked:
+        """The last slot's row waits while its slot is open."""
+        closes = (times // self.s + 1) * self.s - 1
+        if closes[-1] < watermark:
+            return picked
+        last = len(times) - 1
+        index, parts = picked.index, picked.values
+        state.waiting = assemble([Picked(index[last:], [p.take(last, None) for p in parts])])
+        state.closes = int(closes[-1])
+        return Picked(index[:last], [p.take(0, last) for p in parts], picked.before)
 
 
 # ---- the runner --------------------------------------------------------------------------
@@ -414,38 +116,30 @@ class OverKey:
 
 
 class OverRunner(ColumnarRunner):
-    """An OVER window stage per column (module docstring)."""
+    """An OVER window stage per column (module docstring): the frame ``frame`` makes
+    (given how to read a stored slice back) and the emit policy ``emit``."""
 
     kind = "columnar-over"
 
-    def __init__(self, index: int, stage: Stage, owner: HasStore) -> None:
+    def __init__(
+        self,
+        index: int,
+        stage: Stage,
+        owner: HasStore,
+        frame: Callable[[SliceLoader], Frame],
+        emit: EveryRow,
+    ) -> None:
         super().__init__(index, stage, owner)
         window = stage.query.window
         assert isinstance(window, OverWindow)
         self.window_spec = window
         self.calls = window.aggregates
-        if window.preceding is None:
-            self.frame: Any = UnboundedFrame(peers=window.units is FrameUnits.RANGE)
-        elif window.units is FrameUnits.ROWS and window.preceding < SLICED_ROWS_FROM:
-            self.frame = RowsFrame(window.preceding)
-        elif window.units is FrameUnits.ROWS:
-            self.frame = SlicedRowsFrame(window.preceding, self._load_slice)
-        else:
-            self.frame = RangeFrame(window.preceding, self._load_slice)
-        self.emit: Any = (
-            RowSlide(window.slide_rows)
-            if window.slide_rows
-            else TimeSlide(window.slide_ms)
-            if window.slide_ms
-            else EveryRow()
-        )
+        self.frame = frame(self._load_slice)
+        self.emit = emit
         self._loading: Key = ()
 
     def new_state(self, key: Key) -> OverKey:
-        state = OverKey(totals=[agg.START] * len(self.calls))
-        if isinstance(self.frame, RangeFrame | SlicedRowsFrame):
-            state.kept = SliceBuffer()
-        return state
+        return OverKey(kept=self.frame.fresh(), totals=[agg.START] * len(self.calls))
 
     def wakeup(self, state: OverKey) -> int | None:
         return None if state.closes is None else state.closes + 1
@@ -467,18 +161,13 @@ class OverRunner(ColumnarRunner):
         picked = None
         if len(emit):
             parts = self.frame.parts(state.kept, new, emit)
-            index = emit + span[0]
-            if isinstance(self.emit, TimeSlide):
-                slide = self.emit.s
-                closes = (new.ts[emit] // slide + 1) * slide - 1
-                if not closes[-1] < watermark:  # the last slot is still open: its row waits
-                    last = len(emit) - 1
-                    state.waiting = self.assemble(
-                        self._final, [Picked(index[last:], [p.take(last, None) for p in parts])]
-                    )
-                    state.closes = int(closes[-1])
-                    index, parts = index[:last], [p.take(0, last) for p in parts]
-            picked = Picked(index, parts, before)
+            picked = self.emit.hold(
+                state,
+                new.ts[emit],
+                Picked(emit + span[0], parts, before),
+                watermark,
+                lambda held: self.assemble(self._final, held),
+            )
         state.count += len(new)
         state.totals = [p.end() for p in new.prefixes]
         state.kept = self.frame.keep(state.kept, new, watermark)
@@ -565,18 +254,14 @@ class OverRunner(ColumnarRunner):
 
     # -- eviction (the hooks `ColumnarRunner` calls) ---------------------------------------
     def idle(self, state: OverKey, watermark: int) -> bool:
-        """A RANGE frame whose rows have all left every later row's frame (the frame
-        let go of its slices below ``watermark - t``), no slot's row waiting. ROWS and
-        UNBOUNDED frames never are: a later row's frame holds their rows."""
-        return (
-            isinstance(self.frame, RangeFrame) and not state.kept.slices and state.waiting is None
-        )
+        """A frame nothing of whose can reach a later row's (RANGE: its rows have all
+        left), no slot's row waiting. ROWS and UNBOUNDED frames never are: a later row's
+        frame holds their rows."""
+        return self.frame.empty(state.kept) and state.waiting is None
 
     def idle_wakeup(self, state: OverKey) -> int | None:
-        """The watermark at which the newest row leaves a RANGE frame (``last + t + 1``)."""
-        if isinstance(self.frame, RangeFrame) and state.kept.slices:
-            return int(state.kept.slices[-1].last) + self.frame.t + 1
-        return None
+        """The watermark at which time alone empties the frame."""
+        return self.frame.idle_wakeup(state.kept)
 
     def residue(self, state: OverKey) -> Any:
         """The row count (a row slide's place) and the running totals: an output's sums
