@@ -122,15 +122,16 @@ def remove_temporaries(folder: str, s3: S3Config) -> list[str]:
     return deleted
 
 
-def keep_reserve(path: str, s3: S3Config) -> None:
-    """Make sure the reserve file at `path` holds `RESERVE_BYTES` (best effort; only on
-    a local disk: an object store is never full)."""
+def keep_reserve(path: str, s3: S3Config) -> bool:
+    """Make sure the reserve file at `path` holds `RESERVE_BYTES` (only on a local disk:
+    an object store is never full); whether it does (a disk without the room keeps no
+    half reserve)."""
     fs, local = filesystem(path, s3)
     if not isinstance(fs, pafs.LocalFileSystem):
-        return
+        return True
     with contextlib.suppress(OSError):
         if os.path.getsize(local) >= RESERVE_BYTES:
-            return
+            return True
     try:
         os.makedirs(os.path.dirname(local), exist_ok=True)
         with open(local, "wb") as out:
@@ -138,6 +139,8 @@ def keep_reserve(path: str, s3: S3Config) -> None:
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(local)
+        return False
+    return True
 
 
 def release_reserve(path: str, s3: S3Config) -> bool:

@@ -296,8 +296,7 @@ class EngineJob:
             log.info("the health record is written again")
             self._health_error = ""
         if self.fault is None and not self._reserve_kept:
-            keep_reserve(self._reserve, self.config.s3)
-            self._reserve_kept = True
+            self._reserve_kept = keep_reserve(self._reserve, self.config.s3)
 
     @property
     def _reserve(self) -> str:
