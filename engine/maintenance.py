@@ -146,6 +146,7 @@ class TableMaintenance:
         self.vacuumed: dict[str, int] = {}  # files deleted, per table, since the start
         self.log_cleaned: dict[str, int] = {}  # log files deleted, per table, since the start
         self._stop = threading.Event()
+        self._paused = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -161,6 +162,15 @@ class TableMaintenance:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+    def pause(self) -> None:
+        """Skip the rounds until `resume` (the engine's disk is full or read-only: a
+        compaction would only fail, and leave half-written files)."""
+        self._paused.set()
+
+    def resume(self) -> None:
+        """Run the rounds again."""
+        self._paused.clear()
 
     def run_once(self) -> list[tuple[str, Compaction]]:
         """One round over every table (each opened once, and skipped while it does not
@@ -219,4 +229,5 @@ class TableMaintenance:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            self.run_once()
+            if not self._paused.is_set():
+                self.run_once()

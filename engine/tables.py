@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,6 +32,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
@@ -266,18 +268,62 @@ class DataFile:
     stats: str
 
 
+def data_file_name(batch_id: int | None = None) -> str:
+    """A new data file's name; with the batch that writes it, which lets
+    :func:`remove_orphans` tell a batch that never committed."""
+    if batch_id is None:
+        return f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    return f"part-b{batch_id}-{uuid.uuid4()}-c000.snappy.parquet"
+
+
+_BATCH_FILE = re.compile(r"^part-b(\d+)-[0-9a-f-]{36}-c000\.snappy\.parquet$")
+
+
 def write_data_file(
-    table: str, location: str, data: pa.Table, s3: S3Config = DEFAULT_S3
+    table: str,
+    location: str,
+    data: pa.Table,
+    s3: S3Config = DEFAULT_S3,
+    batch_id: int | None = None,
 ) -> DataFile:
     """Write `data` as a new Parquet file in the folder of the table `table` at
-    `location`. It is not part of the table until :func:`commit_files` adds it: a file
-    of a batch that never commits is an orphan the next vacuum removes."""
-    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    `location` (named after `batch_id` when given: :func:`data_file_name`). It is not
+    part of the table until :func:`commit_files` adds it. A write that fails (a full
+    disk) leaves no half file: pyarrow deletes it."""
+    name = data_file_name(batch_id)
     fs, root = filesystem(location, s3)
     target = f"{root.rstrip('/')}/{name}"
     pq.write_table(data, target, filesystem=fs, compression="snappy")
     size = fs.get_file_info(target).size or 0
     return DataFile(table, name, size, data.num_rows, int(time.time() * 1000), file_stats(data))
+
+
+def remove_orphans(location: str, writer_id: str, s3: S3Config = DEFAULT_S3) -> list[str]:
+    """Delete the data files in the table's folder at `location` that batches of
+    `writer_id` wrote and never committed: named after a batch (:func:`data_file_name`)
+    later than the last one the table holds of that writer, and not in the table. Only
+    while that writer runs no batch (its batch in flight would lose its files). Returns
+    the names deleted; a file that cannot be deleted stays."""
+    try:
+        table = DeltaTable(location, storage_options=delta_options(location, s3))
+    except TableNotFoundError:
+        return []
+    done = table.transaction_version(writer_id)
+    live = {uri.rsplit("/", 1)[-1] for uri in table.file_uris()}
+    fs, root = filesystem(location, s3)
+    deleted = []
+    for info in fs.get_file_info(pafs.FileSelector(root.rstrip("/"), allow_not_found=True)):
+        found = _BATCH_FILE.match(info.base_name)
+        if found is None or info.base_name in live:
+            continue
+        if done is not None and int(found[1]) <= done:
+            continue  # a committed batch's: compacted away, or kept for a re-run to skip
+        try:
+            fs.delete_file(info.path)
+        except OSError:
+            continue
+        deleted.append(info.base_name)
+    return deleted
 
 
 def file_stats(data: pa.Table) -> str:

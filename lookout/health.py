@@ -6,8 +6,9 @@ so a reader never sees half of one.
 `problems` says in words why health is red (`[health]` in lookout.toml): a part down or
 failing, too many late, duplicate or conflicting readings or quarantined payloads in
 the last window of wall time, any reading quarantined by its stream's cap on live
-keys, a stream's clock standing still while its readings arrive. The engine's record
-carries those recent figures (`RecentFigures`).
+keys, a stream's clock standing still while its readings arrive, the engine waiting
+out a full or read-only disk (its record's `storage`). The engine's record carries
+those recent figures (`RecentFigures`).
 """
 
 from __future__ import annotations
@@ -179,9 +180,22 @@ def _stream_problems(
     return found
 
 
-def _engine_problems(record: Mapping[str, Any], limits: HealthConfig) -> list[Problem]:
+def _engine_problems(record: Mapping[str, Any], limits: HealthConfig, now_ms: int) -> list[Problem]:
     window_s = record.get("window_ms", 0) / 1000
     found = []
+    storage = record.get("storage")
+    if storage:
+        failing_s = (now_ms - storage.get("since_ms", now_ms)) / 1000
+        found.append(
+            Problem(
+                "engine",
+                storage.get("problem", "storage"),
+                f"engine: {storage.get('problem', 'storage failing')} at "
+                f"{storage.get('path', '?')} for {failing_s:.0f} s: no batch runs until it "
+                f"can write (the landing files wait, nothing is lost): "
+                f"{storage.get('error', '')}",
+            )
+        )
     arrived = 0
     for stream in record.get("streams") or []:
         found += _stream_problems(stream, window_s, limits)
@@ -239,7 +253,7 @@ def problems(
                 Problem(part, "down", f"{part} is down: its last report is {age_s:.0f} s old")
             )
         elif part == "engine":
-            found += _engine_problems(record, limits)
+            found += _engine_problems(record, limits, now_ms)
         else:
             found += _ingest_problems(part, record, now_ms)
     return found

@@ -44,6 +44,12 @@ def table_schemas(plan: Plan, sources: tuple[str, ...]) -> dict[str, pa.Schema]:
     return schemas
 
 
+def writer_id(query: str, table: str) -> str:
+    """The Delta transaction app id of `query`'s commits to `table` (its version: the
+    batch id)."""
+    return f"lookout-{query}-{table}"
+
+
 _TIMINGS = ("read_ms", "restore_ms", "evaluate_ms", "save_ms", "write_ms")
 
 
@@ -143,7 +149,7 @@ class Committer:
 
     def _commit(self, table: str, files: list[tables.DataFile], batch_id: int) -> bool:
         """Add the batch's files to `table`, or merge them into it (incidents)."""
-        location, writer = self.config.table(table), f"lookout-{self.name}-{table}"
+        location, writer = self.config.table(table), writer_id(self.name, table)
         if table in tables.MERGED:
             key, update = tables.MERGED[table]
             return tables.merge_files(

@@ -7,12 +7,21 @@ over the last `[health] window_seconds`, how long its clock has stood still), wh
 dashboard's health page and the demo's status line read. The record says `ready` once
 every query of this run has finished a batch, and carries this run's start, so a record
 an earlier run left is never taken for a running engine.
+
+A full or read-only disk (`engine.storage_faults`) does not end it: the query that
+failed on it is given up (its batch never committed, so Spark's offsets stay before it
+and the landing files stay in their folder), the fault is logged and put on the health
+record, and once a probe finds the disk writable again (tried after 1 s, doubling to
+16 s) what the failed writes left is deleted and the query starts again from its
+checkpoint in this process: the failed batch runs again and commits once. Any other
+failure of a query ends the job.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -28,13 +37,24 @@ from engine.core.pipeline import fed_stages
 from engine.core.plan import Plan
 from engine.maintenance import TableMaintenance
 from engine.spark.checkpoint_layout import check_checkpoint_layout
-from engine.spark.commit import Committer, table_schemas
+from engine.spark.commit import Committer, table_schemas, writer_id
 from engine.spark.metrics import ProgressListener, refresh
 from engine.spark.query import QUERY_NAME, engine_components, start_query
 from engine.spark.rule_changes import record_rule_changes
 from engine.spark.session import build_session
+from engine.storage_faults import (
+    DISK_FULL,
+    RETRY_MAX_S,
+    StorageFault,
+    fault_line,
+    fault_of,
+    keep_reserve,
+    probe,
+    release_reserve,
+    remove_temporaries,
+)
 from lookout.config import Config, ConfigError
-from lookout.health import ARRIVALS, RecentFigures, write_health
+from lookout.health import ARRIVALS, HEALTH_FOLDER, RecentFigures, write_health
 from lookout.storage import lakehouse_options, uses_object_store
 
 log = logging.getLogger("lookout.engine")
@@ -64,6 +84,14 @@ class EngineJob:
             config.engine, s3=config.s3 if uses_object_store(config) else None
         )
         self.queries: list[tuple[StreamingQuery, Committer]] = []
+        # Queries given up on a full or read-only disk, until they start again (their
+        # last figures stay on the health record), and that fault.
+        self.stopped: list[tuple[StreamingQuery, Committer]] = []
+        self.fault: StorageFault | None = None
+        self._started = False
+        self._listening = False
+        self._health_error = ""  # why the last health write failed (logged once)
+        self._reserve_kept = False
         self.started_at_ms = int(time.time() * 1000)
         self.listener = ProgressListener({QUERY_NAME})
         self._logged: tuple[float, dict[str, int]] = (time.monotonic(), {})
@@ -88,9 +116,12 @@ class EngineJob:
         for change in record_rule_changes(self.config, self.plan):
             log.warning(change)
         self.ensure_tables()
-        self.spark.streams.addListener(self.listener)
-        if self.components:
-            self.queries.append(start_query(self.spark, self.config, self.components))
+        self._remove_leftovers()
+        if not self._listening:  # start runs again when a full disk failed it
+            self.spark.streams.addListener(self.listener)
+            self._listening = True
+        self._start_queries()
+        self._started = True
         for component in self.components:
             rules = [stage.name for _, stage in fed_stages(self.plan, component.sources)]
             log.info(
@@ -100,6 +131,15 @@ class EngineJob:
             )
         self.maintenance.start()
         log.info("engine running (%d parts of the rules)", len(self.components))
+
+    def _start_queries(self) -> None:
+        """Start the query (again, after a storage fault: from its checkpoint, with the
+        committer and counts it had)."""
+        committers = [committer for _, committer in self.stopped]
+        self.stopped.clear()
+        if self.components:
+            committer = committers[0] if committers else None
+            self.queries.append(start_query(self.spark, self.config, self.components, committer))
 
     def stop(self) -> None:
         """Stop every query (each finishes or abandons its batch; checkpoints stay valid).
@@ -128,22 +168,32 @@ class EngineJob:
                 cause = next((x[2:] for x in lines if x.startswith(": ")), type(err).__name__)
                 log.warning("query %s had stopped with Spark: %s", query.name, cause)
             committer.close()
+        for _, committer in self.stopped:
+            committer.close()
         self.queries.clear()
+        self.stopped.clear()
 
     def failed(self) -> str | None:
-        """The error of the first query that died, if any."""
+        """The error of the first query that died, if any (one that died of an error
+        Spark could not report, a stack overflow while reporting one, has none)."""
         for query, _ in self.queries:
             error = query.exception()
             if error is not None:
                 return f"{query.name}: {error}"
+            if not query.isActive:
+                return f"{query.name}: stopped, and Spark reported no error"
         return None
 
     def ready(self) -> bool:
         """Whether every query of this run is running: active and past its start (it
-        then runs a batch as soon as a landing file comes)."""
-        return bool(self.queries) and all(
-            query.isActive and not query.status["message"].startswith("Initializing")
-            for query, _ in self.queries
+        then runs a batch as soon as a landing file comes), and no storage fault holds."""
+        return (
+            bool(self.queries)
+            and self.fault is None
+            and all(
+                query.isActive and not query.status["message"].startswith("Initializing")
+                for query, _ in self.queries
+            )
         )
 
     def health(self) -> dict[str, Any]:
@@ -154,7 +204,7 @@ class EngineJob:
         streams: list[dict[str, Any]] = []
         totals: dict[str, int] = {"quarantined": 0}
         heartbeats = 0
-        for query, committer in self.queries:
+        for query, committer in [*self.queries, *self.stopped]:
             progress: dict[str, Any] = query.lastProgress or {}
             seen = committer.health()
             figures = seen["figures"]
@@ -214,11 +264,176 @@ class EngineJob:
             "recent_quarantined": recent["quarantined"],
             "heartbeats": heartbeats,
             "maintenance": self.maintenance.health(),
+            # A full or read-only disk the engine waits out (None: it writes).
+            "storage": None if self.fault is None else self.fault.record(),
         }
 
     def write_health(self) -> None:
-        """Write `health()` where the dashboard reads it."""
-        write_health(self.config.lakehouse, "engine", self.health(), self.config.s3)
+        """Write `health()` where the dashboard reads it.
+
+        Best effort: it never raises, and a failure is logged once. The disk that is
+        full is the one that holds the record, so the engine keeps a little room beside
+        it (`_health/.engine.reserve`, local disks only): on a full disk that room is
+        given up for the record that says so, and kept again once the disk works."""
+        record = self.health()
+        try:
+            write_health(self.config.lakehouse, "engine", record, self.config.s3)
+        except OSError as err:
+            failed: OSError | None = err
+            if fault_of(err) == DISK_FULL and release_reserve(self._reserve, self.config.s3):
+                self._reserve_kept = False
+                try:
+                    write_health(self.config.lakehouse, "engine", record, self.config.s3)
+                    failed = None
+                except OSError as again:
+                    failed = again
+            if failed is not None:
+                if not self._health_error:
+                    log.warning("cannot write the health record: %s", failed)
+                self._health_error = str(failed)
+                return
+        if self._health_error:
+            log.info("the health record is written again")
+            self._health_error = ""
+        if self.fault is None and not self._reserve_kept:
+            self._reserve_kept = keep_reserve(self._reserve, self.config.s3)
+
+    @property
+    def _reserve(self) -> str:
+        return f"{self.config.lakehouse.rstrip('/')}/{HEALTH_FOLDER}/.engine.reserve"
+
+    def watch(self) -> None:
+        """Raise if a query failed, unless for a full or read-only disk: then the query
+        is given up and started again once the disk takes writes (`_recover`)."""
+        error = self.failed()
+        if error is not None:
+            problem = fault_of(error)
+            if problem is None:  # the error may not say it: a disk that refuses a probe does
+                failing = self._failing_disk()
+                problem = None if failing is None else fault_of(failing[1])
+            if problem is None:
+                raise RuntimeError(f"a streaming query failed: {error}")
+            self._given_up(problem, error)
+        if self.fault is not None:
+            self._recover()
+
+    def _given_up(self, problem: str, error: str) -> None:
+        """The queries failed on a full or read-only disk: no batch runs until it works."""
+        for query, committer in self.queries:
+            with contextlib.suppress(Py4JError):
+                query.stop()  # it has stopped already; this only unregisters it
+            self.stopped.append((query, committer))
+        self.queries.clear()
+        self.maintenance.pause()
+        failing = self._failing_disk()
+        path = failing[0] if failing is not None else self.config.lakehouse
+        said = error if fault_of(error) is not None or failing is None else str(failing[1])
+        line = fault_line(said)
+        if self.fault is None:
+            self.fault = StorageFault(problem, path, line)
+            log.error(
+                "the engine cannot write: %s; no new batch until it can (the landing files "
+                "wait, Spark's offsets stay before them: nothing is lost); trying again "
+                "after %.0f s, then every %.0f s at most",
+                self.fault.describe(),
+                self.fault.delay_s,
+                RETRY_MAX_S,
+            )
+        else:  # the query started again and failed again
+            self.fault.problem, self.fault.path, self.fault.error = problem, path, line
+            self.fault.restarted_at = None
+        self.fault.wait_longer()
+
+    def _recover(self) -> None:
+        """While a storage fault holds: when due, probe the disks, and once they take
+        writes remove what the failed writes left and start the query again; the fault
+        is over when the query has run a batch (or has none to run)."""
+        fault = self.fault
+        assert fault is not None
+        if fault.restarted_at is not None:
+            if self._through(fault):
+                log.info(
+                    "the engine writes again after %.0f s (%d tries); batches go on",
+                    time.time() - fault.since_ms / 1000,
+                    fault.tries,
+                )
+                self.fault = None
+                self.maintenance.resume()
+            return
+        if time.monotonic() < fault.retry_at:
+            return
+        failing = self._failing_disk()
+        if failing is not None:
+            fault.path, err = failing
+            fault.problem = fault_of(err) or fault.problem
+            fault.error = fault_line(str(err))
+            fault.wait_longer()
+            return
+        fault.tries += 1
+        try:
+            if self._started:
+                self._remove_leftovers()
+                self._start_queries()
+            else:
+                self.start()
+        except Exception as err:  # the disk failed again as the query started
+            problem = fault_of(err)
+            if problem is None:
+                raise
+            fault.problem, fault.error = problem, fault_line(str(err))
+            fault.wait_longer()
+            return
+        fault.restarted_at = time.monotonic()
+        fault.batches_at_restart = sum(c.health()["batches"] for _, c in self.queries)
+        log.info("the disk takes writes again: the query starts again from its checkpoint")
+
+    def _through(self, fault: StorageFault) -> bool:
+        """Whether the queries started again have committed a batch, or wait for data
+        with none to run."""
+        if not self.queries or not all(query.isActive for query, _ in self.queries):
+            return False
+        if sum(c.health()["batches"] for _, c in self.queries) > fault.batches_at_restart:
+            return True
+        return all(
+            not query.status["isDataAvailable"]
+            and not query.status["isTriggerActive"]
+            and not query.status["message"].startswith("Initializing")
+            for query, _ in self.queries
+        )
+
+    def _failing_disk(self) -> tuple[str, OSError] | None:
+        """The first place the engine writes (the lakehouse, the landing archive, Spark's
+        local folder in local mode) that refuses a probe, and its error; None if none."""
+        places = [(self.config.lakehouse, self.config.table("_checkpoints"))]
+        if self.config.engine.landing_archive:
+            places.append((self.config.engine.landing_archive,) * 2)
+        if self.config.engine.master.startswith("local"):
+            local = self.spark.conf.get("spark.local.dir", None) or os.environ.get(
+                "SPARK_LOCAL_DIRS", "/tmp"
+            )
+            places.append((local.split(",")[0],) * 2)
+        for path, folder in places:
+            err = probe(folder, self.config.s3)
+            if err is not None:
+                return path, err
+        return None
+
+    def _remove_leftovers(self) -> None:
+        """Delete what failed writes (or a kill) left, while no query runs: Spark's
+        temporary checkpoint files, and the data files of batches that never committed.
+        Best effort; what was deleted is logged."""
+        removed = []
+        with contextlib.suppress(Exception):
+            checkpoint = self.config.table(f"_checkpoints/{QUERY_NAME}")
+            removed += remove_temporaries(checkpoint, self.config.s3)
+        for name in tables.engine_tables(self.plan):
+            location = self.config.table(name)
+            with contextlib.suppress(Exception):
+                writer = writer_id(QUERY_NAME, name)
+                found = tables.remove_orphans(location, writer, self.config.s3)
+                removed += [f"{location}/{file}" for file in found]
+        if removed:
+            log.info("removed what failed writes left: %s", ", ".join(removed))
 
     def log_progress(self) -> None:
         """One line per query: its batches, readings and lag since the last line."""
@@ -255,19 +470,30 @@ class EngineJob:
     def run_until(
         self, stop: threading.Event, health_every_s: float = 2.0, log_every_s: float = 30.0
     ) -> None:
-        """Run until `stop` is set or a query fails (then raise); health every
+        """Run until `stop` is set or a query fails for another reason than a full or
+        read-only disk (then raise; such a disk is waited out: `watch`); health every
         `health_every_s`, a progress line per query every `log_every_s`."""
-        self.start()
+        try:
+            self.start()
+        except Exception as err:  # a full or read-only disk at the start: waited out too
+            problem = fault_of(err)
+            if problem is None:
+                raise
+            self._given_up(problem, str(err))
         logged = time.monotonic()
         try:
-            while not stop.wait(health_every_s):
+            while not stop.wait(self._pause(health_every_s)):
+                self.watch()
                 self.write_health()
                 if time.monotonic() - logged >= log_every_s:
                     logged = time.monotonic()
                     self.log_progress()
-                error = self.failed()
-                if error:
-                    raise RuntimeError(f"a streaming query failed: {error}")
         finally:
             self.stop()
             self.write_health()
+
+    def _pause(self, health_every_s: float) -> float:
+        """Until the next health record, or the next try while a storage fault holds."""
+        if self.fault is None or self.fault.restarted_at is not None:
+            return health_every_s
+        return min(health_every_s, max(self.fault.retry_at - time.monotonic(), 0.05))

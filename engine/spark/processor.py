@@ -39,7 +39,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
-from pyspark import cloudpickle
+from pyspark import TaskContext, cloudpickle
 from pyspark.sql import Row
 from pyspark.sql import types as T
 from pyspark.sql.streaming.stateful_processor import (
@@ -266,12 +266,17 @@ class EngineProcessor(StatefulProcessor):
     def _write(
         self, component: Component, result: BatchResult, quarantine: list[dict[str, Any]]
     ) -> list[Row]:
-        """Each table's new rows as a Parquet file in its folder; a row per file."""
+        """Each table's new rows as a Parquet file in its folder, named after the batch
+        (so that the files of a batch that never commits can be told:
+        `engine.tables.remove_orphans`); a row per file."""
         out = []
+        batch_id = _batch_id()
         for name, data in batch_tables(
             component.plan, component.alerts, result, quarantine
         ).items():
-            file = tables.write_data_file(name, self.config.table(name), data, self.config.s3)
+            file = tables.write_data_file(
+                name, self.config.table(name), data, self.config.s3, batch_id
+            )
             out.append(
                 Row(
                     kind="file",
@@ -287,6 +292,14 @@ class EngineProcessor(StatefulProcessor):
 
     def close(self) -> None:
         pass
+
+
+def _batch_id() -> int | None:
+    """The id of the micro-batch this task runs (Spark hands it to every task of a
+    streaming batch), None outside one."""
+    context = TaskContext.get()
+    value = context.getLocalProperty("streaming.sql.batchId") if context is not None else None
+    return int(value) if value else None
 
 
 def _arrivals(rows: Iterable[Row]) -> tuple[dict[str, pa.Table], list[dict[str, Any]]]:

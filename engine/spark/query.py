@@ -45,10 +45,11 @@ def engine_components(plan: Plan, alerts: Mapping[str, AlertSpec]) -> list[Compo
 
 
 def start_query(
-    spark: SparkSession, config: Config, parts: list[Component]
+    spark: SparkSession, config: Config, parts: list[Component], committer: Committer | None = None
 ) -> tuple[StreamingQuery, Committer]:
     """Start the engine query over `parts` (checkpointed in the lakehouse); the first
-    part also takes the quarantine folder."""
+    part also takes the quarantine folder. `committer`: the one a failed run of the
+    query had (its counts go on), else a new one."""
     spark.dataSource.register(LandingSource)
     plan = parts[0].plan
     options = source_options(
@@ -61,7 +62,8 @@ def start_query(
     checkpoint = config.table(f"_checkpoints/{QUERY_NAME}")
     processor = EngineProcessor(parts, config, memo_id=checkpoint)
     sources = tuple(name for part in parts for name in part.sources)
-    committer = Committer(config, QUERY_NAME, table_schemas(plan, sources))
+    if committer is None:
+        committer = Committer(config, QUERY_NAME, table_schemas(plan, sources))
     query = (
         spark.readStream.format(NAME)
         .options(**options)

@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 
 from engine.core.plan import Plan
 from lookout.config import Config
-from lookout.storage import filesystem
+from lookout.storage import filesystem, put_whole
 
 
 def rule_changes(last: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
@@ -57,7 +57,10 @@ def record_rule_changes(config: Config, plan: Plan) -> list[str]:
     if not isinstance(last, dict):
         last = {}  # not a record this engine wrote (edited by hand): nothing to compare
     now = definitions(plan)
-    fs.create_dir(root, recursive=True)
-    with fs.open_output_stream(record) as f:
-        f.write(orjson.dumps(now, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2))
+    # Replaced whole: a write that fails (a full disk) keeps the last start's record.
+    put_whole(
+        f"{config.table('_checkpoints')}/RULES.json",
+        orjson.dumps(now, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2),
+        config.s3,
+    )
     return rule_changes(last, now)

@@ -11,7 +11,6 @@ itself. Mounting needs root: elsewhere these tests are skipped, saying so.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from lookout.broker import Broker
+from tests.disks import fill
+from tests.disks import small_disk as mounted
 from tests.ingest.helpers import IngestProcess, landed_keys, publish_all, traffic
 from tests.waiting import wait_for
 
@@ -33,34 +34,8 @@ RECOVERED = "landing works again"
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 2 MB tmpfs mounted for this test (unmounted after it, whatever happens)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with mounted(tmp_path / "disk", "2m") as disk:
         yield disk
-    finally:
-        if subprocess.run(["umount", str(disk)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(disk)], check=True)
-
-
-def fill(disk: Path) -> Path:
-    """Write a file until the disk has no space left; returns it (delete it to free)."""
-    filler = disk / "filler"
-    with open(filler, "wb", buffering=0) as handle:
-        try:
-            while True:
-                handle.write(b"\0" * 4096)
-        except OSError as err:
-            assert err.errno == 28, err  # ENOSPC
-    return filler
 
 
 def messages(count: int) -> list[tuple[str, object]]:

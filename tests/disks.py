@@ -1,0 +1,53 @@
+"""A small disk of a test's own, to fill up or make read-only: a tmpfs mounted under the
+test's folder. Mounting needs root (and a kernel that lets it mount): elsewhere the test
+is skipped, saying so."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+
+@contextmanager
+def small_disk(folder: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (`2m`, `16m`) mounted at `folder` (made if missing) for the
+    `with` block, unmounted after it whatever happens; skips the test where it cannot be
+    mounted."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    folder.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        if subprocess.run(["umount", str(folder)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def remount(disk: Path, mode: str) -> None:
+    """Remount `disk` read-only (`ro`) or writable (`rw`)."""
+    subprocess.run(["mount", "-o", f"remount,{mode}", str(disk)], check=True)
+
+
+def fill(disk: Path, name: str = "filler") -> Path:
+    """Write a file until the disk has no space left; returns it (delete it to free)."""
+    filler = disk / name
+    with open(filler, "wb", buffering=0) as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 4096)
+        except OSError as err:
+            assert err.errno == errno.ENOSPC, err
+    return filler
