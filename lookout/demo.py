@@ -201,6 +201,10 @@ def run_broker(config: Config) -> int:
     if port_is_open(broker.host, broker.port):
         _say(f"{broker.host}:{broker.port} is taken (another broker?)")
         return 1
+    # Before the start: a SIGTERM while mosquitto starts (its port may already be open)
+    # must stop it too, not kill this process and leave mosquitto in its own session.
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     broker.start()
     assert broker.credentials is not None and broker.process is not None
     print(
@@ -208,8 +212,6 @@ def run_broker(config: Config) -> int:
         f"state and log in {broker.state_dir}; Ctrl-C stops it",
         flush=True,
     )
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     try:
         while not stopping.is_set() and broker.process.poll() is None:
             stopping.wait(0.5)
