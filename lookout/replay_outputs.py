@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from engine import tables
 from engine.alerts import iso_utc
 from engine.core.evaluator import Output
 from engine.core.keycap import CappedReading
@@ -34,7 +35,6 @@ from engine.core.schema import ARROW_TYPES
 
 FORMATS = ("jsonl", "delta", "parquet")
 ENGINE_COLUMNS = (TS, SOURCE, SEQ, KEY, STAGE)
-TIMESTAMP = ARROW_TYPES[ColumnType.TIMESTAMP]
 
 _ISO_SAFE_MS = 8_500_000_000_000
 """Within ±this many ms of the epoch (the years 1700 to 2239) Arrow's formatting gives
@@ -298,7 +298,7 @@ def _typed(table: pa.Table, schema: StreamSchema | None) -> pa.Table:
             continue
         column = table.column(i)
         if kind == ColumnType.TIMESTAMP and pa.types.is_integer(column.type):
-            column = pc.multiply(column.cast(pa.int64()), 1000).cast(TIMESTAMP)
+            column = pc.multiply(column.cast(pa.int64()), 1000).cast(tables.TIMESTAMP)
         else:
             try:
                 column = column.cast(ARROW_TYPES[kind])
@@ -312,12 +312,6 @@ def _empty(schema: StreamSchema | None) -> pa.Table:
     if schema is None:
         return pa.table({})
     return pa.schema([(c.name, ARROW_TYPES[c.type]) for c in schema.columns]).empty_table()
-
-
-def _ms_array(values: list[Any], type_: pa.DataType) -> pa.Array:
-    if pa.types.is_timestamp(type_):
-        return pa.array(values, pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(type_)
-    return pa.array(values, type_)
 
 
 def late_table(plan: Plan, late: Sequence[LateReading | CappedReading]) -> pa.Table:
@@ -339,33 +333,20 @@ def late_table(plan: Plan, late: Sequence[LateReading | CappedReading]) -> pa.Ta
         values = [r.row.get(name) for r in late]
         if name in mixed:
             values = [None if v is None else orjson.dumps(v).decode() for v in values]
-        columns[name] = _ms_array(values, t)
+        columns[name] = tables.ms_array(values, t)
     columns["stream"] = pa.array([r.stream for r in late], pa.string())
     return pa.table(columns)
 
 
 INCIDENT_COLUMNS = pa.schema(
-    [
-        ("incident_id", pa.string()),
-        ("rule", pa.string()),
-        ("key", pa.string()),
-        ("severity", pa.string()),
-        ("message", pa.string()),
-        ("opened_at", TIMESTAMP),
-        ("last_report_at", TIMESTAMP),
-        ("resolved_at", TIMESTAMP),
-        ("reports", pa.int64()),
-    ]
+    [tables.INCIDENTS.field(name) for name in ("incident_id", *tables.INCIDENT_STATE)]
 )
+"""The `incidents` table's engine columns (the operators' left out)."""
 
 
 def incidents_table(records: Iterable[dict[str, Any]]) -> pa.Table:
     """Incident records (times in epoch ms) as the `incidents` table's engine columns."""
-    rows = list(records)
-    return pa.Table.from_arrays(
-        [_ms_array([r[f.name] for r in rows], f.type) for f in INCIDENT_COLUMNS],
-        schema=INCIDENT_COLUMNS,
-    )
+    return tables.ms_table(list(records), INCIDENT_COLUMNS)
 
 
 def write_tables(
