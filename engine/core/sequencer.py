@@ -150,15 +150,16 @@ class SourceClocks:
       was holding before it and the rise is at most ``idle_ms``: a bigger rise is a
       jump, not time passing.
     * A source is *holding* once heard, until *idle*: another source's credits since it
-      was last heard add up to ``idle_ms``.
+      was last heard add up to ``idle_ms`` (its own cannot: it credits only when heard).
     * The watermark after an arrival is the highest of the watermark before it, the
       lowest clock of the holding sources, and every sourceless heartbeat minus the
       slack.
 
     Work per arrival is O(log sources): for each source, the latest arrival index its
-    credits since then reach ``idle_ms`` (its *back*), of which only the two highest
-    matter (a source is idle when heard at or before the highest back that is not its
-    own); the holding sources' clocks in a heap with stale entries skipped.
+    credits since then reach ``idle_ms`` (its *back*), of which only the highest
+    matters: a source is idle when last heard at or before it (a source's own back is
+    always before its last hearing); the holding sources' clocks in a heap with stale
+    entries skipped.
     """
 
     slack_ms: int
@@ -169,9 +170,7 @@ class SourceClocks:
     watermark: int = -END_OF_TIME
     arrivals: int = 0
     _sources: dict[str, _Source] = field(default_factory=dict)
-    _best: int = -1
-    _best_source: str | None = None
-    _second: int = -1
+    _back: int = -1
     _run_source: str | None = None
     _run_start: int = 0
     _heap: list[tuple[int, int, str]] = field(default_factory=list)
@@ -207,12 +206,8 @@ class SourceClocks:
             after[i] = self.watermark
         return threshold, before, after
 
-    def _bar(self, name: str) -> int:
-        """The highest back of another source than ``name``."""
-        return self._second if name == self._best_source else self._best
-
-    def _holding(self, name: str, source: _Source) -> bool:
-        return source.heard is not None and source.heard > self._bar(name)
+    def _holding(self, source: _Source) -> bool:
+        return source.heard is not None and source.heard > self._back
 
     def _arrive(self, name: str, t: int, k: int) -> int:
         """Arrival ``k`` of source ``name`` at event time ``t``: returns what it is judged
@@ -227,7 +222,7 @@ class SourceClocks:
             if moved:
                 source.max_ts = t
         threshold = max(clock, self.watermark)
-        holding = self._holding(name, source)
+        holding = self._holding(source)
         if t < threshold:
             if moved:
                 source.version += 1
@@ -261,13 +256,7 @@ class SourceClocks:
             return
         while groups[0][1] <= reach:
             groups.popleft()
-        back = groups[0][0] - 1
-        if name == self._best_source:
-            self._best = max(self._best, back)
-        elif back > self._best:
-            self._second, self._best, self._best_source = self._best, back, name
-        elif back > self._second:
-            self._second = back
+        self._back = max(self._back, groups[0][0] - 1)
 
     def _lowest(self) -> int | None:
         """The lowest clock of the holding sources (None: none holds)."""
@@ -275,7 +264,7 @@ class SourceClocks:
         while heap:
             clock, version, name = heap[0]
             source = self._sources.get(name)
-            if source is not None and source.version == version and self._holding(name, source):
+            if source is not None and source.version == version and self._holding(source):
                 return clock
             heappop(heap)  # stale, or idle: idle lasts until the source is heard again
         return None
@@ -286,7 +275,7 @@ class SourceClocks:
         it, its max event time only."""
         for name in list(self._sources):
             source = self._sources[name]
-            if self._holding(name, source):
+            if self._holding(source):
                 continue
             if source.max_ts <= self.watermark:
                 del self._sources[name]
@@ -297,13 +286,13 @@ class SourceClocks:
             self._heap = [
                 (s.max_ts - self.slack_ms, s.version, name)
                 for name, s in self._sources.items()
-                if self._holding(name, s)
+                if self._holding(s)
             ]
             heapify(self._heap)
 
     def holding(self) -> int:
         """How many sources hold the watermark."""
-        return sum(self._holding(name, s) for name, s in self._sources.items())
+        return sum(self._holding(s) for s in self._sources.values())
 
     def remembered(self) -> int:
         """How many sources' clocks are kept."""
@@ -319,7 +308,7 @@ class SourceClocks:
             self.idle_ms,
             self.watermark,
             self.arrivals,
-            (self._best, self._best_source, self._second),
+            self._back,
             (self._run_source, self._run_start),
             sources,
         )
@@ -336,13 +325,13 @@ class SourceClocks:
             if max_ts is not None:
                 clocks.watermark = max_ts - slack_ms
             return clocks
-        old_idle, clocks.watermark, clocks.arrivals, bars, run, sources = saved
+        old_idle, clocks.watermark, clocks.arrivals, back, run, sources = saved
         for name, (top, heard, credit, groups) in sources.items():
             clocks._sources[name] = _Source(
                 int(top), heard, 0, credit, deque([int(a), int(c)] for a, c in groups)
             )
         if old_idle == idle_ms:
-            clocks._best, clocks._best_source, clocks._second = bars
+            clocks._back = back
             clocks._run_source, clocks._run_start = run
         else:
             for source in clocks._sources.values():
@@ -351,7 +340,7 @@ class SourceClocks:
         clocks._heap = [
             (s.max_ts - slack_ms, s.version, name)
             for name, s in clocks._sources.items()
-            if clocks._holding(name, s)
+            if clocks._holding(s)
         ]
         heapify(clocks._heap)
         return clocks
