@@ -127,8 +127,9 @@ class _Source:
     """One source's clock under ``PER SOURCE``: its max event time, the arrival index it
     was last heard at (None: idle, or never heard), a version that names its current
     entry in :attr:`SourceClocks._heap`, and the rises of its clock credited since it
-    last started holding the watermark, as ``[first arrival, cumulative credit]`` groups
-    (a group: credits no other source was heard between)."""
+    last started holding the watermark, as ``[since, cumulative credit]`` groups
+    (``since``: the hearing the group's first rise is counted from; a group: credits
+    no other source was heard between)."""
 
     max_ts: int
     heard: int | None = None
@@ -148,18 +149,20 @@ class SourceClocks:
       before it: at or above, it is *heard* (a reading on time), below it is late.
     * A heard arrival credits its source's clock rise (new max minus old) if the source
       was holding before it and the rise is at most ``idle_ms``: a bigger rise is a
-      jump, not time passing.
-    * A source is *holding* once heard, until *idle*: another source's credits since it
-      was last heard add up to ``idle_ms`` (its own cannot: it credits only when heard).
+      jump, not time passing. The rise took place since the source's previous hearing,
+      so it counts against the silence of the sources last heard before that.
+    * A source is *holding* once heard, until *idle*: the credits another source made
+      of rises since the source was last heard add up to ``idle_ms`` (its own cannot:
+      it credits only when heard).
     * The watermark after an arrival is the highest of the watermark before it, the
       lowest clock of the holding sources, and every sourceless heartbeat minus the
       slack.
 
     Work per arrival is O(log sources): for each source, the latest arrival index its
-    credits since then reach ``idle_ms`` (its *back*), of which only the highest
-    matters: a source is idle when last heard at or before it (a source's own back is
-    always before its last hearing); the holding sources' clocks in a heap with stale
-    entries skipped.
+    credits of rises since then reach ``idle_ms`` (its *back*), of which only the
+    highest matters: a source is idle when last heard at or before it (a source's own
+    back is always before its last hearing); the holding sources' clocks in a heap with
+    stale entries skipped.
     """
 
     slack_ms: int
@@ -234,7 +237,8 @@ class SourceClocks:
             source.credit = 0
             source.groups.clear()
         elif 0 < rise <= self.idle_ms:
-            self._credit(name, source, k, rise)
+            assert source.heard is not None  # holding
+            self._credit(name, source, source.heard, rise)
         source.heard = k
         if self._run_source != name:
             self._run_source, self._run_start = name, k
@@ -242,7 +246,9 @@ class SourceClocks:
         heappush(self._heap, (source.max_ts - self.slack_ms, source.version, name))
         return threshold
 
-    def _credit(self, name: str, source: _Source, k: int, amount: int) -> None:
+    def _credit(self, name: str, source: _Source, since: int, amount: int) -> None:
+        """Credit ``amount``, a rise of the source's clock since its hearing at ``since``:
+        it counts against the silence of the sources last heard before ``since``."""
         source.credit += amount
         groups = source.groups
         if groups and self._run_source == name and groups[-1][0] >= self._run_start:
@@ -250,7 +256,7 @@ class SourceClocks:
             # last heard inside it, so one entry tells the same as several.
             groups[-1][1] = source.credit
         else:
-            groups.append([k, source.credit])
+            groups.append([since, source.credit])
         reach = source.credit - self.idle_ms
         if reach < 0:
             return

@@ -52,24 +52,27 @@ def brute_force(arrivals: list[Arrival], slack: int, idle: int) -> list[tuple[in
     watermark = NONE
     top: dict[str, int] = {}  # each source's max event time
     last_heard: dict[str, int] = {}
-    credits: list[tuple[str, int]] = []  # per arrival: its source and what it credited
+    # Per arrival: its source, what it credited, and since which arrival (its source's
+    # previous hearing) the credited rise took place.
+    credits: list[tuple[str, int, int]] = []
     out = []
 
     def holding(source: str, k: int) -> bool:
-        """Heard, and no other source's credits since add up to the idle timeout, after
-        arrival k."""
+        """Heard, and no other source's credits of rises since its last hearing add up
+        to the idle timeout, after arrival k."""
         if source not in last_heard:
             return False
+        heard = last_heard[source]
         totals: dict[str, int] = {}
-        for other, credit in credits[last_heard[source] + 1 : k + 1]:
-            if other != source:
+        for other, credit, since in credits[: k + 1]:
+            if other != source and since > heard:
                 totals[other] = totals.get(other, 0) + credit
         return all(total < idle for total in totals.values())
 
     for k, (source, ts, beat) in enumerate(arrivals):
         before = watermark
         if beat and not source:
-            credits.append(("", 0))
+            credits.append(("", 0, -1))
             judged = watermark
             watermark = max(watermark, ts - slack)
         else:
@@ -77,8 +80,8 @@ def brute_force(arrivals: list[Arrival], slack: int, idle: int) -> list[tuple[in
             judged = max(clock, watermark)
             heard = ts >= judged
             rise = ts - top[source] if source in top else 0
-            was_holding = holding(source, k - 1)
-            credits.append((source, rise if heard and was_holding and 0 < rise <= idle else 0))
+            credit = rise if heard and holding(source, k - 1) and 0 < rise <= idle else 0
+            credits.append((source, credit, last_heard.get(source, -1)))
             top[source] = max(top.get(source, ts), ts)
             if heard:
                 last_heard[source] = k
@@ -246,16 +249,20 @@ def run_clocks(arrivals: list[Arrival], idle: int = IDLE) -> tuple[list[int], li
 
 
 def test_a_source_nine_years_ahead_makes_no_other_source_late():
+    """a and b report every second; f every 5 s (the idle timeout), with a clock that
+    is right until it jumps nine years ahead right after a report, and goes on from
+    there. Neither the jump nor f's 5 s rises (from a report before a's and b's last
+    ones) make a or b idle."""
     arrivals: list[Arrival] = []
     for second in range(120):
+        if second <= 10 and second % 5 == 0:
+            arrivals.append(("f", BASE + second * 1_000, False))
+        if second >= 10 and second % 5 == 0:
+            arrivals.append(("f", BASE + 9 * YEAR + (second - 10) * 1_000, False))
         arrivals += [
             ("a", BASE + second * 1_000, False),
             ("b", BASE + second * 1_000 - 1_500, False),
         ]
-        if second < 10:  # f's clock is right, until it jumps nine years ahead
-            arrivals.append(("f", BASE + second * 1_000, False))
-        else:  # and goes on from there, a second a second
-            arrivals.append(("f", BASE + 9 * YEAR + (second - 10) * 1_000, False))
     judged, after = run_clocks(arrivals)
     late = [a for a, j in zip(arrivals, judged, strict=True) if a[1] < j]
     assert late == []
@@ -283,12 +290,12 @@ def test_the_timeline_of_the_docs():
     arrivals: list[Arrival] = [
         ("a", 10 * s, False),  # a's clock 8: the watermark
         ("b", 9 * s, False),  # b holds too, at 7: the watermark stays 8, never backwards
-        ("a", 12 * s, False),  # a 10, b 7: 8; a credits 2 s since b was heard
+        ("a", 12 * s, False),  # a 10, b 7: 8
         ("b", 11 * s, False),  # b 9: the watermark 9; b heard, its silence starts again
         ("b", 8 * s, False),  # late: below b's clock
-        ("a", 13 * s, False),  # a credits 1 s since b was heard
-        ("a", 15 * s, False),  # 3 s
-        ("a", 18 * s, False),  # 6 s: b is idle, the watermark a's 16
+        ("a", 13 * s, False),  # a rose since a hearing before b's: not against b
+        ("a", 15 * s, False),  # a rose 2 s since b was heard
+        ("a", 18 * s, False),  # 5 s: b is idle, the watermark a's 16
         ("b", 15 * s, False),  # late: below the watermark; b stays idle
         ("b", 17 * s, False),  # heard: b holds again, at 15; the watermark stays 16
         ("a", 19 * s, False),  # a 17, b 15: 16
@@ -315,12 +322,12 @@ def test_heartbeats_per_source_and_for_the_stream():
     without a source raises the stream's watermark for every source."""
     s = 1_000
     arrivals: list[Arrival] = [("a", 10 * s, False), ("b", 10 * s, False)]
-    arrivals += [("a", (11 + i) * s, False) for i in range(7)]  # a credits 7 s
+    arrivals += [("a", (11 + i) * s, False) for i in range(7)]  # a rises 1 s a second
     _, after = run_clocks(arrivals)
     assert after[-1] == 15 * s  # b, silent, is idle: a alone holds
     arrivals[5:5] = [("b", 13 * s, True)]  # b's heartbeat: heard, its clock 11
     _, after = run_clocks(arrivals)
-    assert after[-1] == 11 * s  # a credits 4 s since: b holds
+    assert after[-1] == 11 * s  # a rose 3 s since: b holds
     arrivals.append(("", 30 * s, True))
     arrivals.append(("b", 27 * s, False))
     judged, after = run_clocks(arrivals)
@@ -360,7 +367,7 @@ def test_a_source_ahead_of_the_watermark_keeps_only_its_clock_when_idle():
 def test_a_changed_idle_timeout_counts_silence_from_the_restart():
     s = 1_000
     arrivals: list[Arrival] = [("a", 10 * s, False), ("b", 10 * s, False)]
-    arrivals += [("a", (11 + i) * s, False) for i in range(6)]  # a credits 6 s
+    arrivals += [("a", (11 + i) * s, False) for i in range(6)]  # a rises 5 s since b
     sequencer = StreamSequencer(SLACK, source_idle_ms=10 * s)
     feed(sequencer, arrivals)
     assert sequencer.clock.watermark == 8 * s  # b holds
