@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from engine.core.pipeline import Pipeline
 from engine.core.replay import ordered_outputs, run
@@ -19,6 +20,7 @@ from engine.core.state import MemoryStore
 from engine.landed_files import read_stream_file
 from ingest.landing import LandingWriter
 from lookout.replay import run_replay
+from lookout.replay_inputs import Readings, parse_inputs
 from rules.language.loader import load_rules
 
 BASE = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -113,3 +115,16 @@ def test_replay_gives_the_live_pipelines_rows(tmp_path: Path) -> None:
     found = [(o.sink, o.ts, o.row) for o in live(plan, readings, tmp_path)]
     assert found == [(o.sink, o.ts, o.row) for o in replay.outputs]
     assert len(found) == 2 * 18 + 3 * 6  # the slow readings and per-minute counts
+
+
+def test_a_readings_table_of_a_per_source_stream_says_what_it_lacks(tmp_path: Path) -> None:
+    """An engine readings table holds no heartbeats: for a stream with a clock per
+    source the summary says its replay may set readings aside."""
+    rows = [{**r, "arrival_watermark": r["ts"] - 2_000} for r in recording()[:10]]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "readings_s.parquet")
+    for clock, says in ((PER_SOURCE, True), ("", False)):
+        rules = tmp_path / "rules.sql"
+        rules.write_text(RULES.format(clock=clock))
+        plan = load_rules([rules]).plan
+        notes = Readings(parse_inputs([f"s={tmp_path / 'readings_s.parquet'}"], plan)).notes
+        assert ("has a clock per source and the table holds no heartbeats" in notes[0]) == says
