@@ -7,8 +7,9 @@
 * :mod:`engine.core.evaluator` — :class:`KeyedEvaluator` (one per stage and key) and
   :class:`Output`.
 * :mod:`engine.core.windows` — the window operators the evaluator drives.
-* :mod:`engine.core.sequencer` — :class:`SlackClock` (the slack/lateness rule) and
-  :class:`StreamSequencer` (identity, then slack: what happens to an arriving reading).
+* :mod:`engine.core.sequencer` — :class:`SlackClock` (the slack/lateness rule),
+  :class:`SourceClocks` (the same with a clock per source) and :class:`StreamSequencer`
+  (identity, then slack: what happens to an arriving reading).
 * :mod:`engine.core.pipeline` — :class:`Pipeline`: the sequencers and every stage fed
   by a set of source streams, batch after batch, with its state in a
   :class:`~engine.core.state.StateStore`; what the live engine and replay both run.
@@ -21,7 +22,7 @@ from engine.core.evaluator import KeyedEvaluator, Output
 from engine.core.pipeline import BatchResult, LateReading, Pipeline
 from engine.core.plan import END_OF_TIME, Plan, Stage
 from engine.core.replay import ReplayResult, run
-from engine.core.sequencer import SlackClock, StreamSequencer, Verdict
+from engine.core.sequencer import SlackClock, SourceClocks, StreamSequencer, Verdict
 
 __all__ = [
     "BUILTINS",
@@ -36,6 +37,7 @@ __all__ = [
     "Plan",
     "ReplayResult",
     "SlackClock",
+    "SourceClocks",
     "Stage",
     "StreamSequencer",
     "Verdict",
