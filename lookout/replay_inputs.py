@@ -614,7 +614,14 @@ def _read_table(inp: Input, window: TimeRange) -> tuple[StreamSchema, pa.Table, 
         table = table.take(pc.sort_indices(table, [(c, "ascending") for c in order]))
     arrivals = _table_arrivals(inp, stream, table)
     arrivals = _in_window(arrivals, stream, window)
-    return stream, arrivals, f"{inp.spec}: {arrivals.num_rows:,} readings, arrival order {rule}"
+    note = f"{inp.spec}: {arrivals.num_rows:,} readings, arrival order {rule}"
+    if ARRIVAL_WATERMARK in order and stream.source_idle_ms is not None:
+        note += (
+            f"; '{stream.name}' has a clock per source and the table holds no heartbeats: "
+            "a source the engine waited for on its heartbeats alone may be idle or new "
+            "here, and some of its readings late"
+        )
+    return stream, arrivals, note
 
 
 def _table_arrivals(inp: Input, stream: StreamSchema, table: pa.Table) -> pa.Table:

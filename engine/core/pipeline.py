@@ -9,10 +9,11 @@ stages that read it. ``lookout replay`` and the live engine both run it, so they
 the same rows by construction; the live engine runs one pipeline per connected part of
 the graph (:func:`components`) inside one Spark stateful step.
 
-**Time.** A source stream's watermark is its slack clock after the batch; a derived
-stream's is the lowest of its producing stages' watermarks (a UNION ALL waits for its
-slowest branch). Advancing never depends on how arrivals were cut into batches
-(snapshot-equivalence), so any batching gives the same rows.
+**Time.** A source stream's watermark is its slack clock after the batch (per source:
+the lowest clock of the sources not idle, :class:`~engine.core.sequencer.SourceClocks`);
+a derived stream's is the lowest of its producing stages' watermarks (a UNION ALL
+waits for its slowest branch). Advancing never depends on how arrivals were cut into
+batches (snapshot-equivalence), so any batching gives the same rows.
 
 **Stages** are run by :mod:`engine.core.runners` (row by row, or per column where the
 window form allows it), fed Arrow tables and emitting Arrow tables; work per batch is
@@ -74,7 +75,9 @@ _PICKLE = pickle.HIGHEST_PROTOCOL
 
 @dataclass(frozen=True)
 class LateReading:
-    """A reading below its stream's watermark: the reading, its stream and how late."""
+    """A reading below its stream's watermark (per source: below the higher of that and
+    its source's clock): the reading, its stream, what it was judged against and how
+    late."""
 
     stream: str
     row: Row
@@ -217,7 +220,10 @@ class Pipeline:
         for i, stage in self.stages:
             self._readers.setdefault(stage.input, []).append(i)
         self.store = store
-        self.sequencers = {name: StreamSequencer(s.slack_ms) for name, s in self.sources.items()}
+        self.sequencers = {
+            name: StreamSequencer(s.slack_ms, source_idle_ms=s.source_idle_ms)
+            for name, s in self.sources.items()
+        }
         self.held = {
             name: HeldRows(name, s.timestamp)
             for name, s in self.sources.items()
@@ -339,7 +345,7 @@ class Pipeline:
             row = _reading(table, int(index))
             if verdicts[index] == Verdict.LATE:
                 result.late.append(
-                    LateReading(stream, row, int(ts[index]), int(judged.before[index]))
+                    LateReading(stream, row, int(ts[index]), int(judged.threshold[index]))
                 )
                 continue
             first = int(judged.original_ts[index])
@@ -510,8 +516,12 @@ class Pipeline:
             segments.setdefault(stream, []).append((number, pickle.loads(data)))
         for (_, stream, _, _), data in store.scan("sequencer"):
             if stream in self.sources:
+                schema = self.sources[stream]
                 self.sequencers[stream] = StreamSequencer.from_state(
-                    self.sources[stream].slack_ms, pickle.loads(data), segments.get(stream, ())
+                    schema.slack_ms,
+                    pickle.loads(data),
+                    segments.get(stream, ()),
+                    source_idle_ms=schema.source_idle_ms,
                 )
                 # Each batch ends with the stream's stages advanced to its watermark.
                 self._at[stream] = self.sequencers[stream].clock.watermark

@@ -57,6 +57,11 @@ END_OF_TIME: int = 2**62
 """The final heartbeat at +infinity (int ms). Far below 2**63 so ``ts + range`` cannot
 overflow a BIGINT column."""
 
+DEFAULT_SOURCE_IDLE_MS = 60_000
+"""The idle timeout of a ``PER SOURCE`` stream that names none: longer than the gap
+between a live sensor's readings or heartbeats, short enough that a dead one holds its
+stream's time back for a minute only."""
+
 Expr = Callable[[Mapping[str, Any]], Any]
 """A compiled expression: row -> value (None is SQL NULL)."""
 
@@ -88,7 +93,8 @@ class Column:
 
 @dataclass(frozen=True)
 class StreamSchema:
-    """A stream: ``CREATE STREAM name (...) ORDER BY ts SLACK d SOURCE 'topic'``.
+    """A stream: ``CREATE STREAM name (...) ORDER BY ts SLACK d [PER SOURCE [IDLE i]]
+    SOURCE 'topic'``.
 
     Derived streams (``CREATE STREAM name AS SELECT ...``) have a schema too, with
     ``topic=None`` and ``slack_ms=0``; their ``timestamp`` names the SELECT column that
@@ -100,6 +106,10 @@ class StreamSchema:
     timestamp: str | None
     slack_ms: int = 0
     topic: str | None = None
+    source_idle_ms: int | None = None
+    """``PER SOURCE``: each source (a reading's ``source``) has its own clock and is idle
+    after this long without being heard (:class:`engine.core.sequencer.SourceClocks`);
+    None: one clock for the whole stream."""
 
     def column(self, name: str) -> Column:
         """The column called ``name`` (KeyError if absent)."""

@@ -269,7 +269,9 @@ class ColumnDef:
 
 @dataclass(frozen=True)
 class CreateStream:
-    """A base stream read from MQTT: `CREATE STREAM s (...) ORDER BY ts SLACK d SOURCE '...'`."""
+    """A base stream read from MQTT: `CREATE STREAM s (...) ORDER BY ts SLACK d
+    [PER SOURCE] [IDLE i] SOURCE '...'` (`per_source`: where PER SOURCE stands, None
+    without it; `idle_ms`, `idle_pos`: the IDLE clause's duration and place)."""
 
     name: Ident
     columns: tuple[ColumnDef, ...]
@@ -278,6 +280,9 @@ class CreateStream:
     source: str
     pos: Pos
     file: str = field(default="<string>", compare=False)
+    per_source: Pos | None = None
+    idle_ms: int | None = None
+    idle_pos: Pos | None = None
 
 
 @dataclass(frozen=True)

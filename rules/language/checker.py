@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
 
 from engine.core.aggregates import BUILTINS, IncrementalAggregate, WindowAggregate
+from engine.core.plan import DEFAULT_SOURCE_IDLE_MS
 from rules.language import ast
 from rules.language.access import Access, AccessError
 from rules.language.ast import Pos
@@ -78,6 +79,8 @@ class Relation:
     statement: ast.Statement
     slack_ms: int = 0
     topic: str | None = None
+    source_idle_ms: int | None = None
+    """PER SOURCE: each source's own clock, idle after this long; None: one clock."""
 
 
 @dataclass
@@ -259,9 +262,35 @@ class Checker:
                 stmt.order_by.pos,
                 f"type mismatch: ORDER BY column '{ts}' is {columns[ts]}, not TIMESTAMP",
             )
+        idle = stmt.idle_ms
+        if idle is not None and stmt.idle_pos is not None:
+            if stmt.per_source is None:
+                self.error(
+                    stmt.file,
+                    stmt.idle_pos,
+                    "IDLE needs PER SOURCE: only a stream whose sources keep clocks of "
+                    "their own has idle sources (SLACK 2 SECONDS PER SOURCE IDLE 1 MINUTE)",
+                )
+            elif idle <= 0:
+                self.error(
+                    stmt.file,
+                    stmt.idle_pos,
+                    "IDLE must be positive: a source is idle once another has been heard "
+                    "over this much of its event time without it",
+                )
+        source_idle = None
+        if stmt.per_source is not None:
+            source_idle = DEFAULT_SOURCE_IDLE_MS if idle is None else idle
         if self._claim(stmt, "stream"):
             self.catalog.relations[stmt.name.name] = Relation(
-                stmt.name.name, "stream", columns, ts, stmt, stmt.slack_ms, stmt.source
+                stmt.name.name,
+                "stream",
+                columns,
+                ts,
+                stmt,
+                stmt.slack_ms,
+                stmt.source,
+                source_idle,
             )
 
     def _create_table(self, stmt: ast.CreateTable) -> None:

@@ -806,7 +806,7 @@ def compile_catalog(
             continue
         columns = tuple(plan.Column(n, _column_type(t)) for n, t in rel.columns.items())
         streams[rel.name] = plan.StreamSchema(
-            rel.name, columns, rel.timestamp, rel.slack_ms, rel.topic
+            rel.name, columns, rel.timestamp, rel.slack_ms, rel.topic, rel.source_idle_ms
         )
     for info in catalog.queries:
         # Alerts get a schema too (never a source: a query writes them), so that

@@ -16,6 +16,14 @@ from rules.language.recognize import pattern_variables
 _ORIGIN_MS = int(datetime(2026, 1, 1, 1, tzinfo=UTC).timestamp() * 1000)
 
 
+def slack_words(stream: Relation) -> str:
+    """`slack 2 seconds`, or `slack 2 seconds per source (idle after 1 minute)`."""
+    words = f"slack {duration_words(stream.slack_ms)}"
+    if stream.source_idle_ms is not None:
+        words += f" per source (idle after {duration_words(stream.source_idle_ms)})"
+    return words
+
+
 def duration_words(ms: int) -> str:
     """`90000` -> `1 minute 30 seconds`."""
     parts = []
@@ -247,7 +255,7 @@ def _select_lines(catalog: Catalog, sel: SelectInfo) -> list[str]:
         for base in _base_streams(catalog, sel.stream.name):
             lines.append(
                 f"  from source {base.name} (topic '{base.topic}', ordered by "
-                f"{base.timestamp}, slack {duration_words(base.slack_ms)})"
+                f"{base.timestamp}, {slack_words(base)})"
             )
     for table in sel.tables:
         lines.append(f"joins table: {table.name}")
@@ -347,7 +355,7 @@ def explain(catalog: Catalog, name: str) -> str | None:
             return f"{name}: reference table from {stmt_t.format} '{stmt_t.path}'\ncolumns: {cols}"
         return (
             f"{name}: source stream, topic '{rel.topic}'\ncolumns: {cols}\n"
-            f"ordered by {rel.timestamp}, slack {duration_words(rel.slack_ms)}"
+            f"ordered by {rel.timestamp}, {slack_words(rel)}"
         )
     uda = catalog.aggregates.get(name.lower())
     if uda is not None:

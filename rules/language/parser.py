@@ -220,7 +220,9 @@ class _R2S(NamedTuple):
 
 
 class _Clause(NamedTuple):
-    """One incident clause of `CREATE ALERT`, on its way into `ast.IncidentClauses`."""
+    """One optional clause of a statement on its way into its node: an incident clause
+    of `CREATE ALERT` (into `ast.IncidentClauses`), PER SOURCE or IDLE of `CREATE
+    STREAM`."""
 
     field: str
     value: Any
@@ -265,10 +267,28 @@ class _Build(Transformer[Token, Any]):
 
     @v_args(meta=True)
     def create_stream(self, meta: Any, children: list[Any]) -> ast.CreateStream:
-        name, cols, order_by, (slack, _), source = _strip(children)
+        name, cols, order_by, (slack, _), *clauses, source = _strip(children)
+        found = {c.field: c for c in clauses}
+        per_source, idle = found.get("per_source"), found.get("idle_ms")
         return ast.CreateStream(
-            name, cols, order_by, slack, _unquote(source), Pos(meta.line, meta.column), self.file
+            name,
+            cols,
+            order_by,
+            slack,
+            _unquote(source),
+            Pos(meta.line, meta.column),
+            self.file,
+            per_source=per_source.pos if per_source else None,
+            idle_ms=idle.value if idle else None,
+            idle_pos=idle.pos if idle else None,
         )
+
+    def per_source(self, children: list[Token]) -> _Clause:
+        return _Clause("per_source", True, _pos(children[0]))
+
+    def idle(self, children: list[Any]) -> _Clause:
+        ms, _ = children[1]
+        return _Clause("idle_ms", ms, _pos(children[0]))
 
     @v_args(meta=True)
     def create_derived(self, meta: Any, children: list[Any]) -> ast.CreateDerived:

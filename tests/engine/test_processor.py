@@ -38,7 +38,7 @@ from engine.spark.query import engine_components
 from ingest.landing import LandingWriter
 from lookout.config import Config, EngineConfig, S3Config
 from lookout.services import alert_specs
-from rules.language.loader import load_rules
+from rules.language.loader import RuleSet, load_rules
 from tests.e2e.test_congestion import arrival_order, make_readings
 from tests.examples import examples
 
@@ -49,10 +49,12 @@ WALL_CLOCK = {"detected_at"}
 DEFAULT_ENGINE = EngineConfig()  # when the batch ran: differs between any two runs
 
 
-def landing_batches(root: Path, readings: list[dict], files_per_batch: int) -> list[list[Row]]:
+def landing_batches(
+    root: Path, readings: list[dict], files_per_batch: int, library: RuleSet = _LIBRARY
+) -> list[list[Row]]:
     """`readings` landed as files of 10 readings, read back by the engine's source in
     batches of `files_per_batch` files: each batch's rows as the stateful step gets them."""
-    plan = _LIBRARY.plan
+    plan = library.plan
     writer = LandingWriter(str(root / "landing"), "t")
     for i in range(0, len(readings), 10):
         chunk = [dict(r) for r in readings[i : i + 10]]
@@ -76,14 +78,16 @@ def run(
     forget: set[int],
     engine: EngineConfig = DEFAULT_ENGINE,
     figures: list[dict] | None = None,
+    library: RuleSet = _LIBRARY,
 ) -> dict[str, Counter]:
     """Every batch through one processor; the worker's memo emptied before the batches
     in `forget`. Each table's rows written, as a multiset; the health rows' figures
     appended to `figures`."""
     config = Config(lakehouse=str(lakehouse), engine=engine)
-    for name, schema in table_schemas(_LIBRARY.plan, ("traffic", "positions")).items():
+    for name, schema in table_schemas(library.plan, ("traffic", "positions")).items():
         tables.ensure_table(config.table(name), schema)
-    processor = EngineProcessor(PARTS, config, memo_id=str(lakehouse))
+    parts = PARTS if library is _LIBRARY else engine_components(library.plan, alert_specs(library))
+    processor = EngineProcessor(parts, config, memo_id=str(lakehouse))
     tester = TwsTester(processor)
     written: dict[str, Counter] = {}
     restores = 0
@@ -186,3 +190,46 @@ def test_readings_beyond_the_cap_on_live_keys_are_quarantined_alike_after_rebuil
     assert sum(t["capped"] for t in traffic) == len(reasons)
     assert {t["max_live_keys"] for t in traffic} == {3}
     assert max(t["live_keys"] for t in traffic) == 3
+
+
+ONE_CLOCK = "ORDER BY ts SLACK 2 SECONDS SOURCE 'lookout/traffic/+/readings'"
+
+
+def traffic_rules(folder: Path, clock: str) -> RuleSet:
+    """The library's traffic rules with the traffic stream's clock clause replaced."""
+    text = RULES.read_text()
+    assert text.count(ONE_CLOCK) == 1
+    (folder / "traffic.sql").write_text(text.replace(ONE_CLOCK, clock))
+    (folder / "stations.csv").write_bytes((RULES.parent / "stations.csv").read_bytes())
+    return load_rules([folder / "traffic.sql"])
+
+
+def test_per_source_clocks_survive_rebuilds_and_a_source_years_ahead(tmp_path: Path) -> None:
+    """A fourth station's clock nine years ahead: with a clock per source the other
+    stations' readings raise the alerts they raise without it, a rebuilt pipeline
+    writes the same, and the health figures show the stream's newest event time; with
+    one clock they are set aside."""
+    readings = arrival_order(make_readings(seed=5), seed=6, max_delay_ms=1_500)
+    ahead = {**readings[200], "station": 4, "source": "station-4", "seq": 0}
+    ahead["ts"] += 9 * 365 * 86_400_000
+    with_ahead = [*readings[:200], ahead, *readings[200:]]
+    (tmp_path / "per").mkdir()
+    clock = ONE_CLOCK.replace("SOURCE", "PER SOURCE IDLE 30 SECONDS SOURCE")
+    per_source = traffic_rules(tmp_path / "per", clock)
+    landed = landing_batches(tmp_path / "a", with_ahead, 2, per_source)
+    figures: list[dict] = []
+    kept = run(tmp_path / "kept", landed, forget=set(), figures=figures, library=per_source)
+    forget = set(random.Random(4).sample(range(1, len(landed)), len(landed) // 3))
+    assert run(tmp_path / "rebuilt", landed, forget=forget, library=per_source) == kept
+    assert kept["alerts"] and "late_readings" not in kept
+    plain = landing_batches(tmp_path / "b", readings, 2, per_source)
+    assert (
+        run(tmp_path / "plain", plain, forget=set(), library=per_source)["alerts"] == kept["alerts"]
+    )
+    assert max(f["streams"]["traffic"]["max_event_ms"] for f in figures) == ahead["ts"]
+
+    (tmp_path / "one").mkdir()
+    one_clock = traffic_rules(tmp_path / "one", ONE_CLOCK)
+    landed = landing_batches(tmp_path / "c", with_ahead, 2, one_clock)
+    late = run(tmp_path / "late", landed, forget=set(), library=one_clock)
+    assert sum(late["late_readings"].values()) > 100

@@ -105,3 +105,16 @@ def test_explain_exits_non_zero_when_the_rules_have_errors(
     captured = capsys.readouterr()
     assert captured.out.startswith("fast: derived stream")
     assert "unknown column 'sped'" in captured.err
+
+
+def test_explain_per_source_clocks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rules = tmp_path / "s.sql"
+    rules.write_text(
+        "CREATE STREAM s (station INT, ts TIMESTAMP)\n"
+        "  ORDER BY ts SLACK 2 SECONDS PER SOURCE IDLE 30 SECONDS SOURCE 'lookout/s/+/readings';\n"
+        "CREATE STREAM d AS SELECT station, ts FROM s;\n"
+    )
+    assert _run(["rules", "explain", "d", "--rules", str(rules)]) == 0
+    assert "slack 2 seconds per source (idle after 30 seconds)" in capsys.readouterr().out
+    assert _run(["rules", "explain", "s", "--rules", str(rules)]) == 0
+    assert "slack 2 seconds per source (idle after 30 seconds)" in capsys.readouterr().out

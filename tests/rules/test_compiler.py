@@ -10,6 +10,7 @@ import pytest
 
 from engine.core.evaluator import KeyedEvaluator
 from engine.core.plan import (
+    DEFAULT_SOURCE_IDLE_MS,
     ColumnType,
     Filter,
     FrameUnits,
@@ -137,6 +138,25 @@ def _expr(text: str) -> ast.Expr:
 )
 def test_expression_closures(text: str, row: dict[str, Any], value: Any) -> None:
     assert compile_expr(_expr(text))(row) == value
+
+
+@pytest.mark.parametrize(
+    ("clause", "idle_ms"),
+    [
+        ("", None),
+        (" PER SOURCE", DEFAULT_SOURCE_IDLE_MS),
+        (" PER SOURCE IDLE 30 SECONDS", 30_000),
+        (" per source idle 2 minutes", 120_000),
+    ],
+)
+def test_per_source_clocks_reach_the_plan(tmp_path: Path, clause: str, idle_ms: int | None) -> None:
+    path = tmp_path / "s.sql"
+    path.write_text(
+        "CREATE STREAM s (station INT, ts TIMESTAMP)\n"
+        f"  ORDER BY ts SLACK 2 SECONDS{clause} SOURCE 'lookout/s/+/readings';"
+    )
+    stream = load_rules([path]).plan.streams["s"]
+    assert (stream.slack_ms, stream.source_idle_ms) == (2_000, idle_ms)
 
 
 def test_non_blocking_uda_with_group_by_runs_unbounded(tmp_path: Path) -> None:

@@ -300,6 +300,21 @@ CASES = [
         "(its result is a relation) yet",
         id="engine-unsupported-cql-since",
     ),
+    pytest.param(
+        "CREATE STREAM s (station INT, ts TIMESTAMP)\n"
+        "  ORDER BY ts SLACK 2 SECONDS IDLE 30 SECONDS SOURCE 'lookout/s/+/readings';",
+        "2:31",
+        "IDLE needs PER SOURCE: only a stream whose sources keep clocks of their own has "
+        "idle sources",
+        id="idle-without-per-source",
+    ),
+    pytest.param(
+        "CREATE STREAM s (station INT, ts TIMESTAMP)\n"
+        "  ORDER BY ts SLACK 2 SECONDS PER SOURCE IDLE 0 SECONDS SOURCE 'lookout/s/+/readings';",
+        "2:42",
+        "IDLE must be positive",
+        id="idle-not-positive",
+    ),
 ]
 
 

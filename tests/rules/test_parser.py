@@ -163,7 +163,7 @@ def test_create_table_and_aggregate() -> None:
         (
             "CREATE STREAM x (a INT) ORDER BY a SLACK 2 SECONDS;",
             "1:51",
-            "syntax error: unexpected ';'; expected SOURCE",
+            "syntax error: unexpected ';'; expected one of IDLE, PER or SOURCE",
         ),
         (
             "CREATE STREAM y AS\n  SELECT a, FROM b;",
