@@ -351,7 +351,8 @@ def test_reluctant_stops_at_the_first_way_greedy_at_the_last(
 def test_the_docs_timelines(tmp_path: Path) -> None:
     """docs/rules.md's pictures: speed_drops over 30 28 25 20 22 18 15 (one match, at
     minute 3; the second waits for its D), and A B+ C over 5 4 3 9 (emitted at the 9)."""
-    drops = """CREATE STREAM out AS SELECT station, ts, from_speed, to_speed FROM md MATCH_RECOGNIZE (
+    drops = """CREATE STREAM out AS SELECT station, ts, from_speed, to_speed
+  FROM md MATCH_RECOGNIZE (
     PARTITION BY station ORDER BY ts
     MEASURES FIRST(A.speed) AS from_speed, LAST(D.speed) AS to_speed
     ONE ROW PER MATCH AFTER MATCH SKIP PAST LAST ROW
