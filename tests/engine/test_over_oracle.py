@@ -1,7 +1,8 @@
 """OVER windows against DuckDB's SQL:2003 window functions as an independent oracle.
 
-Random partitioned streams with many timestamp ties (peers), NULLs and both sources go
-through the engine (in timestamp order, one advance to END_OF_TIME) and through DuckDB;
+Random partitioned streams with many timestamp ties (peers; half the streams on five
+instants only, so every ROWS form's frame edge falls among ties), NULLs and both sources go
+through the engine (shuffled, then one advance to END_OF_TIME) and through DuckDB;
 every output row must match. Slides are checked with QUALIFY: every n-th row of the
 partition for row slides, the last row of each time slot for time slides.
 """
@@ -9,6 +10,7 @@ partition for row slides, the last row of each time slot for time slides.
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
 
 import duckdb
@@ -52,21 +54,30 @@ def _to_rows(raw: list[tuple]) -> list[dict[str, Any]]:
 
 
 def streams() -> st.SearchStrategy[list[dict[str, Any]]]:
-    """Readings in (ts, source, seq) order: small ts range (ties), 3 stations, NULLs."""
-    reading = st.tuples(
-        st.integers(0, 60),
-        st.sampled_from(["a", "b"]),
-        st.integers(0, 2),
-        st.one_of(st.none(), st.integers(-20, 20).map(float)),
-    )
-    return st.lists(reading, max_size=40).map(_to_rows)
+    """Readings in (ts, source, seq) order, 3 stations, NULLs: half the streams on a
+    0..60 range (some ties), half on 0..4 (nearly every reading ties with several
+    others, of both sources, so a ROWS frame's edge falls inside a run of peers)."""
+
+    def readings(ts: st.SearchStrategy[int]) -> st.SearchStrategy[list[dict[str, Any]]]:
+        reading = st.tuples(
+            ts,
+            st.sampled_from(["a", "b"]),
+            st.integers(0, 2),
+            st.one_of(st.none(), st.integers(-20, 20).map(float)),
+        )
+        return st.lists(reading, max_size=40).map(_to_rows)
+
+    return st.one_of(readings(st.integers(0, 60)), readings(st.integers(0, 4)))
 
 
 def engine_rows(window: OverWindow, rows: list[dict[str, Any]]) -> list[tuple]:
     """Run one OVER query per partition (as the runtime would) and collect the outputs."""
     stage = over_plan(window).stages()[0]
     evaluators: dict[tuple, KeyedEvaluator] = {}
-    for row in rows:
+    arrivals = list(rows)
+    # Any arrival order before the advance: the evaluator orders ties by (source, seq).
+    random.Random(len(rows)).shuffle(arrivals)
+    for row in arrivals:
         key = tuple(row[c] for c in stage.key)
         evaluators.setdefault(key, KeyedEvaluator(stage)).insert(dict(row))
     out = []

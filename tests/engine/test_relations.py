@@ -127,10 +127,11 @@ def windows() -> st.SearchStrategy[RelationWindow]:
 
 @st.composite
 def streams(draw: Any) -> list[Row]:
-    """Readings in (ts, seq) order, with ties and repeated (station, speed) values."""
-    raw = draw(
-        st.lists(st.tuples(st.integers(0, 50), st.integers(0, 1), st.integers(0, 2)), max_size=30)
-    )
+    """Readings in (ts, seq) order, with ties and repeated (station, speed) values: half
+    the streams over 0..50 ms, half over five instants (a ROWS window's tuples then enter
+    and leave in runs of ties, several at one instant)."""
+    ts = draw(st.sampled_from([st.integers(0, 50), st.integers(0, 4)]))
+    raw = draw(st.lists(st.tuples(ts, st.integers(0, 1), st.integers(0, 2)), max_size=30))
     return [
         {"ts": ts, "station": k, "speed": float(v), "source": "s", "seq": i}
         for i, (ts, k, v) in enumerate(sorted(raw))

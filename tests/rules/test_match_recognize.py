@@ -346,3 +346,34 @@ def test_reluctant_stops_at_the_first_way_greedy_at_the_last(
     (expected,) = Oracle(window.pattern, 8, True).matches(rows)
     (out,) = run(plan, [("md", r) for r in rows]).outputs
     assert out.row["last_ts"] == expected[2] == last
+
+
+def test_the_docs_timelines(tmp_path: Path) -> None:
+    """docs/rules.md's pictures: speed_drops over 30 28 25 20 22 18 15 (one match, at
+    minute 3; the second waits for its D), and A B+ C over 5 4 3 9 (emitted at the 9)."""
+    drops = """CREATE STREAM out AS SELECT station, ts, from_speed, to_speed
+  FROM md MATCH_RECOGNIZE (
+    PARTITION BY station ORDER BY ts
+    MEASURES FIRST(A.speed) AS from_speed, LAST(D.speed) AS to_speed
+    ONE ROW PER MATCH AFTER MATCH SKIP PAST LAST ROW
+    PATTERN (A B C D) WITHIN 5 MINUTES
+    DEFINE B AS speed < A.speed, C AS speed < B.speed, D AS speed < C.speed);
+"""
+    plus = """CREATE STREAM out AS SELECT station, ts, nb FROM md MATCH_RECOGNIZE (
+    PARTITION BY station ORDER BY ts MEASURES count(B.*) AS nb
+    PATTERN (A B+ C) WITHIN 1 MINUTE
+    DEFINE B AS speed < A.speed, C AS speed > A.speed);
+"""
+    cases = [
+        (drops, [30, 28, 25, 20, 22, 18, 15], 60_000, [(3 * 60_000, 30, 20)]),
+        (plus, [5, 4, 3, 9], 10_000, [(30_000, 2)]),
+    ]
+    for rule, speeds, step, want in cases:
+        (tmp_path / "r.sql").write_text(STREAM + rule)
+        plan = load_rules([tmp_path / "r.sql"]).plan
+        rows = [
+            {"station": 1, "speed": v, "ts": i * step, "source": "s", "seq": i}
+            for i, v in enumerate(speeds)
+        ]
+        outputs = run(plan, [("md", r) for r in rows], end_at=6 * 60_000 + 1).outputs
+        assert [tuple(o.row.values())[1:] for o in outputs] == want

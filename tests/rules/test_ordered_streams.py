@@ -51,3 +51,17 @@ def test_an_ordered_stream_takes_readings_at_or_after_the_latest(
     ]
     late = {r["id"] for r in readings} - {r["id"] for r in on_time}
     assert sorted(x.row["id"] for x in result.late) == sorted(late)
+
+
+def test_the_docs_timeline(tmp_path: Path) -> None:
+    """docs/rules.md's SLACK 0 picture: r3 ties with the latest (on time) and goes before
+    r2 (source a before b); r4 is older than the latest (late)."""
+    (tmp_path / "r.sql").write_text(RULES)
+    plan = load_rules([tmp_path / "r.sql"]).plan
+    arrivals = [(1, 1000, "a"), (2, 2000, "b"), (3, 2000, "a"), (4, 1000, "a"), (5, 3000, "a")]
+    result = run(
+        plan,
+        [("s", {"k": 1, "id": i, "ts": ts, "source": src, "seq": i}) for i, ts, src in arrivals],
+    )
+    assert [(o.row["id"], o.row["n"]) for o in result.outputs] == [(1, 1), (3, 2), (2, 3), (5, 4)]
+    assert [x.row["id"] for x in result.late] == [4]

@@ -172,3 +172,40 @@ def test_a_later_tie_is_not_in_an_unbounded_rows_frame(tmp_path: Path, runner: s
     assert engine_rows(tmp_path, rule, readings) == [(1, 1), (2, 2), (3, 3)]
     ranged = rule.replace("ROWS", "RANGE")
     assert engine_rows(tmp_path, ranged, readings) == [(1, 1), (2, 3), (3, 3)]
+
+
+@pytest.mark.parametrize(
+    ("frame", "counts"),
+    [
+        ("ROWS UNBOUNDED PRECEDING", [1, 2, 3]),
+        ("ROWS 1 PRECEDING", [1, 2, 2]),
+        ("RANGE UNBOUNDED PRECEDING", [1, 3, 3]),
+        ("RANGE 1 SECONDS PRECEDING", [1, 3, 3]),
+    ],
+)
+@pytest.mark.parametrize("arrival", ["in order", "ties reversed"])
+def test_the_docs_tie_table(
+    tmp_path: Path, runner: str, frame: str, counts: list[int], arrival: str
+) -> None:
+    """docs/rules.md's table: a at 1 s, b and c at 2 s (one source, seq 1, 2, 3). c's
+    ROWS 1 PRECEDING frame is b and c (2), whatever order b and c arrive in; a RANGE
+    frame holds both peers (3)."""
+    readings = [
+        {"k": 1, "id": i, "v": 1.0, "ts": ts, "source": "p", "seq": i}
+        for i, ts in enumerate([1000, 2000, 2000], start=1)
+    ]
+    if arrival == "ties reversed":
+        readings = [readings[0], readings[2], readings[1]]
+    rule = f"CREATE STREAM out AS SELECT id, ts, count(*) OVER ({frame}) AS x FROM s;\n"
+    assert engine_rows(tmp_path, rule, readings) == list(zip([1, 2, 3], counts, strict=True))
+
+
+def test_ties_of_two_sources_follow_the_source_order(tmp_path: Path, runner: str) -> None:
+    """Two readings at one instant: source 'a' comes before 'b' whatever their seqs and
+    arrival, so a's ROWS 1 PRECEDING frame is a alone and b's starts at a."""
+    readings = [
+        {"k": 1, "id": 1, "v": 2.0, "ts": 5000, "source": "b", "seq": 1},
+        {"k": 1, "id": 2, "v": 3.0, "ts": 5000, "source": "a", "seq": 9},
+    ]
+    rule = "CREATE STREAM out AS SELECT id, ts, first(v) OVER (ROWS 1 PRECEDING) AS x FROM s;\n"
+    assert engine_rows(tmp_path, rule, readings) == [(1, 3.0), (2, 3.0)]
