@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterator
 
 from lookout.config import ConfigError, load_config
 from lookout.mqtt_auth import PUBLISHER, Login, load_credentials
-from simulators.common import Reading, parse_episodes, parse_start
+from simulators.common import parse_episodes, parse_start
 from simulators.disorder import DisorderModel, Faults, arrange
 from simulators.publish import FileSink, MqttSink, Progress, emit, first_ts, replay_messages
 from simulators.rfid import RfidConfig, generate_rfid, rfid_sources
+from simulators.rows import Block
 from simulators.traffic import TrafficConfig, generate_traffic, traffic_sources
 from simulators.truth import Truth
 
@@ -260,7 +261,7 @@ def _simulate(
     args: argparse.Namespace,
     kind: str,
     sources: dict[str, str],
-    make: Callable[[int, int | None, random.Random, Truth], Iterator[Reading]],
+    make: Callable[[int, int | None, random.Random, Truth], Iterator[Block]],
 ) -> int:
     """Shared driver: validate, build the stream, send it, report. Returns an exit code."""
     if args.out and args.duration <= 0:

@@ -5,14 +5,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-
-# The payload timestamp format is ingest's: one parser for both ends of the wire.
-from ingest.validate import parse_timestamp as parse_ts
+from typing import Any
 
 __all__ = [
     "EpisodeSpec",
     "Reading",
-    "SeqCounter",
     "format_ts",
     "parse_episodes",
     "parse_start",
@@ -36,17 +33,15 @@ class Reading:
     seq: int = 0
 
 
-class SeqCounter:
-    """Per-source sequence numbers, strictly increasing from 0."""
+def parse_ts(value: Any) -> int:
+    """Epoch ms of a payload's ``ts``, by ingest's parser: one for both ends of the wire.
 
-    def __init__(self) -> None:
-        self._next: dict[str, int] = {}
+    Imported on first use: ingest's module brings the engine's plan (and pandas), which
+    a simulator that only writes readings need not load.
+    """
+    from ingest.validate import parse_timestamp
 
-    def next(self, source: str) -> int:
-        """Return the next sequence number of ``source``."""
-        n = self._next.get(source, 0)
-        self._next[source] = n + 1
-        return n
+    return parse_timestamp(value)
 
 
 def format_ts(ms: int, ts_format: str) -> int | str:

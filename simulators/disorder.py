@@ -1,8 +1,10 @@
 """Arrival order: disorder models, faults (late, duplicate, malformed), clock skew, heartbeats.
 
-A generator yields readings in true event-time order. :func:`arrange` gives each one an
-*arrival time* (event-time ms at which the source sends it) and yields the messages in
-arrival order, interleaved with heartbeats. Models (``--disorder``):
+A generator yields readings in true event-time order, in blocks
+(:class:`simulators.rows.Block`). :func:`arrange` gives each one an *arrival time*
+(event-time ms at which the source sends it) and yields them in arrival order, in
+chunks (:class:`simulators.rows.Chunk`) interleaved with heartbeats and malformed
+payloads. Models (``--disorder``):
 
 - ``none``: arrival = event time (in order);
 - ``bounded:D``: arrival = event time + U(0, D) seconds, so no reading arrives more
@@ -26,19 +28,22 @@ late readings break that promise by construction, and duplicates repeat old read
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import orjson
 
-from simulators.common import Reading, format_ts, parse_ts
+from simulators.common import format_ts
+from simulators.rows import Block, Chunk, Writer
 from simulators.truth import Truth
 
 #: One outgoing message: (arrival ms, "reading" | "heartbeat" | "malformed", topic, payload).
 #: ``payload`` is a dict for readings and heartbeats and raw bytes for malformed ones.
 Message = tuple[int, str, str, dict | bytes]
+#: What :func:`arrange` yields: readings sent in a row, or one message.
+Item = Chunk | Message
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,14 +70,14 @@ class DisorderModel:
         """The largest delay the model gives an on-time reading."""
         return self.param_ms
 
-    def arrival(self, t: int, rng: random.Random) -> tuple[int, float]:
-        """Arrival time of a reading with event time ``t`` and its tie-break key."""
+    def arrivals(self, t: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Arrival times of readings with event times ``t`` and their tie-break keys."""
         if self.kind == "bounded":
-            return t + rng.randint(0, self.param_ms), 0.0
+            return t + rng.integers(0, self.param_ms + 1, len(t)), np.zeros(len(t))
         if self.kind == "blocks":
             # Sent at the block's end; a random key shuffles the block.
-            return (t // self.param_ms + 1) * self.param_ms, rng.random()
-        return t, 0.0
+            return (t // self.param_ms + 1) * self.param_ms, rng.random(len(t))
+        return t.copy(), np.zeros(len(t))
 
     def floor(self, h: int) -> int:
         """Lower bound on the event time of any on-time reading arriving after ``h``."""
@@ -94,7 +99,7 @@ class Faults:
     skew_ms: int = 0
 
 
-_MALFORMED_KINDS = ("truncated", "missing_field", "bad_timestamp", "not_utf8")
+MALFORMED_KINDS = ("truncated", "missing_field", "bad_timestamp", "not_utf8")
 
 
 def _malform(payload: dict, how: str) -> bytes | dict:
@@ -110,8 +115,283 @@ def _malform(payload: dict, how: str) -> bytes | dict:
     return b"\xff\xfe" + orjson.dumps(payload)
 
 
+def _sorted(rows: np.ndarray, keyed: bool = True) -> np.ndarray:
+    """Rows in sending order: by arrival, then tie-break key, then order of generation.
+
+    Not ``keyed`` (every key 0, the rows in order of generation where they arrive
+    together): a stable sort by arrival is the same and quicker.
+    """
+    if not keyed:
+        return rows[np.argsort(rows["arrival"], kind="stable")]
+    return rows[np.lexsort((rows["order"], rows["key"], rows["arrival"]))]
+
+
+class _Arrangement:
+    """The state of :func:`arrange` between blocks."""
+
+    def __init__(
+        self,
+        model: DisorderModel,
+        faults: Faults,
+        sources: dict[str, str],
+        rng: random.Random,
+        truth: Truth,
+        ts_format: str,
+        heartbeat_ms: int | None,
+        start_ms: int,
+        end_ms: int | None,
+        epoch: str | None,
+    ) -> None:
+        self.model, self.faults, self.sources, self.truth = model, faults, sources, truth
+        self.ts_format, self.epoch, self.end_ms = ts_format, epoch, end_ms
+        self.skew: dict[str, int] = {}
+        for src in sorted(sources):
+            self.skew[src] = rng.randint(-faults.skew_ms, faults.skew_ms) if faults.skew_ms else 0
+            if self.skew[src]:
+                truth.record({"type": "skew", "source": src, "skew_ms": self.skew[src]})
+        self.rng = np.random.default_rng(rng.getrandbits(128))
+        self.keyed = model.kind == "blocks"  # other models' keys are all 0
+        self.late_extra = faults.slack_ms + 2 * model.bound_ms
+        self.last_late = end_ms - self.late_extra - 1000 if end_ms is not None else None
+        self.kinds = sorted(set(sources.values()))
+        # The newest ts sent per stream kind (index into `kinds`): a late reading is
+        # held back until one more than the slack newer has been sent.
+        self.newest: dict[int, int] = {}
+        kind_skews: dict[int, int] = {}
+        for src, kind in sources.items():
+            k = self.kinds.index(kind)
+            kind_skews[k] = max(kind_skews.get(k, self.skew[src]), self.skew[src])
+        self.kind_skew = kind_skews
+        self.hb_ms = heartbeat_ms or 0  # 0: no heartbeats
+        self.next_hb = start_ms + self.hb_ms if self.hb_ms else None
+        self.last_t = start_ms
+        self.counter = 0
+        self.writer: Writer | None = None
+        self.topic_skew = np.zeros(0, dtype=np.int64)
+        self.topic_kind = np.zeros(0, dtype=np.int64)
+        # Rows waiting for their arrival (any order), and late rows held back (their
+        # "arrival" the planned one).
+        self.pending: np.ndarray | None = None
+        self.held: np.ndarray | None = None
+
+    def _setup(self, block: Block) -> None:
+        layout = block.layout
+        self.writer = Writer(layout, self.ts_format, self.epoch)
+        self.topic_skew = np.array([self.skew[s] for s in layout.sources], dtype=np.int64)
+        self.topic_kind = np.array(
+            [self.kinds.index(self.sources[s]) for s in layout.sources], dtype=np.int64
+        )
+        self.pending = block.rows[:0].copy()
+        self.held = block.rows[:0].copy()
+
+    def add(self, block: Block) -> Iterator[Item]:
+        """Take a block's readings in; yield everything due before its ``until``."""
+        if self.writer is None:
+            self._setup(block)
+        assert self.pending is not None and self.held is not None
+        n = len(block.rows)
+        if n:
+            self.last_t = max(self.last_t, int(block.rows["t"][-1]))
+            f = self.faults
+            arrival, key = self.model.arrivals(block.rows["t"], self.rng)
+            u = self.rng.random(n)
+            p_mal = f.malformed
+            p_late = p_mal + f.late
+            p_dup = p_late + f.duplicate
+            late = (u >= p_mal) & (u < p_late)
+            if self.last_late is not None:
+                # Too near the end, nothing would overtake it: such a reading goes on time.
+                late &= block.rows["t"] < self.last_late
+            rows = block.rows.copy()
+            rows["ts"] = rows["t"] + self.topic_skew[rows["topic"]]
+            rows["order"] = self.counter + np.arange(n)
+            rows["arrival"], rows["key"] = arrival, key
+            mal = u < p_mal
+            if mal.any():
+                how = np.minimum((u[mal] / p_mal * len(MALFORMED_KINDS)).astype(np.int64), 3)
+                rows["fault"][mal] = how + 1
+                self._record(rows[mal], "malformed", how)
+            copies = rows[(u >= p_late) & (u < p_dup)]
+            if late.any():
+                held = rows[late]
+                extra = self.rng.integers(1000, 10_001, len(held))
+                held["arrival"] = held["t"] + self.late_extra + extra
+                self.held = np.concatenate([self.held, held])
+                rows = rows[~late]
+            if len(copies):
+                # Sent again U(0, 1) s after the original, as a QoS 1 redelivery would.
+                copies["arrival"] += self.rng.integers(0, 1001, len(copies))
+                copies["order"] = self.counter + n + np.arange(len(copies))
+                self._record(copies, "duplicate")
+            self.counter += n + len(copies)
+            self.pending = _sorted(np.concatenate([self.pending, rows, copies]), self.keyed)
+        yield from self._ready(block.until, block.until)
+
+    def _record(self, rows: np.ndarray, kind: str, how: np.ndarray | None = None) -> None:
+        assert self.writer is not None
+        sources = self.writer.layout.sources
+        topics, seqs = rows["topic"].tolist(), rows["seq"].tolist()
+        for i, (topic, seq) in enumerate(zip(topics, seqs, strict=True)):
+            rec = {"type": kind, "source": sources[topic], "seq": seq}
+            if how is not None:
+                rec["reason"] = MALFORMED_KINDS[int(how[i])]
+            self.truth.record(rec)
+
+    def _heartbeat_times(self, until: int) -> list[int]:
+        times = []
+        while self.next_hb is not None and self.next_hb < until:
+            times.append(self.next_hb)
+            self.next_hb += self.hb_ms
+        return times
+
+    def _ready(self, until: int, hb_until: int) -> Iterator[Item]:
+        """Send the rows arriving before ``until`` and the heartbeats before ``hb_until``,
+        releasing the held late rows they overtake."""
+        assert self.pending is not None and self.held is not None
+        hbs = self._heartbeat_times(hb_until)
+        # Pending rows are in sending order.
+        cut = int(np.searchsorted(self.pending["arrival"], until))
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        released = self._advance(out, hbs)
+        if len(released):
+            now = released["arrival"] < until
+            if now.any():
+                out = _sorted(np.concatenate([out, released[now]]))
+            if not now.all():
+                self.pending = _sorted(np.concatenate([self.pending, released[~now]]))
+        yield from self._emit(out, hbs)
+
+    def _advance(self, out: np.ndarray, hbs: list[int]) -> np.ndarray:
+        """Follow the newest ts sent per stream kind through ``out`` (in sending order)
+        and the heartbeats ``hbs``; return the held rows released, their arrival set."""
+        assert self.held is not None
+        hb_arr = np.array(hbs, dtype=np.int64)
+        floors = np.array([self.model.floor(h) for h in hbs], dtype=np.int64)
+        ok = out["fault"] == 0
+        kinds = self.topic_kind[out["topic"]]
+        held_kinds = self.topic_kind[self.held["topic"]]
+        released = []
+        keep = np.ones(len(self.held), dtype=bool)
+        for k in range(len(self.kinds)):
+            mine = ok & (kinds == k)
+            ts = out["ts"][mine]
+            hb_ts = floors + self.kind_skew.get(k, 0)
+            waiting = np.flatnonzero(held_kinds == k)
+            if not len(waiting):
+                top = max(ts.max(initial=-(2**62)), hb_ts.max(initial=-(2**62)))
+                if top > self.newest.get(k, -(2**62)):
+                    self.newest[k] = int(top)
+                continue
+            # Events in sending order: the rows, each heartbeat after the rows of its time.
+            ev_arr = out["arrival"][mine]
+            at = np.searchsorted(ev_arr, hb_arr, side="right")
+            ev_arr = np.insert(ev_arr, at, hb_arr)
+            ev_ts = np.insert(ts, at, hb_ts)
+            if not len(ev_ts):
+                continue
+            newest = np.maximum.accumulate(ev_ts)
+            if k in self.newest:
+                newest = np.maximum(newest, self.newest[k])
+            self.newest[k] = int(newest[-1])
+            rows = self.held[waiting]
+            # The first event (sent after the row was held) that leaves it more than the
+            # slack behind releases it.
+            first = np.searchsorted(newest, rows["ts"] + self.faults.slack_ms, side="right")
+            first = np.maximum(first, np.searchsorted(ev_arr, rows["t"], side="left"))
+            go = first < len(ev_arr)
+            if not go.any():
+                continue
+            rows = rows[go]
+            rows["arrival"] = np.maximum(rows["arrival"], ev_arr[first[go]] + 1)
+            keep[waiting[go]] = False
+            released.append(rows)
+            self._record_late(rows)
+        if not released:
+            return self.held[:0]
+        self.held = self.held[keep]
+        return np.concatenate(released)
+
+    def _record_late(self, rows: np.ndarray) -> None:
+        assert self.writer is not None
+        sources = self.writer.layout.sources
+        for topic, seq, ts, t, arrival in zip(
+            rows["topic"].tolist(),
+            rows["seq"].tolist(),
+            rows["ts"].tolist(),
+            rows["t"].tolist(),
+            rows["arrival"].tolist(),
+            strict=True,
+        ):
+            self.truth.record(
+                {
+                    "type": "late",
+                    "source": sources[topic],
+                    "seq": seq,
+                    "ts": format_ts(ts, self.ts_format),
+                    "delay_ms": arrival - t,
+                }
+            )
+
+    def _heartbeats(self, h: int) -> Iterator[Message]:
+        floor = self.model.floor(h)
+        for src in sorted(self.sources):
+            topic = f"lookout/{self.sources[src]}/{src}/heartbeat"
+            ts = format_ts(floor + self.skew[src], self.ts_format)
+            yield h, "heartbeat", topic, {"source": src, "ts": ts}
+
+    def _emit(self, out: np.ndarray, hbs: list[int]) -> Iterator[Item]:
+        """``out`` in chunks, with the heartbeats after the rows of their time and the
+        malformed rows as messages of their own."""
+        assert self.writer is not None
+        arrival = out["arrival"]
+        events = [(int(np.searchsorted(arrival, h, side="right")), 0, h) for h in hbs]
+        if self.faults.malformed:
+            events += [(m, 1, m) for m in np.flatnonzero(out["fault"]).tolist()]
+            events.sort()
+        cursor = 0
+        for pos, what, x in events:
+            if pos > cursor:
+                yield Chunk(out[cursor:pos], self.writer)
+            if what == 0:
+                cursor = pos
+                yield from self._heartbeats(x)
+            else:
+                row = out[x]
+                payload = self.writer.payload(row)
+                how = MALFORMED_KINDS[int(row["fault"]) - 1]
+                topic = self.writer.names[int(row["topic"])]
+                yield int(row["arrival"]), "malformed", topic, _malform(payload, how)
+                cursor = x + 1
+        if cursor < len(out):
+            yield Chunk(out[cursor:], self.writer)
+
+    def finish(self) -> Iterator[Item]:
+        """End of input: send the stragglers, keeping heartbeats going while they arrive
+        (a late reading released meanwhile may arrive after the rest: go round again)."""
+        if self.writer is None:
+            return
+        assert self.pending is not None and self.held is not None
+        last_arrival = self.last_t
+        while len(self.pending):
+            last_arrival = max(last_arrival, int(self.pending["arrival"].max()))
+            yield from self._ready(last_arrival + 1, last_arrival)
+        # A held reading nothing newer overtook by the slack is not late: it goes last, on
+        # time (the readings too near the end are not made late, so this is rare).
+        if len(self.held):
+            rows = self.held[np.argsort(self.held["order"], kind="stable")]
+            rows["arrival"] = last_arrival
+            yield Chunk(rows, self.writer)
+        if self.next_hb is not None:
+            # Nothing more will come: promise the run's end (never less than before).
+            final = max(self.last_t, self.end_ms or 0, self.model.floor(self.next_hb - self.hb_ms))
+            for src in sorted(self.sources):
+                topic = f"lookout/{self.sources[src]}/{src}/heartbeat"
+                ts = format_ts(final + self.skew[src], self.ts_format)
+                yield max(self.last_t, last_arrival), "heartbeat", topic, {"source": src, "ts": ts}
+
+
 def arrange(
-    readings: Iterable[Reading],
+    blocks: Iterable[Block],
     model: DisorderModel,
     faults: Faults,
     sources: dict[str, str],
@@ -122,8 +402,9 @@ def arrange(
     start_ms: int,
     end_ms: int | None = None,
     epoch: str | None = None,
-) -> Iterator[Message]:
-    """Yield the messages of ``readings`` in arrival order, with heartbeats.
+) -> Iterator[Item]:
+    """Yield the readings of ``blocks`` in arrival order, in chunks, with heartbeats and
+    malformed payloads as messages of their own.
 
     ``sources`` maps every source id to its kind (``traffic``, ``rfid``, ``positions``),
     which names its heartbeat topic. ``heartbeat_ms`` None turns heartbeats off.
@@ -132,130 +413,19 @@ def arrange(
     given, is set on every reading: the run's id, which tells its ``seq`` numbers from
     those of another run of the same sources.
     """
-    skew: dict[str, int] = {}
-    for src in sorted(sources):
-        skew[src] = rng.randint(-faults.skew_ms, faults.skew_ms) if faults.skew_ms else 0
-        if skew[src]:
-            truth.record({"type": "skew", "source": src, "skew_ms": skew[src]})
-    late_extra = faults.slack_ms + 2 * model.bound_ms
-    last_late = end_ms - late_extra - 1000 if end_ms is not None else None
-    p_mal = faults.malformed
-    p_late = p_mal + faults.late
-    p_dup = p_late + faults.duplicate
-    heap: list[tuple[int, float, int, str, str, dict | bytes]] = []
-    counter = 0
-    hb_ms = heartbeat_ms or 0  # 0: no heartbeats
-    next_hb = start_ms + hb_ms if hb_ms else None
-    # A late reading is held back until a reading (or a heartbeat) of its stream more
-    # than the slack newer has been sent: in a sparse stream its planned arrival alone may
-    # not make it late. Per stream kind: the newest ts sent, and the held readings as
-    # (the ts to exceed, planned arrival, tie key, counter, event time, topic, payload).
-    newest: dict[str, int] = {}
-    held: dict[str, list[tuple[int, int, float, int, int, str, dict]]] = {}
+    state = _Arrangement(
+        model, faults, sources, rng, truth, ts_format, heartbeat_ms, start_ms, end_ms, epoch
+    )
+    for block in blocks:
+        yield from state.add(block)
+    yield from state.finish()
 
-    def advance(kind: str, ts: int, now: int) -> None:
-        """A reading or heartbeat of ``ts`` is sent at ``now``: release the held readings
-        it leaves more than the slack behind."""
-        nonlocal counter
-        if ts <= newest.get(kind, ts - 1):
-            return
-        newest[kind] = ts
-        queue = held.get(kind)
-        while queue and queue[0][0] < newest[kind]:
-            _, planned, key, _, t, topic, payload = heapq.heappop(queue)
-            arrival = max(planned, now + 1)
-            counter += 1
-            heapq.heappush(heap, (arrival, key, counter, "reading", topic, payload))
-            truth.record(
-                {
-                    "type": "late",
-                    "source": payload["source"],
-                    "seq": payload["seq"],
-                    "ts": payload["ts"],
-                    "delay_ms": arrival - t,
-                }
-            )
 
-    def heartbeats(h: int) -> Iterator[Message]:
-        floor = model.floor(h)
-        for src in sorted(sources):
-            topic = f"lookout/{sources[src]}/{src}/heartbeat"
-            advance(sources[src], floor + skew[src], h)
-            yield (
-                h,
-                "heartbeat",
-                topic,
-                {"source": src, "ts": format_ts(floor + skew[src], ts_format)},
-            )
-
-    def drain(upto: int) -> Iterator[Message]:
-        while heap and heap[0][0] <= upto:
-            arrival, _, _, kind, topic, payload = heapq.heappop(heap)
-            if kind == "reading" and isinstance(payload, dict):
-                advance(sources[payload["source"]], parse_ts(payload["ts"]), arrival)
-            yield arrival, kind, topic, payload
-
-    last_t = start_ms
-    for r in readings:
-        # Every later reading arrives at or after r.t, so everything before it is final.
-        if next_hb is not None:
-            while next_hb < r.t:
-                yield from drain(next_hb)
-                yield from heartbeats(next_hb)
-                next_hb += hb_ms
-        yield from drain(r.t - 1)
-        last_t = r.t
-        payload = dict(r.fields)
-        payload["ts"] = format_ts(r.t + skew[r.source], ts_format)
-        payload["source"] = r.source
-        payload["seq"] = r.seq
-        if epoch is not None:
-            payload["epoch"] = epoch
-        arrival, key = model.arrival(r.t, rng)
-        u = rng.random()
-        kind = "reading"
-        body: dict | bytes = payload
-        if u < p_mal:
-            how = _MALFORMED_KINDS[int(u / p_mal * len(_MALFORMED_KINDS))]
-            body = _malform(payload, how)
-            kind = "malformed"
-            truth.record({"type": "malformed", "source": r.source, "seq": r.seq, "reason": how})
-        elif u < p_late:
-            # Too near the end, nothing would overtake it: such a reading goes on time.
-            if last_late is None or r.t < last_late:
-                planned = r.t + late_extra + rng.randint(1000, 10000)
-                counter += 1
-                threshold = parse_ts(payload["ts"]) + faults.slack_ms
-                late = (threshold, planned, key, counter, r.t, r.topic, payload)
-                heapq.heappush(held.setdefault(sources[r.source], []), late)
-                continue
-        elif u < p_dup:
-            again = arrival + rng.randint(0, 1000)
-            counter += 1
-            heapq.heappush(heap, (again, key, counter, kind, r.topic, payload))
-            truth.record({"type": "duplicate", "source": r.source, "seq": r.seq})
-        counter += 1
-        heapq.heappush(heap, (arrival, key, counter, kind, r.topic, body))
-    # End of input: flush the stragglers, keeping heartbeats going while they arrive
-    # (a late reading released meanwhile may arrive after the rest: go round again).
-    last_arrival = last_t
-    while heap:
-        last_arrival = max(last_arrival, max(e[0] for e in heap))
-        if next_hb is not None:
-            while next_hb < last_arrival:
-                yield from drain(next_hb)
-                yield from heartbeats(next_hb)
-                next_hb += hb_ms
-        yield from drain(last_arrival)
-    # A held reading nothing newer overtook by the slack is not late: it goes last, on
-    # time (the readings too near the end are not made late, so this is rare).
-    for queue in held.values():
-        for *_, topic, payload in sorted(queue, key=lambda e: e[3]):
-            yield last_arrival, "reading", topic, payload
-    if next_hb is not None:
-        # Nothing more will come: promise the run's end (never less than before).
-        final = max(last_t, end_ms or 0, model.floor(next_hb - hb_ms))
-        for src in sorted(sources):
-            topic = f"lookout/{sources[src]}/{src}/heartbeat"
-            ts = format_ts(final + skew[src], ts_format)
-            yield max(last_t, last_arrival), "heartbeat", topic, {"source": src, "ts": ts}
+def messages(items: Iterable[Item]) -> Iterator[Message]:
+    """The messages of :func:`arrange`'s output one by one, each reading's payload a dict
+    (slow: for tests and tools)."""
+    for item in items:
+        if isinstance(item, Chunk):
+            yield from item.messages()
+        else:
+            yield item

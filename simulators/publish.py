@@ -5,7 +5,8 @@ The pacing maps arrival time (event-time ms) to the wall clock: a message arrivi
 possible. Readings for one topic are batched up to ``batch`` per message (a JSON array;
 a single reading goes as an object); a partial batch goes out whenever the publisher
 is ahead of schedule, so batching never adds latency. Heartbeats and malformed payloads
-are single messages, sent after the buffered readings.
+are single messages, sent after the buffered readings. The readings of a chunk due
+together are written to JSON in one go (:meth:`simulators.rows.Writer.render`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
+from operator import itemgetter
 from typing import IO, Any
 
+import numpy as np
 import orjson
 import paho.mqtt.client as mqtt
 from paho.mqtt.properties import Properties
@@ -25,7 +28,8 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from lookout.mqtt_auth import Login
 from simulators.common import format_ts, parse_ts
-from simulators.disorder import Message
+from simulators.disorder import Item, Message
+from simulators.rows import Chunk
 from simulators.truth import Truth
 
 
@@ -53,6 +57,12 @@ class FileSink:
             data = payload if isinstance(payload, bytes) else orjson.dumps(payload)
             self._fh.write(data.replace(b"\n", b" ") + b"\n")
         self.messages += 1
+
+    def send_rows(self, chunk: Chunk, i: int, j: int) -> None:
+        """Write the readings ``i:j`` of ``chunk``."""
+        self._fh.write((chunk.writer.render(chunk.rows[i:j]) + "\n").encode())
+        self.readings += j - i
+        self.messages += j - i
 
     def flush(self) -> None:
         """Nothing is buffered beyond the file object's own buffer."""
@@ -95,12 +105,15 @@ class MqttSink:
         self.messages = 0
         self._acked = 0
         self._connected = False
-        self._buf: dict[str, list[dict]] = {}
+        # Readings not yet sent by topic: their JSON joined by commas, and how many.
+        self._buf: dict[str, tuple[str, int]] = {}
         cid = client_id or f"lookout-sim-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid)
         if login is not None:
             self._client.username_pw_set(login.username, login.password)
-        self._client.max_inflight_messages_set(max_inflight)
+        # The window is bounded here (`_publish`); paho's own bound costs a scan of every
+        # message in flight at each PUBACK.
+        self._client.max_inflight_messages_set(0)
         self._client.on_publish = self._on_publish
         self._client.on_connect = self._on_connect
         self._client.connect(host, port, keepalive=30)
@@ -174,22 +187,66 @@ class MqttSink:
             self._serve(min(left, 0.1))
 
     def _flush_topic(self, topic: str) -> None:
-        buf = self._buf.pop(topic, None)
-        if buf:
-            self._publish(topic, orjson.dumps(buf[0] if len(buf) == 1 else buf))
+        held = self._buf.pop(topic, None)
+        if held:
+            self._publish(topic, _message(*held))
 
     def send(self, kind: str, topic: str, payload: dict | bytes) -> None:
         """Queue a reading for its topic's batch, or publish a heartbeat/malformed payload."""
         if kind == "reading":
             self.readings += 1
-            buf = self._buf.setdefault(topic, [])
-            buf.append(payload)  # type: ignore[arg-type]
-            if len(buf) >= self.batch:
+            text = orjson.dumps(payload).decode()
+            held, n = self._buf.get(topic, ("", 0))
+            self._buf[topic] = (f"{held},{text}" if n else text, n + 1)
+            if n + 1 >= self.batch:
                 self._flush_topic(topic)
             return
         # Heartbeats promise no older readings: everything buffered must go first.
         self.flush()
         self._publish(topic, payload if isinstance(payload, bytes) else orjson.dumps(payload))
+
+    def send_rows(self, chunk: Chunk, i: int, j: int) -> None:
+        """Queue the readings ``i:j`` of ``chunk`` for their topics' batches; publish each
+        batch filled, in the order they fill (as reading by reading would).
+
+        The rows are written topic by topic in one go, each batch's readings joined by
+        commas and batches apart by newlines.
+        """
+        rows = chunk.rows[i:j]
+        n = len(rows)
+        self.readings += n
+        order = np.argsort(rows["topic"], kind="stable")
+        by_topic = rows["topic"][order]
+        cuts = np.flatnonzero(by_topic[1:] != by_topic[:-1]) + 1
+        positions = order.tolist()
+        seps = [","] * n
+        # Each piece of a batch: (position it filled at, None for the partial batch left,
+        # topic, the readings held before it and how many, the batch's readings in all).
+        pieces: list[tuple[int | None, str, str, int]] = []
+        names, size = chunk.writer.names, self.batch
+        for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, n].tolist(), strict=True):
+            topic = names[int(by_topic[a])]
+            held, count = self._buf.pop(topic, ("", 0))
+            k = a
+            while k < b:
+                end = min(b, k + size - count)
+                seps[end - 1] = "\n"
+                total = count + end - k
+                filled = positions[end - 1] if total == size else None
+                pieces.append((filled, topic, held, total))
+                k, held, count = end, "", 0
+        texts = chunk.writer.render(rows[order], seps).split("\n")
+        full = []
+        for (filled, topic, held, total), text in zip(pieces, texts, strict=True):
+            if held:
+                text = f"{held},{text}"
+            if filled is None:
+                self._buf[topic] = (text, total)
+            else:
+                full.append((filled, topic, text, total))
+        full.sort(key=itemgetter(0))
+        for _, topic, text, count in full:
+            self._publish(topic, _message(text, count))
 
     def flush(self) -> None:
         """Publish every partial batch."""
@@ -211,6 +268,12 @@ class MqttSink:
                 flush=True,
             )
         self._client.disconnect()
+
+
+def _message(readings: str, count: int) -> bytes:
+    """One message of ``count`` readings (their JSON joined by commas): an array, or an
+    object when there is one."""
+    return (readings if count == 1 else f"[{readings}]").encode()
 
 
 class Progress:
@@ -255,33 +318,59 @@ LINGER_S = 0.05
 
 
 def emit(
-    messages: Iterable[Message],
+    items: Iterable[Item],
     sink: FileSink | MqttSink,
     speedup: float,
     start_ms: int,
     progress: Progress | None = None,
     stop: threading.Event | None = None,
 ) -> int:
-    """Send ``messages`` to ``sink`` paced by arrival time; return the readings sent.
+    """Send ``items`` (chunks of readings and single messages) to ``sink`` paced by
+    arrival time; return the readings sent.
 
     ``speedup`` 0 means as fast as possible. Setting ``stop`` (or Ctrl-C) stops cleanly:
     what was sent is flushed and acknowledged.
     """
     wall0 = time.monotonic()
     event_ms = start_ms
+
+    def pace(arrival: int) -> None:
+        wait = wall0 + (arrival - start_ms) / 1000 / speedup - time.monotonic()
+        if wait > LINGER_S:
+            sink.flush()
+            sink.wait(wait, stop)  # returns early once `stop` is set
+
     try:
-        for arrival, kind, topic, payload in messages:
-            if speedup > 0:
-                wait = wall0 + (arrival - start_ms) / 1000 / speedup - time.monotonic()
-                if wait > LINGER_S:
-                    sink.flush()
-                    sink.wait(wait, stop)  # returns early once `stop` is set
+        for item in items:
+            if not isinstance(item, Chunk):
+                arrival, kind, topic, payload = item
+                if speedup > 0:
+                    pace(arrival)
+                if stop is not None and stop.is_set():
+                    break
+                event_ms = arrival
+                sink.send(kind, topic, payload)
+                if progress is not None:
+                    progress.tick(sink, event_ms)
+                continue
+            arrivals = np.ascontiguousarray(item.rows["arrival"])
+            i, n = 0, len(item)
+            while i < n:
+                j = n
+                if speedup > 0:
+                    pace(int(arrivals[i]))
+                    # Everything due within LINGER_S goes now.
+                    due = start_ms + (time.monotonic() - wall0 + LINGER_S) * 1000 * speedup
+                    j = max(i + 1, int(np.searchsorted(arrivals, due, side="right")))
+                if stop is not None and stop.is_set():
+                    break
+                sink.send_rows(item, i, j)
+                event_ms = int(arrivals[j - 1])
+                if progress is not None:
+                    progress.tick(sink, event_ms)
+                i = j
             if stop is not None and stop.is_set():
                 break
-            event_ms = arrival
-            sink.send(kind, topic, payload)
-            if progress is not None:
-                progress.tick(sink, event_ms)
     except KeyboardInterrupt:
         pass
     finally:

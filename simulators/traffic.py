@@ -27,12 +27,14 @@ Planted episodes (offsets from the run's start, see :func:`simulators.common.par
 from __future__ import annotations
 
 import heapq
-import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from simulators.common import EpisodeSpec, Reading, SeqCounter
+import numpy as np
+
+from simulators.common import EpisodeSpec, Reading
+from simulators.rows import Block, Field, Layout, Shape, assign_seq, row_dtype, slice_ms
 from simulators.truth import Truth
 
 SPEED_LIMIT = 36.1  # m/s (130 km/h); normal traffic stays below it
@@ -69,10 +71,10 @@ def traffic_sources(cfg: TrafficConfig) -> dict[str, str]:
     return sources
 
 
-def _speed_factor(t_ms: int) -> float:
+def _speed_factor(t_ms: np.ndarray) -> np.ndarray:
     """Daily profile: a rush-hour dip in speed at 08:00 and 17:30 UTC."""
     h = (t_ms / 3_600_000) % 24
-    return 1 - 0.12 * math.exp(-((h - 8) ** 2)) - 0.12 * math.exp(-(((h - 17.5) / 1.2) ** 2))
+    return 1 - 0.12 * np.exp(-((h - 8) ** 2)) - 0.12 * np.exp(-(((h - 17.5) / 1.2) ** 2))
 
 
 def _interval(spec: EpisodeSpec, start_ms: int) -> tuple[int, int | None]:
@@ -120,19 +122,22 @@ def _report(t: int, vid: int, speed: float, lane: int, pos: float) -> Reading:
 def _tracked_reports(
     cfg: TrafficConfig, start_ms: int, end_ms: int | None, rng: random.Random
 ) -> Iterator[Reading]:
-    """Reports of ``cfg.tracked`` vehicles driving the highway end to end, every 30 s.
+    """Reports of ``cfg.tracked`` vehicles driving the highway to its end, every 30 s;
+    at the start they are spread along it, and one leaving is replaced by one entering.
 
     They slow to 8 m/s in a segment with an accident but never stop, so the only
     vehicles at the same position in consecutive reports are the crashed ones.
     """
     length = (cfg.stations + 1) * SEGMENT_M
     vids = iter(range(1, 1_000_000))
-    # (next report, vid, position, cruising speed, lane); entries staggered over 30 s.
+    # (next report, vid, position, cruising speed, lane); reports staggered over 30 s.
+    # Spread along the highway, some pass every segment during any accident (all
+    # entering at the start, they could all pass one before it began).
     cars = [
         (
             start_ms + rng.randrange(REPORT_EVERY_MS),
             next(vids),
-            0.0,
+            rng.uniform(0.0, length),
             rng.gauss(28.0, 2.0),
             rng.randint(1, 5),
         )
@@ -153,77 +158,134 @@ def _tracked_reports(
         heapq.heappush(cars, (t + REPORT_EVERY_MS, vid, pos, cruise, lane))
 
 
-def _loop_readings(
-    cfg: TrafficConfig,
-    start_ms: int,
-    end_ms: int | None,
-    rng: random.Random,
-    truth: Truth,
-    seqs: SeqCounter,
-) -> Iterator[Reading]:
-    """Loop-detector readings in event-time order (seq assigned here, per station)."""
-    mean_gap_ms = 1000.0 / cfg.rate
-    t = float(start_ms)
-    n = cfg.stations
-    lanes = (1, 2, 3, 4, 5)
-    while True:
-        t += rng.expovariate(1.0) * mean_gap_ms
-        ti = int(t)
-        if end_ms is not None and ti >= end_ms:
-            return
-        off = ti - start_ms
-        station = rng.randrange(n) + 1
-        hour = (ti / 3_600_000) % 24
-        night = hour < 5 or hour >= 22
-        if rng.random() < (0.3 if night else 0.12):
-            lane = 4 if rng.random() < 0.4 else 5
-            length = min(max(rng.gauss(16.5, 2.0), 13.0), 20.0)
-            mean = 24.0
-        else:
-            lane = rng.choices(lanes, LANE_WEIGHTS)[0]
-            length = min(max(rng.gauss(4.6, 0.5), 3.0), 7.5)
-            mean = LANE_MEANS[lane - 1]
-        if any(s.key == station and (s.lane in (None, lane)) and s.covers(off) for s in cfg.silent):
-            continue  # the detector is dead: the vehicle passes unseen
-        if any(s.key == station and s.covers(off) for s in cfg.accident):
-            speed = min(max(rng.gauss(8.0, 3.0), 0.5), 14.0)
-        elif any(s.key == station and s.covers(off) for s in cfg.congestion):
-            speed = min(max(rng.gauss(7.0, 2.0), 1.0), 13.0)
-        else:
-            if cfg.profile == "daily":
-                mean *= _speed_factor(ti)
-            speed = min(max(rng.gauss(mean, 2.5), FREE_FLOW_MIN), SPEED_LIMIT - 0.6)
-        source = f"station-{station}"
-        seq = seqs.next(source)
-        if any(s.key == station and s.covers(off) for s in cfg.speeding) and rng.random() < 0.1:
-            speed = rng.uniform(40.0, 50.0)
-            truth.record(
-                {
-                    "type": "speeding",
-                    "source": source,
-                    "seq": seq,
-                    "station": station,
-                    "speed": round(speed, 2),
-                }
-            )
-        yield Reading(
-            ti,
-            source,
-            f"lookout/traffic/{station}/readings",
-            {
-                "station": station,
-                "lane": lane,
-                "speed": round(speed, 2),
-                "length": round(length, 2),
-            },
-            seq,
+_LANE_CUM = np.cumsum(LANE_WEIGHTS)
+_LANE_MEANS = np.array(LANE_MEANS)
+LOOP_FIELDS = (("lane", "i1"), ("speed", "i4"), ("length", "i4"))
+POSITION_FIELDS = (("vid", "i8"), ("seg", "i4"), ("pos", "i8"))
+TRAFFIC_DTYPE = row_dtype(*LOOP_FIELDS, *POSITION_FIELDS)
+
+
+def traffic_layout(cfg: TrafficConfig) -> Layout:
+    """The run's topics: one per station (``lookout/traffic/<n>/readings``, source
+    ``station-<n>``), then the position reports' when there are accidents."""
+    stations = tuple(range(1, cfg.stations + 1))
+    loop = Shape(
+        (
+            Field("station", "topic", table=stations),
+            Field("lane", "int", "lane"),
+            Field("speed", "centi", "speed"),
+            Field("length", "centi", "length"),
         )
+    )
+    position = Shape(
+        (
+            Field("vid", "int", "vid"),
+            Field("speed", "centi", "speed"),
+            Field("xway", "const", value=0),
+            Field("lane", "int", "lane"),
+            Field("dir", "const", value=0),
+            Field("seg", "int", "seg"),
+            Field("pos", "int", "pos"),
+        )
+    )
+    reports = (POSITIONS_TOPIC,) if cfg.accident else ()
+    return Layout(
+        names=(*(f"lookout/traffic/{s}/readings" for s in stations), *reports),
+        sources=(*(f"station-{s}" for s in stations), *(POSITIONS_SOURCE for _ in reports)),
+        shape_of=(*(0 for _ in stations), *(1 for _ in reports)),
+        shapes=(loop, position),
+    )
+
+
+def _covering(specs: list[EpisodeSpec], station: np.ndarray, off: np.ndarray) -> np.ndarray:
+    """Rows whose station has one of ``specs`` covering their offset (ms since start)."""
+    hit = np.zeros(len(station), dtype=bool)
+    for s in specs:
+        inside = (station == s.key) & (off >= s.start_ms)
+        if s.duration_ms:
+            inside &= off < s.start_ms + s.duration_ms
+        hit |= inside
+    return hit
+
+
+def _loop_rows(
+    cfg: TrafficConfig,
+    begin: int,
+    end: int,
+    start_ms: int,
+    rng: np.random.Generator,
+    truth: Truth,
+    seqs: np.ndarray,
+) -> np.ndarray:
+    """Loop-detector readings of event time [begin, end) in event-time order (seq set)."""
+    n = int(rng.poisson(cfg.rate * (end - begin) / 1000))
+    t = begin + np.floor(np.sort(rng.random(n)) * (end - begin)).astype(np.int64)
+    station = rng.integers(1, cfg.stations + 1, n)
+    hour = (t / 3_600_000) % 24
+    night = (hour < 5) | (hour >= 22)
+    lorry = rng.random(n) < np.where(night, 0.3, 0.12)
+    lane = np.where(
+        lorry,
+        np.where(rng.random(n) < 0.4, 4, 5),
+        np.minimum(np.searchsorted(_LANE_CUM, rng.random(n), side="right"), 4) + 1,
+    )
+    z = rng.standard_normal(n)
+    length = np.where(lorry, np.clip(16.5 + 2.0 * z, 13.0, 20.0), np.clip(4.6 + 0.5 * z, 3.0, 7.5))
+    mean = np.where(lorry, 24.0, _LANE_MEANS[lane - 1])
+    if cfg.profile == "daily":
+        mean = mean * _speed_factor(t)
+    z = rng.standard_normal(n)
+    speed = np.clip(mean + 2.5 * z, FREE_FLOW_MIN, SPEED_LIMIT - 0.6)
+    off = t - start_ms
+    congested = _covering(cfg.congestion, station, off)
+    speed = np.where(congested, np.clip(7.0 + 2.0 * z, 1.0, 13.0), speed)
+    crashed = _covering(cfg.accident, station, off)
+    speed = np.where(crashed, np.clip(8.0 + 3.0 * z, 0.5, 14.0), speed)
+    speeding = _covering(cfg.speeding, station, off) & (rng.random(n) < 0.1)
+    speed = np.where(speeding, rng.uniform(40.0, 50.0, n), speed)
+    # A silent detector's vehicles pass unseen.
+    silent = np.zeros(n, dtype=bool)
+    for s in cfg.silent:
+        silent |= _covering([s], station, off) & ((lane == s.lane) if s.lane else True)
+    seen = ~silent
+    rows = np.zeros(int(seen.sum()), dtype=TRAFFIC_DTYPE)
+    rows["t"] = t[seen]
+    rows["topic"] = station[seen] - 1
+    rows["lane"] = lane[seen]
+    rows["speed"] = np.rint(speed[seen] * 100)
+    rows["length"] = np.rint(length[seen] * 100)
+    rows["seq"] = assign_seq(rows["topic"], seqs)
+    for i in np.flatnonzero(speeding[seen]).tolist():
+        row = rows[i]
+        truth.record(
+            {
+                "type": "speeding",
+                "source": f"station-{int(row['topic']) + 1}",
+                "seq": int(row["seq"]),
+                "station": int(row["topic"]) + 1,
+                "speed": int(row["speed"]) / 100,
+            }
+        )
+    return rows
+
+
+def _report_rows(reports: list[Reading], topic: int, seqs: np.ndarray) -> np.ndarray:
+    rows = np.zeros(len(reports), dtype=TRAFFIC_DTYPE)
+    if reports:
+        rows["t"] = [r.t for r in reports]
+        rows["topic"] = topic
+        for name in ("vid", "lane", "seg", "pos"):
+            rows[name] = [r.fields[name] for r in reports]
+        rows["speed"] = np.rint(np.array([r.fields["speed"] for r in reports]) * 100)
+        rows["seq"] = assign_seq(rows["topic"], seqs)
+    return rows
 
 
 def generate_traffic(
     cfg: TrafficConfig, start_ms: int, end_ms: int | None, rng: random.Random, truth: Truth
-) -> Iterator[Reading]:
-    """Yield every reading of the run in event-time order; record the planted episodes.
+) -> Iterator[Block]:
+    """Yield every reading of the run in event-time order, in blocks of
+    :func:`slice_ms`; record the planted episodes.
 
     ``end_ms`` None runs forever.
     """
@@ -248,14 +310,26 @@ def generate_traffic(
                     pos=spec.key * SEGMENT_M + 500,
                 )
             truth.record(rec)
-    seqs = SeqCounter()
-    loops = _loop_readings(cfg, start_ms, end_ms, rng, truth, seqs)
-    if not cfg.accident:
-        yield from loops
-        return
-    reports = [_position_reports(s, i, start_ms, end_ms) for i, s in enumerate(cfg.accident)]
-    tracked = _tracked_reports(cfg, start_ms, end_ms, rng)
-    for r in heapq.merge(loops, tracked, *reports, key=lambda r: r.t):
-        if r.source == POSITIONS_SOURCE:
-            r.seq = seqs.next(r.source)
-        yield r
+    layout = traffic_layout(cfg)
+    gen = np.random.default_rng(rng.getrandbits(128))
+    seqs = np.zeros(len(layout.names), dtype=np.int64)
+    reports: Iterator[Reading] = iter(())
+    if cfg.accident:
+        tracked = _tracked_reports(cfg, start_ms, end_ms, rng)
+        crashed = [_position_reports(s, i, start_ms, end_ms) for i, s in enumerate(cfg.accident)]
+        reports = heapq.merge(tracked, *crashed, key=lambda r: r.t)
+    report = next(reports, None)
+    step = slice_ms(cfg.rate)
+    begin = start_ms
+    while end_ms is None or begin < end_ms:
+        end = begin + step if end_ms is None else min(begin + step, end_ms)
+        rows = _loop_rows(cfg, begin, end, start_ms, gen, truth, seqs)
+        due = []
+        while report is not None and report.t < end:
+            due.append(report)
+            report = next(reports, None)
+        if due:
+            rows = np.concatenate([rows, _report_rows(due, len(layout.names) - 1, seqs)])
+            rows = rows[np.argsort(rows["t"], kind="stable")]
+        yield Block(rows, end, layout)
+        begin = end

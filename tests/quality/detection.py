@@ -42,9 +42,10 @@ from engine.core.replay import run
 from engine.core.sequencer import StreamSequencer, Verdict
 from ingest.validate import Validator
 from rules.language.loader import RULES_DIR, load_rules
-from simulators.common import Reading, parse_episodes
-from simulators.disorder import DisorderModel, Faults, Message, arrange
+from simulators.common import parse_episodes
+from simulators.disorder import DisorderModel, Faults, Message, arrange, messages
 from simulators.rfid import RfidConfig, generate_rfid, rfid_sources
+from simulators.rows import Block
 from simulators.traffic import TrafficConfig, generate_traffic, traffic_sources
 from simulators.truth import Truth
 
@@ -153,8 +154,8 @@ def rfid_config(rate: float) -> RfidConfig:
 
 
 @cache
-def _generated(kind: str, seed: int, duration_s: int, rate: float) -> tuple[list[Reading], list]:
-    """The readings (event-time order) and episode records of a run: they do not depend
+def _generated(kind: str, seed: int, duration_s: int, rate: float) -> tuple[list[Block], list]:
+    """The readings (event-time order, in blocks) and episode records of a run: they do not depend
     on the disorder, which draws from its own random stream."""
     truth = _RecordedTruth()
     rng = random.Random(f"{seed}:gen")
@@ -177,21 +178,23 @@ def simulate(spec: RunSpec) -> SimRun:
         sources = rfid_sources(rfid_config(spec.rate))
     truth = _RecordedTruth()
     end = START_MS + spec.duration_s * 1000
-    messages = list(
-        arrange(
-            readings,
-            DisorderModel.parse(spec.disorder),
-            Faults(late=spec.late_fraction, slack_ms=round(spec.late_slack_s * 1000)),
-            sources,
-            random.Random(f"{spec.seed}:disorder"),
-            truth,
-            "ms",
-            1000 if spec.heartbeats else None,
-            START_MS,
-            end,
+    sent = list(
+        messages(
+            arrange(
+                readings,
+                DisorderModel.parse(spec.disorder),
+                Faults(late=spec.late_fraction, slack_ms=round(spec.late_slack_s * 1000)),
+                sources,
+                random.Random(f"{spec.seed}:disorder"),
+                truth,
+                "ms",
+                1000 if spec.heartbeats else None,
+                START_MS,
+                end,
+            )
         )
     )
-    return SimRun(spec, messages, [*episodes, *truth.records], START_MS, end)
+    return SimRun(spec, sent, [*episodes, *truth.records], START_MS, end)
 
 
 _SLACK = re.compile(r"\bSLACK\s+\d+\s+\w+", re.IGNORECASE)

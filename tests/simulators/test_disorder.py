@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from simulators.disorder import DisorderModel, Faults, arrange
+from simulators.disorder import DisorderModel, Faults, arrange, messages
 from simulators.publish import replay_messages
 from simulators.traffic import TrafficConfig, generate_traffic, traffic_sources
 from simulators.truth import Truth
@@ -139,16 +139,18 @@ def test_heartbeats_keep_their_promise(model: str) -> None:
     truth = _Recorder()
     start = 1_767_225_600_000
     msgs = list(
-        arrange(
-            generate_traffic(cfg, start, start + 60_000, random.Random(1), truth),
-            DisorderModel.parse(model),
-            Faults(late=0.01, duplicate=0.01, skew_ms=500),
-            traffic_sources(cfg),
-            random.Random(2),
-            truth,
-            "ms",
-            1000,
-            start,
+        messages(
+            arrange(
+                generate_traffic(cfg, start, start + 60_000, random.Random(1), truth),
+                DisorderModel.parse(model),
+                Faults(late=0.01, duplicate=0.01, skew_ms=500),
+                traffic_sources(cfg),
+                random.Random(2),
+                truth,
+                "ms",
+                1000,
+                start,
+            )
         )
     )
     arrivals = [m[0] for m in msgs]
