@@ -248,13 +248,11 @@ class _Warehouse:
         size = 2 + np.where(k > 0, k + 2, 0).sum(axis=1)
         first = np.cumsum(size) - size
         total = int(size.sum())
-        owner = np.repeat(np.arange(n), size)
         step = gen.integers(50, 401, total)
         step[first] = 0
         step[first + 1] = gen.integers(100, 401, n)
         cum = np.cumsum(step)
-        off = cum - cum[first][owner]
-        length = off[first + size - 1]
+        length = cum[first + size - 1] - cum[first]
         v = vis["v"].copy()
         exits = vis["door"] == doors
         if exits.any():
@@ -277,8 +275,10 @@ class _Warehouse:
                         "expected_at": int(v[i]),
                     }
                 )
-        read = v[owner] + off >= self.start_ms  # none is sent from before the start
-        if read.any():
+        if (v + length >= self.start_ms).any():  # none is sent from before the start
+            owner = np.repeat(np.arange(n), size)
+            off = cum - cum[first][owner]
+            read = v[owner] + off >= self.start_ms
             self._reads(vis, v, first, owner[read], off[read], np.flatnonzero(read))
         more = vis["door"] < doors
         nxt = vis[more]
