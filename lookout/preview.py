@@ -19,28 +19,23 @@ window reaching back before it sees only the readings inside it.
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-from deltalake import DeltaTable, QueryBuilder
-from deltalake.exceptions import TableNotFoundError
 
 from engine.alerts import AlertSpec, alert_keys, format_key, incident_record, render_message
 from engine.core.incidents import IncidentUpdate
-from engine.core.pipeline import HEARTBEAT, BatchResult, Pipeline
-from engine.core.plan import Plan, StreamSchema
+from engine.core.pipeline import BatchResult, Pipeline
+from engine.core.plan import Plan
 from engine.core.runners import emitted_outputs
-from engine.core.schema import arrival_type
-from engine.tables import readings_table
+from engine.core.subplan import needed_plan
+from engine.history import HistoryError, StreamHistory, event_time_slices, heartbeat, read_history
 from lookout.config import S3Config
-from lookout.storage import DEFAULT_S3, delta_options
+from lookout.storage import DEFAULT_S3
 from rules.language import ast
 from rules.language.access import DEFAULT_POLICY, RulePolicy
 from rules.language.loader import RuleCheckError, analyse
@@ -52,16 +47,6 @@ SLICE_MS = 5 * 60_000
 class PreviewError(Exception):
     """The preview cannot run (no alert to preview, no readings table); the message
     says why."""
-
-
-@dataclass(frozen=True)
-class StreamHistory:
-    """The stored readings of one source stream the preview read."""
-
-    stream: str
-    readings: int
-    watermark: int | None
-    """Its stored watermark (epoch ms); None when it has no readings yet."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +141,10 @@ def preview(
         raise PreviewError(f"{file.name} defines no alert (CREATE ALERT) to preview")
     plan = needed_plan(analysis.plan, specs)
     began = time.perf_counter()
-    history = read_history(plan, lakehouse, since_ms, s3)
+    try:
+        history = read_history(plan, lakehouse, since_ms, s3)
+    except HistoryError as err:
+        raise PreviewError(f"nothing to preview on: {err}") from None
     read_s = time.perf_counter() - began
     began = time.perf_counter()
     marks = {s.stream: s.watermark for s in history.streams}
@@ -171,128 +159,6 @@ def preview(
         read_s,
         time.perf_counter() - began,
     )
-
-
-def needed_plan(plan: Plan, sinks: Iterable[str]) -> Plan:
-    """`plan` cut down to what `sinks` need: their queries, those of the streams they
-    read (every branch of a UNION ALL), transitively, and the incidents of the alerts
-    among them. A stage's name and key depend only on its query and those upstream,
-    so the kept stages emit what they emit in the whole plan."""
-    producers: dict[str, list[int]] = {}
-    for i, query in enumerate(plan.queries):
-        producers.setdefault(query.sink.name, []).append(i)
-    wanted, streams, todo = set(), set(), list(sinks)
-    while todo:
-        stream = todo.pop()
-        if stream in streams:
-            continue
-        streams.add(stream)
-        for i in producers.get(stream, ()):
-            wanted.add(i)
-            todo.append(plan.queries[i].input)
-    return dataclasses.replace(
-        plan,
-        streams={n: s for n, s in plan.streams.items() if n in streams},
-        queries=tuple(q for i, q in enumerate(plan.queries) if i in wanted),
-        incidents=tuple(i for i in plan.incidents if i.alert in streams),
-    )
-
-
-@dataclass(frozen=True)
-class History:
-    """The stored readings a preview runs over: ``[start, end)`` and per stream what
-    was read, with the readings as arrival tables sorted by event time."""
-
-    start: int
-    end: int
-    streams: list[StreamHistory]
-    tables: dict[str, pa.Table]
-
-
-def stored_watermark(table: DeltaTable) -> int | None:
-    """The highest `arrival_watermark` of a readings table (epoch ms), from its files'
-    statistics when they all have them (no data read), else by a query."""
-    actions = pa.table(table.get_add_actions(flatten=True))
-    if not actions.num_rows:
-        return None
-    column = "max.arrival_watermark"
-    if column in actions.column_names and actions.column(column).null_count == 0:
-        latest = pc.max(actions.column(column))
-    else:
-        latest = _query(table, "SELECT max(arrival_watermark) AS w FROM t").column("w")[0]
-    value = latest.cast(pa.timestamp("us", tz="UTC")).value
-    return None if value is None else value // 1000
-
-
-def _query(table: DeltaTable, sql: str) -> pa.Table:
-    reader = QueryBuilder().register("t", table).execute(sql)
-    return pa.RecordBatchReader.from_stream(reader).read_all()
-
-
-def read_history(plan: Plan, lakehouse: str, since_ms: int, s3: S3Config = DEFAULT_S3) -> History:
-    """Each source stream of `plan`'s stored readings from `since_ms` before the latest
-    stored watermark on, as arrival tables sorted by event time."""
-    opened: dict[str, DeltaTable | None] = {}
-    marks: dict[str, int | None] = {}
-    for schema in plan.sources():
-        location = f"{lakehouse.rstrip('/')}/{readings_table(schema.name)}"
-        try:
-            opened[schema.name] = DeltaTable(location, storage_options=delta_options(location, s3))
-        except TableNotFoundError:
-            opened[schema.name] = None
-        table = opened[schema.name]
-        marks[schema.name] = None if table is None else stored_watermark(table)
-    known = [w for w in marks.values() if w is not None]
-    if not known:
-        names = ", ".join(readings_table(n) for n in marks)
-        raise PreviewError(f"no stored readings to preview on in {lakehouse} ({names})")
-    end = max(known)
-    start = end - since_ms
-    tables: dict[str, pa.Table] = {}
-    streams = []
-    for name, table in opened.items():
-        schema = plan.streams[name]
-        rows = _arrivals(schema, table, start) if table is not None else None
-        if rows is not None and rows.num_rows:
-            tables[name] = rows
-        count = 0 if rows is None else rows.num_rows
-        streams.append(StreamHistory(name, count, marks[name]))
-    return History(start, end, streams, tables)
-
-
-def _arrivals(schema: StreamSchema, table: DeltaTable, start: int) -> pa.Table:
-    """The stream's readings at or after `start` in the columns the pipeline takes
-    (timestamps as epoch ms), sorted by event time."""
-    ts = schema.timestamp or "ts"
-    columns = [c.name for c in schema.columns]
-    select = ", ".join(f'"{c}"' for c in [*columns, "source", "epoch", "seq"])
-    since = np.datetime_as_string(np.datetime64(start, "ms"), unit="ms")
-    # A literal DataFusion compares with the stored timestamps, so it prunes files.
-    rows = _query(table, f"SELECT {select} FROM t WHERE \"{ts}\" >= '{since}Z'")
-    # DataFusion hands out view types and stored timestamps: the engine's types instead.
-    types = [*(arrival_type(c.type) for c in schema.columns), pa.string(), pa.string(), pa.int64()]
-    arrays = []
-    for column, kind in zip(rows.columns, types, strict=True):
-        if pa.types.is_timestamp(column.type):
-            column = pc.divide(column.cast(pa.int64()), 1000)
-        arrays.append(column.cast(kind))
-    names = [*columns, "source", "epoch", "seq"]
-    rows = pa.table([*arrays, pa.array(np.zeros(rows.num_rows, bool))], [*names, HEARTBEAT])
-    return rows.sort_by([(ts, "ascending"), ("source", "ascending"), ("seq", "ascending")])
-
-
-def _heartbeat(schema: StreamSchema, at: int) -> pa.Table:
-    """One heartbeat of `schema` at event time `at` (only its timestamp counts)."""
-    ts = schema.timestamp or "ts"
-    columns: dict[str, pa.Array] = {
-        c.name: pa.array([at if c.name == ts else None], arrival_type(c.type))
-        for c in schema.columns
-    }
-    columns["source"] = pa.array([""], pa.string())
-    columns["epoch"] = pa.array([""], pa.string())
-    columns["seq"] = pa.array([None], pa.int64())
-    columns[HEARTBEAT] = pa.array([True])
-    return pa.table(columns)
 
 
 def evaluate(
@@ -329,24 +195,11 @@ def evaluate(
                     )
                 )
 
-    stamps = {
-        name: np.asarray(t.column(plan.streams[name].timestamp or "ts").to_numpy())
-        for name, t in tables.items()
-    }
-    first = min((int(s[0]) for s in stamps.values()), default=0)
-    last = max((int(s[-1]) for s in stamps.values()), default=0)
-    edge = first
-    while edge <= last:
-        edge += SLICE_MS
-        batch = {}
-        for name, table in tables.items():
-            lo, hi = np.searchsorted(stamps[name], [edge - SLICE_MS, edge])
-            if hi > lo:
-                batch[name] = table.slice(int(lo), int(hi - lo))
+    for batch in event_time_slices(plan, tables, SLICE_MS):
         collect(pipeline.process(batch))
     # A heartbeat at watermark + slack moves the stream's clock to exactly its watermark.
     beats = {
-        name: _heartbeat(schema, mark + schema.slack_ms)
+        name: heartbeat(schema, mark + schema.slack_ms)
         for name, schema in pipeline.sources.items()
         if (mark := watermarks.get(name)) is not None
     }

@@ -26,6 +26,12 @@ state resumes it; state of a rule edited or removed since
 (:attr:`~engine.core.plan.Query.definition`) is dropped, and said so in
 :attr:`Pipeline.dropped`.
 
+**New rules.** The store also keeps which stages its state was saved for, with their
+definitions. A pipeline resumed on a store that has not seen one of its stages, or saw
+another definition of it, names that stage in :attr:`Pipeline.fresh`: its windows are
+empty. A warm start (``engine.warm_start``) fills them from history and hands the state
+over with :meth:`Pipeline.adopt`.
+
 **Keys.** Keyed stages evict keys whose state is idle (docs/engine.md, *Eviction*). A
 source stream may have a cap on live keys (:mod:`engine.core.keycap`): readings of new
 keys beyond it are set aside (:attr:`BatchResult.capped`), never evaluated.
@@ -35,16 +41,17 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine.core.batch import HEARTBEAT, BatchResult, Conflict, LateReading, reading_row
 from engine.core.held import KIND as HELD
 from engine.core.held import HeldRows
-from engine.core.incidents import IncidentTracker, IncidentUpdate
+from engine.core.incidents import IncidentTracker
 from engine.core.keycap import KIND as KEYCAP
 from engine.core.keycap import CappedReading, CappedStage, KeyCap
 from engine.core.plan import END_OF_TIME, Plan, Stage, StreamSchema
@@ -60,64 +67,19 @@ from engine.core.runners import (
 from engine.core.sequencer import StreamSequencer, Verdict, content_hashes
 from engine.core.state import StateKey, StateStore
 
-Row = dict[str, Any]
 Key = tuple[Any, ...]
 
-HEARTBEAT = "heartbeat"
-"""The column that marks a heartbeat among a stream's arrivals (true: only its
-timestamp counts)."""
 ARRIVAL_WATERMARK = "arrival_watermark"
 """The column :attr:`BatchResult.readings` adds: the stream's watermark once the reading
 had arrived (epoch ms)."""
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
 
-
-@dataclass(frozen=True)
-class LateReading:
-    """A reading below its stream's watermark (per source: below the higher of that and
-    its source's clock): the reading, its stream, what it was judged against and how
-    late."""
-
-    stream: str
-    row: Row
-    ts: int
-    watermark: int
-
-    @property
-    def lateness_ms(self) -> int:
-        """How far below the watermark the reading was."""
-        return self.watermark - self.ts
-
-
-@dataclass(frozen=True)
-class Conflict:
-    """A reading whose id (source, epoch, seq) was seen before with other content (or
-    with content no longer kept to compare): stored apart, never taken for a copy."""
-
-    stream: str
-    row: Row
-    ts: int
-    reason: str
-    original_ts: int | None
-
-
-@dataclass
-class BatchResult:
-    """What one batch produced, everything deterministic."""
-
-    readings: dict[str, pa.Table] = field(default_factory=dict)
-    late: list[LateReading] = field(default_factory=list)
-    conflicts: list[Conflict] = field(default_factory=list)
-    duplicates: dict[str, int] = field(default_factory=dict)
-    heartbeats: dict[str, int] = field(default_factory=dict)
-    outputs: list[SinkRows] = field(default_factory=list)
-    incidents: list[IncidentUpdate] = field(default_factory=list)
-    """The incidents the batch changed, each in its state after the batch."""
-    watermarks: dict[str, int] = field(default_factory=dict)
-    """Each source stream's watermark after the batch."""
-    capped: list[CappedReading] = field(default_factory=list)
-    """On-time readings of new keys beyond their stream's cap, in arrival order."""
+STAGES: StateKey = ("stages", "", "", 0)
+"""The store entry naming the stages the state was saved for, with their definitions."""
+NEW, EDITED = "new", "edited"
+"""Why a stage is fresh (:attr:`Pipeline.fresh`): the store never saw it, or saw another
+definition of it."""
 
 
 def components(plan: Plan) -> list[tuple[str, ...]]:
@@ -168,15 +130,6 @@ def dependency_order(stages: Iterable[tuple[int, Stage]]) -> list[tuple[int, Sta
 
 def _numbers(column: pa.ChunkedArray | pa.Array, dtype: type) -> np.ndarray:
     return np.asarray(column.to_numpy(zero_copy_only=False), dtype=dtype)
-
-
-def _reading(table: pa.Table, index: int) -> Row:
-    """Row ``index`` of arrivals as a dict (no heartbeat flag; an empty epoch left out)."""
-    row = table.slice(index, 1).to_pylist()[0]
-    row.pop(HEARTBEAT, None)
-    if not row.get("epoch"):
-        row.pop("epoch", None)
-    return row
 
 
 def fed_stages(plan: Plan, sources: Collection[str]) -> list[tuple[int, Stage]]:
@@ -251,6 +204,11 @@ class Pipeline:
                 self.caps[name] = KeyCap(name, cap, capped)
         self.dropped: list[str] = []
         """Stages whose saved state was dropped at restore (edited or removed rules)."""
+        self.fresh: dict[str, str] = {}
+        """Stages resumed without state of their definition, each :data:`NEW` or
+        :data:`EDITED` (none on a store that names no stages: a new one, or state saved
+        before stages were recorded)."""
+        self._recorded: dict[str, str] | None = None  # the stages the store was saved for
         if store is not None:
             self._restore(store)
 
@@ -291,11 +249,24 @@ class Pipeline:
         """The end of input: a final heartbeat at `at` on every source stream (one that is
         past it already stays where it is). At +infinity, the default, it closes every
         window and fires every pending expiration."""
+        return self.advance_to({name: at for name in self.sequencers})
+
+    def advance_to(self, marks: Mapping[str, int]) -> BatchResult:
+        """Advance each source stream named in `marks` to at least its mark, as a
+        heartbeat there would (the others stay where they are)."""
         result = BatchResult()
-        ends = {name: max(at, s.clock.watermark) for name, s in self.sequencers.items()}
+        ends = {
+            name: max(marks.get(name, -END_OF_TIME), s.clock.watermark)
+            for name, s in self.sequencers.items()
+        }
         self._advance(ends, result)
         result.watermarks = {name: s.clock.watermark for name, s in self.sequencers.items()}
         return result
+
+    def positions(self) -> dict[str, int]:
+        """Each source stream's watermark its stages have been advanced to: every
+        reading below it has been evaluated, none at or above it."""
+        return dict(self._at)
 
     def _judge(self, stream: str, table: pa.Table, result: BatchResult) -> None:
         schema = self.sources[stream]
@@ -342,7 +313,7 @@ class Pipeline:
         if duplicates:
             result.duplicates[stream] = result.duplicates.get(stream, 0) + duplicates
         for index in np.flatnonzero((verdicts == Verdict.LATE) | (verdicts == Verdict.CONFLICT)):
-            row = _reading(table, int(index))
+            row = reading_row(table, int(index))
             if verdicts[index] == Verdict.LATE:
                 result.late.append(
                     LateReading(stream, row, int(ts[index]), int(judged.threshold[index]))
@@ -411,7 +382,7 @@ class Pipeline:
             if reason is not None:
                 admitted[i] = False
                 result.capped.append(
-                    CappedReading(stream, _reading(table, int(i)), int(ts[i]), reason)
+                    CappedReading(stream, reading_row(table, int(i)), int(ts[i]), reason)
                 )
         return admitted, handed
 
@@ -509,6 +480,30 @@ class Pipeline:
             tracker.save(store)
         for cap in self.caps.values():
             cap.save(store)
+        stages = {stage.name: stage.query.definition for _, stage in self.stages}
+        if self._recorded != stages:
+            store.put(STAGES, orjson.dumps(stages, option=orjson.OPT_SORT_KEYS))
+            self._recorded = stages
+
+    def adopt(self, entries: Iterable[tuple[StateKey, bytes]]) -> None:
+        """Take up state saved by another pipeline over the same rules (a warm start's,
+        filled from history up to :meth:`positions`) for the stages it names: the
+        entries are written to the store and those stages resume from them, as from a
+        store at restore. The stages are fresh no more."""
+        store = self.store
+        assert store is not None, "a pipeline without a store has no state to adopt"
+        saved: dict[str, dict[str, list[tuple[StateKey, bytes]]]] = {}
+        for entry, data in entries:
+            store.put(entry, data)
+            listed = b"" if entry[0] in LISTED_PIECE_KINDS else data
+            if entry[0] in (*STAGE_STATE_KINDS, *LISTED_PIECE_KINDS):
+                saved.setdefault(entry[1], {}).setdefault(entry[0], []).append((entry, listed))
+        runners = {stage.name: self.runners[i] for i, stage in self.stages}
+        for name, found in saved.items():
+            stale = runners[name].restore(found)
+            if stale:
+                raise ValueError(f"state of {name!r} adopted from another definition")
+            self.fresh.pop(name, None)
 
     def _restore(self, store: StateStore) -> None:
         segments: dict[str, list[tuple[int, list[tuple[Any, ...]]]]] = {}
@@ -565,6 +560,17 @@ class Pipeline:
         for entry in doomed:
             store.delete(entry)
         self.dropped = sorted(dropped)
+        recorded = store.get(STAGES)
+        if recorded is not None:
+            self._recorded = orjson.loads(recorded)
+        mine = {stage.name: stage.query.definition for _, stage in self.stages}
+        if self._recorded is not None:
+            seen = self._recorded
+            self.fresh = {
+                name: NEW if name not in seen else EDITED
+                for name, definition in mine.items()
+                if seen.get(name) != definition or name in dropped
+            }
 
     # -- health --------------------------------------------------------------------------
     def live_keys(self) -> dict[str, int]:
