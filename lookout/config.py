@@ -136,6 +136,16 @@ class EngineConfig:
     max_live_keys: int = 500_000
     # [engine.streams.<name>]: the caps of the streams that differ from the above.
     streams: Mapping[str, StreamKeys] = field(default_factory=dict)
+    # A new or edited rule starts with its windows filled from the stored readings
+    # (engine/warm_start.py): their reach, plus this much more history, whose rows of the
+    # rule's new derived streams are written (a window bounded by rows, not time, reaches
+    # back this far). 0: windows of time only, nothing of the past written.
+    backfill_minutes: float = 60.0
+    # Also write the alerts a new rule would have raised over that history.
+    backfill_alerts: bool = False
+    # How often the engine looks for changed rule files (a change that passes the check
+    # is applied without a restart; 0: never, rules load at start only).
+    rules_poll_seconds: float = 2.0
 
     def live_key_caps(self, streams: Collection[str]) -> dict[str, int]:
         """Each of ``streams``' cap on live keys (streams without one left out)."""
@@ -326,6 +336,8 @@ _LIMITS: dict[tuple[str, str], _Limit] = {
     ("engine", "compact_every_seconds"): _NOT_NEGATIVE,  # 0: never compact
     ("engine", "compact_min_files"): _POSITIVE,
     ("engine", "max_live_keys"): _NOT_NEGATIVE,  # 0: no cap
+    ("engine", "backfill_minutes"): _NOT_NEGATIVE,
+    ("engine", "rules_poll_seconds"): _NOT_NEGATIVE,
     ("ingest", "metrics_address"): _NOT_EMPTY,
     ("ingest", "metrics_port"): _Limit(lambda port: 0 <= port <= 65535, "(0: none, or a port)"),
     ("engine", "metrics_address"): _NOT_EMPTY,

@@ -47,23 +47,18 @@ def _stop_on_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def _rules_or_report(config: Config, paths: Sequence[str] | None) -> RuleSet | None:
-    try:
-        return load_rule_set(config, paths)
-    except RuleCheckError as err:
-        for error in err.errors:
-            print(error.format(), file=sys.stderr)
-        return None
-
-
 def run_engine(config: Config, rule_paths: Sequence[str] | None) -> int:
     """Run the Spark job until a signal arrives."""
     from engine.spark.checkpoint_layout import CheckpointLayoutError
     from engine.spark.job import EngineJob
     from engine.tables import TableSchemaError
+    from lookout.rule_watch import watch_rules
 
-    rule_set = _rules_or_report(config, rule_paths)
-    if rule_set is None:
+    try:
+        rules = watch_rules(config, rule_paths, alert_specs)
+    except RuleCheckError as err:
+        for error in err.errors:
+            print(error.format(), file=sys.stderr)
         return 2
     stop = threading.Event()
     _stop_on_signals(stop)
@@ -75,9 +70,10 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None) -> int:
         except OSError as err:  # the engine runs on; only its metrics are missing
             log.warning("no metrics: %s:%d: %s", config.engine.metrics_address,
                         config.engine.metrics_port, err)  # fmt: skip
-    job = EngineJob(config, rule_set.plan, alert_specs(rule_set))
+    job = EngineJob(config, rules.running.plan, alert_specs(rules.running))
+    job.rules_status = rules.status
     try:
-        job.run_until(stop)
+        job.run_until(stop, tick=lambda: rules.poll(job.apply))
     except (TableSchemaError, CheckpointLayoutError) as err:
         print(f"lookout engine: {err}", file=sys.stderr)
         return 2

@@ -62,12 +62,13 @@ def merge_figures(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     incidents per alert side by side, counts and durations summed (the steps' work),
     `reused` only if every part's was."""
     merged: dict[str, Any] = {"streams": {}, "keys": {}, "firing": {}, "quarantined": 0}
-    merged["dropped"] = []
+    merged["dropped"], merged["warmed"] = [], []
     for part in parts:
         for name in ("streams", "keys", "firing"):
             merged[name].update(part.get(name, {}))
         merged["quarantined"] += part.get("quarantined", 0)
         merged["dropped"] += part.get("dropped", [])
+        merged["warmed"] += [part["warmed"]] if part.get("warmed") else []
         merged["reused"] = merged.get("reused", True) and part.get("reused", False)
         for name in _TIMINGS:
             if name in part:
@@ -139,6 +140,8 @@ class Committer:
                     ):
                         self.totals[f"{what}.{stream}"] += counts.get(what, 0)
                 self.totals["quarantined"] += figures.get("quarantined", 0)
+                for said in figures.get("warmed", []):
+                    log.info("%s: %s", self.name, said)
                 for name in figures.get("dropped", []):
                     log.warning(
                         "%s: the saved state of %r was built by another version of the rule "

@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from py4j.protocol import Py4JError
@@ -93,6 +93,8 @@ class EngineJob:
         self._health_error = ""  # why the last health write failed (logged once)
         self._reserve_kept = False
         self.started_at_ms = int(time.time() * 1000)
+        self.rules_status: Callable[[], dict[str, Any]] | None = None
+        """What the health record says of the rules (set by whoever watches them)."""
         self.listener = ProgressListener({QUERY_NAME})
         self._logged: tuple[float, dict[str, int]] = (time.monotonic(), {})
         self.recent = RecentFigures(int(config.health.window_seconds * 1000))
@@ -122,6 +124,11 @@ class EngineJob:
             self._listening = True
         self._start_queries()
         self._started = True
+        self._log_parts()
+        self.maintenance.start()
+        log.info("engine running (%d parts of the rules)", len(self.components))
+
+    def _log_parts(self) -> None:
         for component in self.components:
             rules = [stage.name for _, stage in fed_stages(self.plan, component.sources)]
             log.info(
@@ -129,8 +136,6 @@ class EngineJob:
                 ", ".join(component.sources),
                 ", ".join(rules) or "none",
             )
-        self.maintenance.start()
-        log.info("engine running (%d parts of the rules)", len(self.components))
 
     def _start_queries(self) -> None:
         """Start the query (again, after a storage fault: from its checkpoint, with the
@@ -139,7 +144,44 @@ class EngineJob:
         self.stopped.clear()
         if self.components:
             committer = committers[0] if committers else None
+            if committer is not None:  # the rules may have changed since it committed
+                sources = tuple(name for part in self.components for name in part.sources)
+                committer.schemas = table_schemas(self.plan, sources)
             self.queries.append(start_query(self.spark, self.config, self.components, committer))
+
+    def apply(self, plan: Plan, alerts: Mapping[str, AlertSpec]) -> None:
+        """Run `plan` from now on, without a restart of the engine: the query stops after
+        its batch in flight (one cut short runs again) and starts again from its
+        checkpoint with the new rules. The rules left as they were carry on with their
+        state; a new or edited one starts with its windows filled from the stored
+        readings (`engine.warm_start`, in its first batch)."""
+        self._settle()
+        self.stop_queries()
+        self.plan = plan
+        self.components = engine_components(plan, alerts)
+        for change in record_rule_changes(self.config, plan):
+            log.info(change)
+        self.ensure_tables()
+        self.maintenance.paths = [self.config.table(name) for name in tables.engine_tables(plan)]
+        if self.fault is None:
+            self._start_queries()
+        self._log_parts()
+
+    def _settle(self, timeout_s: float = 10.0) -> None:
+        """Wait (at most `timeout_s`) for the batches in flight to end."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(
+            query.isActive and query.status["isTriggerActive"] for query, _ in self.queries
+        ):
+            time.sleep(0.05)
+
+    def stop_queries(self) -> None:
+        """Stop the queries, keeping their committers (and counts) for the next start."""
+        for query, committer in self.queries:
+            with contextlib.suppress(Py4JError):
+                query.stop()
+            self.stopped.append((query, committer))
+        self.queries.clear()
 
     def stop(self) -> None:
         """Stop every query (each finishes or abandons its batch; checkpoints stay valid).
@@ -266,6 +308,8 @@ class EngineJob:
             "maintenance": self.maintenance.health(),
             # A full or read-only disk the engine waits out (None: it writes).
             "storage": None if self.fault is None else self.fault.record(),
+            # The rule files running, and the last change refused (lookout.rule_watch).
+            "rules": self.rules_status() if self.rules_status is not None else None,
         }
 
     def write_health(self) -> None:
@@ -319,11 +363,7 @@ class EngineJob:
 
     def _given_up(self, problem: str, error: str) -> None:
         """The queries failed on a full or read-only disk: no batch runs until it works."""
-        for query, committer in self.queries:
-            with contextlib.suppress(Py4JError):
-                query.stop()  # it has stopped already; this only unregisters it
-            self.stopped.append((query, committer))
-        self.queries.clear()
+        self.stop_queries()  # they have stopped already; this only unregisters them
         self.maintenance.pause()
         failing = self._failing_disk()
         path = failing[0] if failing is not None else self.config.lakehouse
@@ -468,11 +508,17 @@ class EngineJob:
         self._logged = (now, counts)
 
     def run_until(
-        self, stop: threading.Event, health_every_s: float = 2.0, log_every_s: float = 30.0
+        self,
+        stop: threading.Event,
+        health_every_s: float = 2.0,
+        log_every_s: float = 30.0,
+        tick: Callable[[], None] | None = None,
+        tick_every_s: float = 1.0,
     ) -> None:
         """Run until `stop` is set or a query fails for another reason than a full or
         read-only disk (then raise; such a disk is waited out: `watch`); health every
-        `health_every_s`, a progress line per query every `log_every_s`."""
+        `health_every_s`, a progress line per query every `log_every_s`, and `tick`
+        (the rule watch) every `tick_every_s`."""
         try:
             self.start()
         except Exception as err:  # a full or read-only disk at the start: waited out too
@@ -480,10 +526,16 @@ class EngineJob:
             if problem is None:
                 raise
             self._given_up(problem, str(err))
-        logged = time.monotonic()
+        logged = written = time.monotonic()
+        every = min(health_every_s, tick_every_s) if tick is not None else health_every_s
         try:
-            while not stop.wait(self._pause(health_every_s)):
+            while not stop.wait(self._pause(every)):
                 self.watch()
+                if tick is not None:
+                    tick()
+                if time.monotonic() - written < health_every_s - 0.01:
+                    continue
+                written = time.monotonic()
                 self.write_health()
                 if time.monotonic() - logged >= log_every_s:
                     logged = time.monotonic()

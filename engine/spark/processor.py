@@ -59,6 +59,7 @@ from engine.ipc import read_ipc
 from engine.landed_files import QUARANTINE_FOLDER
 from engine.outputs import batch_tables
 from engine.spark.worker_gc import collector_paused, freeze_worker_heap
+from engine.warm_start import WarmStart, warm_start
 from lookout.config import Config
 
 OUTPUT_SCHEMA = (
@@ -198,6 +199,7 @@ class EngineProcessor(StatefulProcessor):
             read_s = time.perf_counter() - started
             store = SparkStore(self.entries, self.pieces)
             pipeline, journal, reused = self._pipeline(component, memo_id, store)
+            warm = self._warm_start(pipeline)
             restore_s = time.perf_counter() - started - read_s
             result = pipeline.process(arrivals)
             saving = time.perf_counter()
@@ -205,7 +207,9 @@ class EngineProcessor(StatefulProcessor):
             journal.commit()
             save_s = time.perf_counter() - saving
             evaluated_s = time.perf_counter() - started - read_s
-            written = self._write(component, result, quarantine)
+            written = self._write(component.plan, component.alerts, result, quarantine)
+            if warm is not None:
+                written += self._write(warm.plan, component.alerts, warm.past)
             token = uuid.uuid4().hex
             store.set_token(token)
             _PIPELINES[memo_id] = (token, pipeline)
@@ -230,6 +234,7 @@ class EngineProcessor(StatefulProcessor):
             "keys": pipeline.live_keys(),
             "firing": pipeline.firing(),
             "dropped": pipeline.dropped if not reused else [],
+            "warmed": warm.describe() if warm is not None else None,
             "reused": reused,
             "restore_ms": round(restore_s * 1000, 1),
             "read_ms": round(read_s * 1000, 1),
@@ -263,17 +268,35 @@ class EngineProcessor(StatefulProcessor):
         caps = self.config.engine.live_key_caps(component.sources)
         return Pipeline(component.plan, component.sources, journal, caps=caps), journal, False
 
+    def _warm_start(self, pipeline: Pipeline) -> WarmStart | None:
+        """Fill the windows of the pipeline's new or edited rules from the stored
+        readings (`engine.warm_start`), once: the state it adopts is saved with the
+        batch, and a pipeline resumed from it has no fresh rule."""
+        engine = self.config.engine
+        warm = warm_start(
+            pipeline,
+            self.config.lakehouse,
+            int(engine.backfill_minutes * 60_000),
+            engine.backfill_alerts,
+            self.config.s3,
+        )
+        if warm is not None:
+            pipeline.adopt(warm.entries)
+        return warm
+
     def _write(
-        self, component: Component, result: BatchResult, quarantine: list[dict[str, Any]]
+        self,
+        plan: Plan,
+        alerts: Mapping[str, AlertSpec],
+        result: BatchResult,
+        quarantine: list[dict[str, Any]] | None = None,
     ) -> list[Row]:
         """Each table's new rows as a Parquet file in its folder, named after the batch
         (so that the files of a batch that never commits can be told:
         `engine.tables.remove_orphans`); a row per file."""
         out = []
         batch_id = _batch_id()
-        for name, data in batch_tables(
-            component.plan, component.alerts, result, quarantine
-        ).items():
+        for name, data in batch_tables(plan, alerts, result, quarantine or []).items():
             file = tables.write_data_file(
                 name, self.config.table(name), data, self.config.s3, batch_id
             )

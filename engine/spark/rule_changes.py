@@ -1,4 +1,5 @@
-"""Which rules changed since the engine last started on a lakehouse, said at start.
+"""Which rules changed since the engine last ran on a lakehouse, said at each start and
+at each change of rules applied while it runs.
 
 The engine query resumes each stage's state from its checkpoint, and its stateful step
 drops the state of a stage that has been removed from the rules, or whose rule has
@@ -27,13 +28,13 @@ def rule_changes(last: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
     stage edited or removed (stage name -> definition, as `definitions` gives)."""
     messages = [
         f"rule {name!r} has been edited since the last start: its state from before "
-        "is dropped, so its windows start empty"
+        "is dropped, and its windows are filled again from the stored readings"
         for name in sorted(now.keys() & last.keys())
         if now[name] != last[name]
     ]
     messages += [
         f"rule {name!r} is no longer in the rules: its state is dropped (were it added "
-        "again, it would start empty)"
+        "again, its windows would be filled from the stored readings)"
         for name in sorted(last.keys() - now.keys())
     ]
     return messages
