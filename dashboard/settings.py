@@ -32,6 +32,11 @@ def settings() -> DashboardConfig:
     return _config().dashboard
 
 
+def config() -> Config:
+    """The whole configuration (the pages mostly need one section: see the others)."""
+    return _config()
+
+
 def health_limits() -> HealthConfig:
     """When the Health page turns red (`[health]`)."""
     return _config().health

@@ -196,6 +196,17 @@ def _engine_problems(record: Mapping[str, Any], limits: HealthConfig, now_ms: in
                 f"{storage.get('error', '')}",
             )
         )
+    refused = (record.get("rules") or {}).get("rejected")
+    if refused:
+        errors = refused.get("errors") or ["?"]
+        found.append(
+            Problem(
+                "engine",
+                "rules refused",
+                f"engine: the latest change of the rule files was refused ({len(errors)} "
+                f"error(s), the first: {errors[0]}); it runs the last good rules",
+            )
+        )
     arrived = 0
     for stream in record.get("streams") or []:
         found += _stream_problems(stream, window_s, limits)

@@ -140,3 +140,14 @@ def test_the_demo_status_line_turns_red_with_the_reason(tmp_path: Path) -> None:
         "190/s; health: RED: stream traffic: 50,705 of the 50,735 readings that arrived in "
         "the last 60 s were duplicates (99.9 %; the limit is 5 %)"
     )
+
+
+def test_red_while_the_engine_refuses_a_change_of_the_rule_files() -> None:
+    running = {"files": {"rules/traffic.sql": "3911f66dd4e9"}, "rejected": None}
+    assert problems({"engine": engine(stream(), rules=running)}, LIMITS, 15, NOW) == []
+    refused = {**running, "rejected": {"at_ms": NOW, "errors": ["a.sql:3:7: unknown column"]}}
+    (problem,) = problems({"engine": engine(stream(), rules=refused)}, LIMITS, 15, NOW)
+    assert problem.text == (
+        "engine: the latest change of the rule files was refused (1 error(s), the first: "
+        "a.sql:3:7: unknown column); it runs the last good rules"
+    )

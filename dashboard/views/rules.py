@@ -10,15 +10,17 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.charts import channel, chart, tip
-from dashboard.data import DataError, lakehouse, query, storage, table_version
+from dashboard.data import DataError, health, lakehouse, query, storage, table_version
 from dashboard.login import current_user
 from dashboard.rule_folder import book_of
 from dashboard.rule_store import RuleNameError, RuleStore
 from dashboard.rulebook import Book, annotate, shown
-from dashboard.settings import rule_store
+from dashboard.settings import config, rule_store
 from dashboard.ui import panel
 from engine.alerts import iso_utc
+from lookout.health import engine_running
 from lookout.preview import Preview, PreviewError, preview
+from lookout.rule_status import file_statuses
 from rules.language.errors import RuleError
 from rules.language.loader import RuleCheckError
 
@@ -125,8 +127,9 @@ def editor(store: RuleStore) -> None:
         _show_errors(name, text, errors)
     elif saved:
         st.success(
-            f"Saved `{store.folder / (name + '.sql')}`. The engine uses it from its next "
-            "start (`lookout engine`)."
+            f"Saved `{store.folder / (name + '.sql')}`. A running engine applies it within "
+            "seconds (see *Running in the engine*), its windows filled from the stored "
+            "readings."
         )
     else:
         st.success("No errors.")
@@ -268,6 +271,37 @@ def changes(store: RuleStore) -> None:
     st.dataframe(pd.DataFrame(log), hide_index=True, width="stretch")
 
 
+def running() -> None:
+    """Which version of each rule file the engine runs (it applies a saved change within
+    a few seconds, without a restart), and the last change it refused."""
+    record = health("engine")
+    up = record is not None and engine_running(record, 0)
+    rows = file_statuses(config(), record if up else None)
+    if not up:
+        st.caption("No engine is running: saved rules run when it starts.")
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "file": f.file,
+                    "on disk": f.on_disk,
+                    "running": f.running or "-",
+                    "state": f.state,
+                }
+                for f in rows
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+    rejected = ((record or {}).get("rules") or {}).get("rejected") if up else None
+    if rejected:
+        st.error(
+            "The engine refused the latest change of the rule files and runs the last good rules:"
+        )
+        st.code("\n".join(rejected["errors"]), language=None)
+
+
 def main() -> None:
     """The page: every rule of the rule set, then the editor of the user's rule files,
     their management and the changes made to them."""
@@ -277,11 +311,13 @@ def main() -> None:
     book = book_of(store)
     if book.errors:
         st.warning(
-            f"The rules have {len(book.errors)} error(s); the engine will refuse "
-            "to start until they are fixed:"
+            f"The rules have {len(book.errors)} error(s); the engine keeps running the "
+            "last good rules until they are fixed:"
         )
         st.code("\n".join(e.format() for e in book.errors), language=None)
     rule_list(book)
+    st.subheader("Running in the engine")
+    running()
     st.subheader("Write or edit a rule file")
     editor(store)
     st.subheader("Your rule files")

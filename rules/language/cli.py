@@ -92,6 +92,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from lookout.preview_cli import register as register_preview  # imports the engine: late
 
     register_preview(sub)
-    from lookout.rule_status_cli import register as register_status
+    from lookout.rule_status import register as register_status
 
     register_status(sub)
