@@ -214,6 +214,10 @@ class EngineJob:
             committer.close()
         self.queries.clear()
         self.stopped.clear()
+        # A task of a query given up on a failing disk may have left its temporary
+        # files after the cleanup at the restart; none runs now.
+        if self._started:
+            self._remove_leftovers()
 
     def failed(self) -> str | None:
         """The error of the first query that died, if any (one that died of an error
