@@ -299,3 +299,40 @@ def test_typed_text_and_choices_survive_refreshes(page: Any, lakehouse: Path) ->
     tag.press_sequentially("item-01", delay=50)
     refreshed_twice(page, "stCaptionContainer", "Stream clock", new_reads)
     assert tag.input_value() == "item-01"
+
+
+PREVIEWED = """CREATE ALERT hushed SEVERITY warning RESOLVE WHEN TRUE
+  AS SELECT station,
+            silence(ts) OVER (PARTITION BY station RANGE 5 MINUTES PRECEDING ACTIVE EXPIRATION)
+              AS last_reading
+     FROM traffic;
+"""
+
+
+def test_preview_shows_a_rules_alerts_over_the_last_hour_as_the_command_prints(
+    page: Any, lakehouse: Path, rules_folder: Path, rule_store: Path, tmp_path: Path
+) -> None:
+    from lookout.preview import preview
+    from lookout.preview_cli import report
+
+    file = tmp_path / "hushed.sql"
+    file.write_text(PREVIEWED)
+    printed = report(preview([rules_folder], file, PREVIEWED, str(lakehouse), 3_600_000), 10)
+    assert "  station=5        1          1       1" in printed, printed
+    history = re.match(r"history (\S+) \.\. (\S+) ", printed)
+    assert history is not None, printed
+    start, end = history.groups()
+
+    visit(page, "rules", "Write or edit a rule file")
+    page.get_by_placeholder("e.g. my_rules").fill("hushed")
+    page.get_by_placeholder("e.g. my_rules").press("Enter")
+    editor = page.get_by_placeholder("CREATE ALERT ... AS SELECT")
+    editor.fill(PREVIEWED)
+    editor.press("Control+Enter")
+    page.get_by_role("button", name="Preview").click()  # over the last hour by default
+    page.get_by_text(f"Preview from {start} to {end} (the stored watermark)").wait_for()
+    # The summary (drawn on a canvas; its cells are attached for screen readers) and the
+    # chart of alerts per minute: station 5, one alert, one incident still firing.
+    page.get_by_text("station=5", exact=True).first.wait_for(state="attached")
+    assert page.locator("canvas").count() >= 1
+    assert not (rule_store / "hushed.sql").exists(), "a preview saves nothing"
