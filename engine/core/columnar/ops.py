@@ -109,3 +109,49 @@ def segments(table: pa.Table, key: Sequence[str]) -> list[tuple[int, int]]:
             change |= np.asarray(differs.to_numpy(zero_copy_only=False), dtype=bool)
     cuts = [0, *(np.flatnonzero(change) + 1).tolist(), n]
     return list(itertools.pairwise(cuts))
+
+
+def sort_order(table: pa.Table, names: Sequence[str]) -> pa.Array:
+    """The row order of ``table`` sorted by ``names`` ascending, NULLs last, ties kept in
+    their order: what ``table.sort_by`` gives. Columns of integers and strings are sorted
+    as integer ranks (a string column's distinct values are sorted once, then its rows
+    by their values' ranks) in one stable ``np.lexsort``; a table with another column
+    type among ``names`` goes through Arrow's sort."""
+    ranks = []
+    for name in names:
+        rank = _ranks(table.column(name))
+        if rank is None:
+            return pc.sort_indices(table, [(n, "ascending") for n in names])
+        ranks.append(rank)
+    if not ranks or not table.num_rows:
+        return pa.array(np.arange(table.num_rows, dtype=np.int64))
+    # One int64 key, each column's rank offset from its least, when their spans fit.
+    composite, width = np.zeros(table.num_rows, dtype=np.int64), 1
+    for rank in ranks:
+        least = int(rank.min())
+        span = int(rank.max()) - least + 1
+        width *= span
+        if width >= 1 << 62:
+            return pa.array(np.lexsort(ranks[::-1]).astype(np.int64))
+        composite = composite * span + (rank - least)
+    return pa.array(np.argsort(composite, kind="stable").astype(np.int64))
+
+
+def _ranks(column: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
+    """Integers that order ``column``'s rows as Arrow's ascending sort does (NULLs last,
+    equal values equal), or None for a type this does not rank."""
+    kind = column.type
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    signed = pa.types.is_signed_integer(kind) or pa.types.is_timestamp(kind)
+    if signed and column.null_count == 0:
+        return np.asarray(column.cast(pa.int64()).to_numpy(), dtype=np.int64)
+    if not (pa.types.is_integer(kind) or pa.types.is_string(kind)):
+        return None
+    encoded = pc.dictionary_encode(column)
+    values = encoded.dictionary
+    rank_of = np.empty(len(values) + 1, dtype=np.int64)
+    rank_of[np.asarray(pc.sort_indices(values).to_numpy(), dtype=np.int64)] = np.arange(len(values))
+    rank_of[-1] = len(values)  # NULL: after every value
+    codes = pc.fill_null(encoded.indices, len(values))
+    return rank_of[np.asarray(codes.to_numpy(zero_copy_only=False), dtype=np.int64)]

@@ -174,9 +174,7 @@ class ColumnarRunner:
         key_names = self.stage.key
         batches: list[tuple[Key, pa.Table | None, tuple[int, int]]] = []
         if final is not None and final.num_rows:
-            order = [(k, "ascending") for k in key_names]
-            order += [(ts_name, "ascending"), ("source", "ascending"), ("seq", "ascending")]
-            final = final.sort_by(order)
+            final = final.take(ops.sort_order(final, [*key_names, ts_name, "source", "seq"]))
             self.begin(final)
             for start, end in ops.segments(final, key_names):
                 part = final.slice(start, end - start)
