@@ -318,8 +318,8 @@ class Pipeline:
         judged = sequencer.judge(
             ts,
             beat,
-            sources.to_pylist(),
-            epochs.to_pylist(),
+            sources,
+            epochs,
             seqs,
             content_hashes(table.select(columns)),
         )
