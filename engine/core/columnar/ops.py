@@ -56,37 +56,66 @@ def apply(ops: Sequence[StatelessOp], table: pa.Table) -> tuple[pa.Table, np.nda
 def join(op: LookupJoin, table: pa.Table) -> tuple[pa.Table, np.ndarray]:
     """A stream-table join: each input row with each of its matches (in the table's row
     order), or once with NULL columns when ``left`` and none match; NULL keys never
-    match. Returns the joined rows and each one's input row."""
+    match. Returns the joined rows and each one's input row.
+
+    Each distinct key of the batch is looked up once (the plan's dict, so keys match as
+    Python values do), and the rows are expanded from the distinct keys' matches."""
     assert op.vector_keys is not None
-    values = [v(table) for v in op.vector_keys]
-    keys = list(zip(*(_values(v, table.num_rows) for v in values), strict=True))
-    index = op._index  # key tuple -> the matching table rows, named "<label>.<column>"
-    taken: list[int] = []
-    matches: list[dict[str, Any] | None] = []
-    for i, key in enumerate(keys):
-        found = index.get(key) if None not in key else None
+    n = table.num_rows
+    # Each row's key as a number: its columns' dictionary codes in mixed radix.
+    code = np.zeros(n, dtype=np.int64)
+    dictionaries: list[list[Any]] = []
+    for vector in op.vector_keys:
+        values, codes = _codes(vector(table), n)
+        code = code * (len(values) + 1) + codes
+        dictionaries.append(values)
+    distinct, inverse = np.unique(code, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    # The matches of each distinct key, one after another (``first``: where its begin).
+    matched: list[dict[str, Any] | None] = []
+    first = np.zeros(len(distinct), dtype=np.int64)
+    count = np.zeros(len(distinct), dtype=np.int64)
+    for u, number in enumerate(distinct.tolist()):
+        key = []
+        for values in reversed(dictionaries):
+            number, at = divmod(number, len(values) + 1)
+            key.append(values[at] if at < len(values) else None)
+        key.reverse()
+        found = op._index.get(tuple(key)) if None not in key else None
+        first[u] = len(matched)
         if found:
-            taken += [i] * len(found)
-            matches += found
+            matched += found
         elif op.left:
-            taken.append(i)
-            matches.append(None)
-    rows = np.array(taken, dtype=np.int64)
+            matched.append(None)
+        count[u] = len(matched) - first[u]
+    per_row = count[inverse]
+    rows = np.repeat(np.arange(n, dtype=np.int64), per_row)
+    # Output row j, the k-th of its input row, takes that row's key's k-th match.
+    began = np.cumsum(per_row) - per_row
+    which = np.repeat(first[inverse], per_row) + (np.arange(len(rows)) - np.repeat(began, per_row))
     joined = table.take(pa.array(rows, pa.int64()))
+    taken = pa.array(which, pa.int64())
     for column in op.columns:
         name = f"{op.label}.{column}"
-        values = pa.array([None if m is None else m[name] for m in matches])
+        values = pa.array([None if m is None else m[name] for m in matched])
         if pa.types.is_null(values.type):  # all NULL here: the type the table's column has
             at = op.columns.index(column)
             values = values.cast(pa.array([row[at] for row in op.rows]).type)
-        joined = joined.append_column(name, values)
+        joined = joined.append_column(name, values.take(taken))
     return joined, rows
 
 
-def _values(value: Any, length: int) -> list[Any]:
+def _codes(value: Any, length: int) -> tuple[list[Any], np.ndarray]:
+    """A key column's distinct values (Python values) and each row's index among them
+    (``len(values)``: NULL)."""
     if isinstance(value, pa.Scalar):
-        return [value.as_py()] * length
-    return value.to_pylist()
+        return [value.as_py()], np.zeros(length, dtype=np.int64)
+    if isinstance(value, pa.ChunkedArray):
+        value = value.combine_chunks()
+    encoded = pc.dictionary_encode(value)
+    values = encoded.dictionary.to_pylist()
+    codes = pc.fill_null(encoded.indices, len(values))
+    return values, np.asarray(codes.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def segments(table: pa.Table, key: Sequence[str]) -> list[tuple[int, int]]:
