@@ -163,7 +163,8 @@ class IncidentTracker:
         """The indexes of the rows that come out of the clear steps (each once)."""
         if self._vector:
             _, parents = ops.apply(self.spec.clear, rows)
-            return np.unique(parents)
+            # Parents come in input order (a join repeats a row's): each once.
+            return parents[np.concatenate([[True], parents[1:] != parents[:-1]])[: len(parents)]]
         assert self._clear is not None
         clear = self._clear
         return np.array([i for i, row in enumerate(rows.to_pylist()) if clear(row)], np.int64)

@@ -172,11 +172,17 @@ def _numbers(column: pa.ChunkedArray | pa.Array, dtype: type) -> np.ndarray:
 
 def _reading(table: pa.Table, index: int) -> Row:
     """Row ``index`` of arrivals as a dict (no heartbeat flag; an empty epoch left out)."""
-    row = table.slice(index, 1).to_pylist()[0]
-    row.pop(HEARTBEAT, None)
-    if not row.get("epoch"):
-        row.pop("epoch", None)
-    return row
+    return _readings(table, np.array([index], dtype=np.int64))[0]
+
+
+def _readings(table: pa.Table, indexes: np.ndarray) -> list[Row]:
+    """Rows ``indexes`` of arrivals as dicts, as :func:`_reading` gives each."""
+    rows = table.take(pa.array(indexes, pa.int64())).to_pylist()
+    for row in rows:
+        row.pop(HEARTBEAT, None)
+        if not row.get("epoch"):
+            row.pop("epoch", None)
+    return rows
 
 
 def fed_stages(plan: Plan, sources: Collection[str]) -> list[tuple[int, Stage]]:
@@ -341,8 +347,8 @@ class Pipeline:
         duplicates = int((verdicts == Verdict.DUPLICATE).sum())
         if duplicates:
             result.duplicates[stream] = result.duplicates.get(stream, 0) + duplicates
-        for index in np.flatnonzero((verdicts == Verdict.LATE) | (verdicts == Verdict.CONFLICT)):
-            row = _reading(table, int(index))
+        aside = np.flatnonzero((verdicts == Verdict.LATE) | (verdicts == Verdict.CONFLICT))
+        for index, row in zip(aside.tolist(), _readings(table, aside), strict=True):
             if verdicts[index] == Verdict.LATE:
                 result.late.append(
                     LateReading(stream, row, int(ts[index]), int(judged.threshold[index]))
