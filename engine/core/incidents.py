@@ -133,8 +133,9 @@ class IncidentTracker:
             return
         if self._clear is not None:
             kept = self._cleared(rows)
-            rows = rows.take(pa.array(kept, pa.int64()))
-            keys = None if keys is None else [keys[i] for i in kept]
+            if len(kept) < rows.num_rows:  # else every row, each once, in order
+                rows = rows.take(pa.array(kept, pa.int64()))
+                keys = None if keys is None else [keys[i] for i in kept]
             if not rows.num_rows:
                 return
         # Per key, not per row: a stream observed row by row (a reading each) has
