@@ -488,7 +488,7 @@ class Pipeline:
         for tracker in self._observers.get(emitted.sink, ()):
             rows = input_rows(tracker.timestamp, emitted.table)
             own = tracker.key_columns is None
-            tracker.observe(rows, emitted.table.column(KEY).to_pylist() if own else None)
+            tracker.observe(rows, emitted.table.column(KEY) if own else None)
 
     def stage(self, i: int) -> Stage:
         """The stage with plan index ``i``."""

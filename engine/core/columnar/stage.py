@@ -286,11 +286,10 @@ class ColumnarRunner:
         if node.rows.num_rows:
             table = node.rows
             table = table.append_column(TS, pa.array(node.ts, pa.int64()))
-            table = table.append_column(
-                SOURCE, pa.array([sources[k] for k in node.keys], pa.string())
-            )
+            keys = pa.array(node.keys, pa.int64())
+            table = table.append_column(SOURCE, pa.array(sources, pa.string()).take(keys))
             table = table.append_column(SEQ, pa.array(seq, pa.int64()))
-            table = table.append_column(KEY, pa.array([texts[k] for k in node.keys], pa.string()))
+            table = table.append_column(KEY, pa.array(texts, pa.string()).take(keys))
             out.append(SinkRows(self.index, node.sink, table))
         offset = seq + 1  # the next number after each row's own, per row of `node`
         for child in node.children:
