@@ -8,14 +8,18 @@ and 1 % redeliveries: 1.2 million readings by default), copies it to a Parquet f
 (JSON-lines outputs), then the same JSON lines through `--baseline` (a commit, `git
 archive`d into the work folder: the replay of that commit's code). Each run is a fresh
 process timed from start to exit; readings/s is the recording's readings over that
-time, the best of `--repeat` runs.
+time, the best of `--repeat` runs, beside the CPU the process used per reading (user +
+system; the steadier figure on a shared machine, also the best of the runs).
+
+`--compare REV` also replays every form with the code of commit `REV` (another
+checkout's speed on the same recording, in the same run).
 
 Every form's outputs are then compared with the JSON lines' (and the baseline's): the
 same files, rows, keys and timestamps, floats equal to 1e-9 relative; byte-identical
 files are said so.
 
     python benchmarks/replay_speed.py [--rate 20000] [--duration 60] [--stations 40]
-        [--repeat 1] [--baseline a4628d3] [--work DIR]
+        [--repeat 1] [--baseline a4628d3] [--compare REV] [--work DIR]
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import argparse
 import math
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -102,16 +107,22 @@ def _env(code: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(code)}
 
 
-def replay(code: Path, spec: str, out: Path, quiet: bool) -> float:
-    """Seconds one `lookout replay` process takes, start to exit."""
+def replay(code: Path, spec: str, out: Path, quiet: bool) -> tuple[float, float]:
+    """Seconds one `lookout replay` process takes, start to exit, and the CPU seconds it
+    used (user + system, every thread)."""
     shutil.rmtree(out, ignore_errors=True)
     args = [sys.executable, "-m", "lookout.cli", "replay", "--rules", str(code / "rules" /
             "traffic.sql"), "--input", spec, "--out", str(out)]  # fmt: skip
     if quiet:
         args.append("--quiet")
-    began = time.perf_counter()
+    began, used = time.perf_counter(), _children_cpu()
     subprocess.run(args, check=True, cwd=code, env=_env(code), stderr=subprocess.DEVNULL)
-    return time.perf_counter() - began
+    return time.perf_counter() - began, _children_cpu() - used
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -147,6 +158,7 @@ def main() -> int:
     parser.add_argument("--stations", type=int, default=40)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--baseline", default=BASELINE, help="commit to compare with ('' none)")
+    parser.add_argument("--compare", default="", help="commit whose code replays every form too")
     parser.add_argument("--work", help="work folder (default: a temporary one, removed)")
     args = parser.parse_args()
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="replay-speed-"))
@@ -165,30 +177,38 @@ def main() -> int:
             ("Parquet file", ROOT, f"traffic={parquet}"),
             ("Delta table", ROOT, f"traffic={delta}"),
         ]
+        if args.compare:
+            other = baseline_tree(args.compare, work)
+            runs += [(f"{label}, {args.compare}", other, spec) for label, _, spec in runs[:3]]
         if args.baseline:
             runs.append((f"JSON lines, {args.baseline}", baseline_tree(args.baseline, work),
                          f"traffic={recording}"))  # fmt: skip
         results = []
         for label, code, spec in runs:
             out = work / f"out-{len(results)}"
-            times = [replay(code, spec, out, code == ROOT) for _ in range(args.repeat)]
+            # A baseline older than --quiet reports no progress either way.
+            quiet = code == ROOT or label.endswith(f", {args.compare}")
+            times = [replay(code, spec, out, quiet) for _ in range(args.repeat)]
             verdict = "(the reference)" if not results else compare(work / "out-0", out)
-            results.append((label, min(times), verdict))
-            print(f"{label}: {min(times):.1f} s, {readings / min(times):,.0f} readings/s; "
-                  f"outputs {verdict}", flush=True)  # fmt: skip
+            wall, cpu = min(t[0] for t in times), min(t[1] for t in times)
+            results.append((label, wall, cpu, verdict))
+            print(f"{label}: {wall:.1f} s, {readings / wall:,.0f} readings/s, CPU "
+                  f"{1e6 * cpu / readings:.2f} µs/reading; outputs {verdict}",
+                  flush=True)  # fmt: skip
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
         ).stdout.strip()
         print()
-        print("| input | time | readings/s | outputs against JSON lines |")
-        print("|---|---:|---:|---|")
-        for label, seconds, verdict in results:
-            print(f"| {label} | {seconds:.1f} s | {readings / seconds:,.0f} | {verdict} |")
+        print("| input | time | readings/s | CPU per reading | outputs against JSON lines |")
+        print("|---|---:|---:|---:|---|")
+        for label, seconds, cpu, verdict in results:
+            print(f"| {label} | {seconds:.1f} s | {readings / seconds:,.0f} | "
+                  f"{1e6 * cpu / readings:.2f} µs | {verdict} |")  # fmt: skip
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         print(f"\n{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, code {commit}, {os.cpu_count()} CPUs "
               f"({platform.machine()}), load average {load}, Python {platform.python_version()}, "
               f"best of {args.repeat}")  # fmt: skip
-        failed = [r for r in results[1:] if r[2] not in ("equal", "byte-identical")]
+        failed = [r for r in results[1:] if r[3] not in ("equal", "byte-identical")]
         return 1 if failed else 0
     finally:
         if not args.work:

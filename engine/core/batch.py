@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from engine.core.incidents import IncidentUpdate
@@ -68,8 +69,14 @@ class BatchResult:
 
 def reading_row(table: pa.Table, index: int) -> Row:
     """Row ``index`` of arrivals as a dict (no heartbeat flag; an empty epoch left out)."""
-    row = table.slice(index, 1).to_pylist()[0]
-    row.pop(HEARTBEAT, None)
-    if not row.get("epoch"):
-        row.pop("epoch", None)
-    return row
+    return reading_rows(table, np.array([index], dtype=np.int64))[0]
+
+
+def reading_rows(table: pa.Table, indexes: np.ndarray) -> list[Row]:
+    """Rows ``indexes`` of arrivals as dicts, as :func:`reading_row` gives each."""
+    rows = table.take(pa.array(indexes, pa.int64())).to_pylist()
+    for row in rows:
+        row.pop(HEARTBEAT, None)
+        if not row.get("epoch"):
+            row.pop("epoch", None)
+    return rows

@@ -125,23 +125,27 @@ class IncidentTracker:
         return self.spec.name
 
     # -- feeds -----------------------------------------------------------------------------
-    def observe(self, rows: pa.Table, keys: Sequence[str] | None = None) -> None:
+    def observe(
+        self, rows: pa.Table, keys: Sequence[str] | pa.ChunkedArray | pa.Array | None = None
+    ) -> None:
         """Rows of the observed stream (its columns with the timestamp, ``source`` and
-        ``seq``); ``keys``: each row's key as JSON when the rows carry the alert's key
-        (``key_columns`` None)."""
+        ``seq``); ``keys``: each row's key as JSON (strings, or an Arrow string column)
+        when the rows carry the alert's key (``key_columns`` None)."""
+        column = keys if isinstance(keys, pa.ChunkedArray | pa.Array | None) else pa.array(keys)
         if not rows.num_rows:
             return
         if self._clear is not None:
             kept = self._cleared(rows)
-            rows = rows.take(pa.array(kept, pa.int64()))
-            keys = None if keys is None else [keys[i] for i in kept]
+            if len(kept) < rows.num_rows:  # else every row, each once, in order
+                rows = rows.take(pa.array(kept, pa.int64()))
+                column = None if column is None else column.take(pa.array(kept, pa.int64()))
             if not rows.num_rows:
                 return
         # Per key, not per row: a stream observed row by row (a reading each) has
         # few keys a batch.
         ts = rows.column(self.timestamp)
-        if keys is not None:
-            table = pa.table({"k": pa.array(keys, pa.string()), "t": ts})
+        if column is not None:
+            table = pa.table({"k": column.cast(pa.string()), "t": ts})
             names = ["k"]
         else:
             names = list(self.key_columns or ())
@@ -153,7 +157,7 @@ class IncidentTracker:
         instants = grouped.column("t_list").to_pylist()
         columns = [grouped.column(n).to_pylist() for n in names]
         for values, times in zip(zip(*columns, strict=True), instants, strict=True):
-            self._observe(values[0] if keys is not None else key_json(values), times)
+            self._observe(values[0] if column is not None else key_json(values), times)
 
     def _observe(self, key: str, instants: list[int]) -> None:
         self._state(key).observed.update(instants)
@@ -163,7 +167,8 @@ class IncidentTracker:
         """The indexes of the rows that come out of the clear steps (each once)."""
         if self._vector:
             _, parents = ops.apply(self.spec.clear, rows)
-            return np.unique(parents)
+            # Parents come in input order (a join repeats a row's): each once.
+            return parents[np.concatenate([[True], parents[1:] != parents[:-1]])[: len(parents)]]
         assert self._clear is not None
         clear = self._clear
         return np.array([i for i, row in enumerate(rows.to_pylist()) if clear(row)], np.int64)

@@ -48,7 +48,14 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.core.batch import HEARTBEAT, BatchResult, Conflict, LateReading, reading_row
+from engine.core.batch import (
+    HEARTBEAT,
+    BatchResult,
+    Conflict,
+    LateReading,
+    reading_row,
+    reading_rows,
+)
 from engine.core.held import KIND as HELD
 from engine.core.held import HeldRows
 from engine.core.incidents import IncidentTracker
@@ -289,8 +296,8 @@ class Pipeline:
         judged = sequencer.judge(
             ts,
             beat,
-            sources.to_pylist(),
-            epochs.to_pylist(),
+            sources,
+            epochs,
             seqs,
             content_hashes(table.select(columns)),
         )
@@ -312,8 +319,8 @@ class Pipeline:
         duplicates = int((verdicts == Verdict.DUPLICATE).sum())
         if duplicates:
             result.duplicates[stream] = result.duplicates.get(stream, 0) + duplicates
-        for index in np.flatnonzero((verdicts == Verdict.LATE) | (verdicts == Verdict.CONFLICT)):
-            row = reading_row(table, int(index))
+        aside = np.flatnonzero((verdicts == Verdict.LATE) | (verdicts == Verdict.CONFLICT))
+        for index, row in zip(aside.tolist(), reading_rows(table, aside), strict=True):
             if verdicts[index] == Verdict.LATE:
                 result.late.append(
                     LateReading(stream, row, int(ts[index]), int(judged.threshold[index]))
@@ -453,7 +460,7 @@ class Pipeline:
         for tracker in self._observers.get(emitted.sink, ()):
             rows = input_rows(tracker.timestamp, emitted.table)
             own = tracker.key_columns is None
-            tracker.observe(rows, emitted.table.column(KEY).to_pylist() if own else None)
+            tracker.observe(rows, emitted.table.column(KEY) if own else None)
 
     def stage(self, i: int) -> Stage:
         """The stage with plan index ``i``."""

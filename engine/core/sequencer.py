@@ -441,6 +441,38 @@ class _Segment:
         )
 
 
+def _id_groups(
+    sources: Sequence[str] | pa.Array | pa.ChunkedArray,
+    epochs: Sequence[str] | pa.Array | pa.ChunkedArray,
+    readings: np.ndarray,
+) -> list[tuple[tuple[str, str], np.ndarray]]:
+    """The arrivals ``readings`` grouped by (source, epoch): each group's key and its
+    arrivals in arrival order, groups in order of their first arrival."""
+    if isinstance(sources, Sequence) or isinstance(epochs, Sequence):
+        groups: dict[tuple[str, str], list[int]] = {}
+        for position in readings.tolist():
+            groups.setdefault((sources[position], epochs[position]), []).append(position)
+        return [(key, np.array(found, dtype=np.int64)) for key, found in groups.items()]
+    # Arrow arrays: each (source, epoch) as a number from the two columns' dictionaries.
+    names, codes = [], []
+    for column in (sources, epochs):
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        encoded = pc.dictionary_encode(column)
+        names.append(encoded.dictionary.to_pylist())
+        codes.append(np.asarray(encoded.indices.to_numpy(), dtype=np.int64)[readings])
+    width = max(len(names[1]), 1)
+    code = codes[0] * width + codes[1]
+    order = np.argsort(code, kind="stable")  # arrival order within a group
+    ordered = code[order]
+    starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+    ends = np.concatenate([starts[1:], [len(ordered)]])
+    found = [readings[order[a:b]] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+    keys = [(names[0][c // width], names[1][c % width]) for c in ordered[starts].tolist()]
+    first = [int(f[0]) for f in found]
+    return [(keys[i], found[i]) for i in sorted(range(len(found)), key=first.__getitem__)]
+
+
 @dataclass
 class StreamSequencer:
     """One stream's arrival-order state: its clock (one for the stream, or one per
@@ -467,14 +499,17 @@ class StreamSequencer:
         self,
         ts: np.ndarray,
         beat: np.ndarray,
-        sources: Sequence[str],
-        epochs: Sequence[str],
+        sources: Sequence[str] | pa.Array | pa.ChunkedArray,
+        epochs: Sequence[str] | pa.Array | pa.ChunkedArray,
         seqs: np.ndarray,
         contents: np.ndarray,
     ) -> Judgement:
         """Judge a batch of arrivals in arrival order: event times, which are heartbeats,
-        and each reading's id and value digest (a heartbeat's are ignored)."""
+        and each reading's id and value digest (a heartbeat's are ignored). ``sources``
+        and ``epochs`` are strings, as Python sequences or Arrow arrays without NULLs."""
         n = len(ts)
+        if isinstance(self.clock, SourceClocks) and not isinstance(sources, Sequence):
+            sources = sources.to_pylist()
         threshold, before, after = self.clock.judge(ts, beat, sources)
         verdicts = np.full(n, Verdict.HEARTBEAT, dtype=np.int8)
         original_ts = np.full(n, -1, dtype=np.int64)
@@ -482,14 +517,8 @@ class StreamSequencer:
         if len(readings):
             on_time = ts[readings] >= threshold[readings]
             verdicts[readings] = np.where(on_time, Verdict.ON_TIME, Verdict.LATE)
-            keys = list(
-                zip((sources[i] for i in readings), (epochs[i] for i in readings), strict=True)  # type: ignore[call-overload]
-            )
-            groups: dict[tuple[str, str], list[int]] = {}
-            for position, key in zip(readings.tolist(), keys, strict=True):
-                groups.setdefault(key, []).append(position)
-            for key, positions in groups.items():
-                self._judge_ids(key, np.array(positions), ts, seqs, contents, verdicts, original_ts)
+            for key, positions in _id_groups(sources, epochs, readings):
+                self._judge_ids(key, positions, ts, seqs, contents, verdicts, original_ts)
         return Judgement(verdicts, before, after, original_ts, threshold)
 
     def _judge_ids(

@@ -116,10 +116,21 @@ class Prefix:
 
     def before(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The totals before row ``index`` of the run, per index (0: ``start``)."""
-        rows = np.concatenate([[self.start[0]], self.rows])[index]
-        valid = np.concatenate([[self.start[1]], self.valid])[index]
         start_total = np.array([self.start[2]], dtype=self.total.dtype if len(self.total) else None)
-        total = np.concatenate([start_total.astype(self.total.dtype), self.total])[index]
+        start_total = start_total.astype(self.total.dtype)
+        if not len(self.rows):  # every index is 0
+            count = len(index)
+            return (
+                np.full(count, self.start[0], dtype=np.int64),
+                np.full(count, self.start[1], dtype=np.int64),
+                np.repeat(start_total, count),
+            )
+        # Row i's totals are those after row i - 1; before row 0, ``start``'s.
+        first = index == 0
+        after = np.where(first, 0, index - 1)
+        rows, valid, total = self.rows[after], self.valid[after], self.total[after]
+        if first.any():
+            rows[first], valid[first], total[first] = self.start[0], self.start[1], start_total
         return rows, valid, total
 
 
@@ -207,8 +218,10 @@ def range_extreme(
     length = np.maximum(hi - lo, 1)
     k = np.floor(np.log2(length)).astype(np.int64)
     out = np.full(len(lo), fill, dtype=values.dtype)
-    for level in np.unique(k):
+    for level in range(len(levels)):  # the levels asked for, without sorting k
         at = k == level
+        if not at.any():
+            continue
         table = levels[level]
         span = 1 << int(level)
         left = lo[at]

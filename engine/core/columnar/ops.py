@@ -56,37 +56,66 @@ def apply(ops: Sequence[StatelessOp], table: pa.Table) -> tuple[pa.Table, np.nda
 def join(op: LookupJoin, table: pa.Table) -> tuple[pa.Table, np.ndarray]:
     """A stream-table join: each input row with each of its matches (in the table's row
     order), or once with NULL columns when ``left`` and none match; NULL keys never
-    match. Returns the joined rows and each one's input row."""
+    match. Returns the joined rows and each one's input row.
+
+    Each distinct key of the batch is looked up once (the plan's dict, so keys match as
+    Python values do), and the rows are expanded from the distinct keys' matches."""
     assert op.vector_keys is not None
-    values = [v(table) for v in op.vector_keys]
-    keys = list(zip(*(_values(v, table.num_rows) for v in values), strict=True))
-    index = op._index  # key tuple -> the matching table rows, named "<label>.<column>"
-    taken: list[int] = []
-    matches: list[dict[str, Any] | None] = []
-    for i, key in enumerate(keys):
-        found = index.get(key) if None not in key else None
+    n = table.num_rows
+    # Each row's key as a number: its columns' dictionary codes in mixed radix.
+    code = np.zeros(n, dtype=np.int64)
+    dictionaries: list[list[Any]] = []
+    for vector in op.vector_keys:
+        values, codes = _codes(vector(table), n)
+        code = code * (len(values) + 1) + codes
+        dictionaries.append(values)
+    distinct, inverse = np.unique(code, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    # The matches of each distinct key, one after another (``first``: where its begin).
+    matched: list[dict[str, Any] | None] = []
+    first = np.zeros(len(distinct), dtype=np.int64)
+    count = np.zeros(len(distinct), dtype=np.int64)
+    for u, number in enumerate(distinct.tolist()):
+        key = []
+        for values in reversed(dictionaries):
+            number, at = divmod(number, len(values) + 1)
+            key.append(values[at] if at < len(values) else None)
+        key.reverse()
+        found = op._index.get(tuple(key)) if None not in key else None
+        first[u] = len(matched)
         if found:
-            taken += [i] * len(found)
-            matches += found
+            matched += found
         elif op.left:
-            taken.append(i)
-            matches.append(None)
-    rows = np.array(taken, dtype=np.int64)
+            matched.append(None)
+        count[u] = len(matched) - first[u]
+    per_row = count[inverse]
+    rows = np.repeat(np.arange(n, dtype=np.int64), per_row)
+    # Output row j, the k-th of its input row, takes that row's key's k-th match.
+    began = np.cumsum(per_row) - per_row
+    which = np.repeat(first[inverse], per_row) + (np.arange(len(rows)) - np.repeat(began, per_row))
     joined = table.take(pa.array(rows, pa.int64()))
+    taken = pa.array(which, pa.int64())
     for column in op.columns:
         name = f"{op.label}.{column}"
-        values = pa.array([None if m is None else m[name] for m in matches])
+        values = pa.array([None if m is None else m[name] for m in matched])
         if pa.types.is_null(values.type):  # all NULL here: the type the table's column has
             at = op.columns.index(column)
             values = values.cast(pa.array([row[at] for row in op.rows]).type)
-        joined = joined.append_column(name, values)
+        joined = joined.append_column(name, values.take(taken))
     return joined, rows
 
 
-def _values(value: Any, length: int) -> list[Any]:
+def _codes(value: Any, length: int) -> tuple[list[Any], np.ndarray]:
+    """A key column's distinct values (Python values) and each row's index among them
+    (``len(values)``: NULL)."""
     if isinstance(value, pa.Scalar):
-        return [value.as_py()] * length
-    return value.to_pylist()
+        return [value.as_py()], np.zeros(length, dtype=np.int64)
+    if isinstance(value, pa.ChunkedArray):
+        value = value.combine_chunks()
+    encoded = pc.dictionary_encode(value)
+    values = encoded.dictionary.to_pylist()
+    codes = pc.fill_null(encoded.indices, len(values))
+    return values, np.asarray(codes.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def segments(table: pa.Table, key: Sequence[str]) -> list[tuple[int, int]]:
@@ -109,3 +138,49 @@ def segments(table: pa.Table, key: Sequence[str]) -> list[tuple[int, int]]:
             change |= np.asarray(differs.to_numpy(zero_copy_only=False), dtype=bool)
     cuts = [0, *(np.flatnonzero(change) + 1).tolist(), n]
     return list(itertools.pairwise(cuts))
+
+
+def sort_order(table: pa.Table, names: Sequence[str]) -> pa.Array:
+    """The row order of ``table`` sorted by ``names`` ascending, NULLs last, ties kept in
+    their order: what ``table.sort_by`` gives. Columns of integers and strings are sorted
+    as integer ranks (a string column's distinct values are sorted once, then its rows
+    by their values' ranks) in one stable ``np.lexsort``; a table with another column
+    type among ``names`` goes through Arrow's sort."""
+    ranks = []
+    for name in names:
+        rank = _ranks(table.column(name))
+        if rank is None:
+            return pc.sort_indices(table, [(n, "ascending") for n in names])
+        ranks.append(rank)
+    if not ranks or not table.num_rows:
+        return pa.array(np.arange(table.num_rows, dtype=np.int64))
+    # One int64 key, each column's rank offset from its least, when their spans fit.
+    composite, width = np.zeros(table.num_rows, dtype=np.int64), 1
+    for rank in ranks:
+        least = int(rank.min())
+        span = int(rank.max()) - least + 1
+        width *= span
+        if width >= 1 << 62:
+            return pa.array(np.lexsort(ranks[::-1]).astype(np.int64))
+        composite = composite * span + (rank - least)
+    return pa.array(np.argsort(composite, kind="stable").astype(np.int64))
+
+
+def _ranks(column: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
+    """Integers that order ``column``'s rows as Arrow's ascending sort does (NULLs last,
+    equal values equal), or None for a type this does not rank."""
+    kind = column.type
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    signed = pa.types.is_signed_integer(kind) or pa.types.is_timestamp(kind)
+    if signed and column.null_count == 0:
+        return np.asarray(column.cast(pa.int64()).to_numpy(), dtype=np.int64)
+    if not (pa.types.is_integer(kind) or pa.types.is_string(kind)):
+        return None
+    encoded = pc.dictionary_encode(column)
+    values = encoded.dictionary
+    rank_of = np.empty(len(values) + 1, dtype=np.int64)
+    rank_of[np.asarray(pc.sort_indices(values).to_numpy(), dtype=np.int64)] = np.arange(len(values))
+    rank_of[-1] = len(values)  # NULL: after every value
+    codes = pc.fill_null(encoded.indices, len(values))
+    return rank_of[np.asarray(codes.to_numpy(zero_copy_only=False), dtype=np.int64)]

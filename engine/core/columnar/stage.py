@@ -174,9 +174,7 @@ class ColumnarRunner:
         key_names = self.stage.key
         batches: list[tuple[Key, pa.Table | None, tuple[int, int]]] = []
         if final is not None and final.num_rows:
-            order = [(k, "ascending") for k in key_names]
-            order += [(ts_name, "ascending"), ("source", "ascending"), ("seq", "ascending")]
-            final = final.sort_by(order)
+            final = final.take(ops.sort_order(final, [*key_names, ts_name, "source", "seq"]))
             self.begin(final)
             for start, end in ops.segments(final, key_names):
                 part = final.slice(start, end - start)
@@ -288,11 +286,10 @@ class ColumnarRunner:
         if node.rows.num_rows:
             table = node.rows
             table = table.append_column(TS, pa.array(node.ts, pa.int64()))
-            table = table.append_column(
-                SOURCE, pa.array([sources[k] for k in node.keys], pa.string())
-            )
+            keys = pa.array(node.keys, pa.int64())
+            table = table.append_column(SOURCE, pa.array(sources, pa.string()).take(keys))
             table = table.append_column(SEQ, pa.array(seq, pa.int64()))
-            table = table.append_column(KEY, pa.array([texts[k] for k in node.keys], pa.string()))
+            table = table.append_column(KEY, pa.array(texts, pa.string()).take(keys))
             out.append(SinkRows(self.index, node.sink, table))
         offset = seq + 1  # the next number after each row's own, per row of `node`
         for child in node.children:
