@@ -40,7 +40,7 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from engine.core.sequencer import SlackClock
+from engine.core.clocks import SlackClock
 from engine.spark.job import EngineJob
 from engine.spark.session import build_session
 from ingest.heartbeats import SilenceHeartbeats

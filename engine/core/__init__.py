@@ -8,9 +8,10 @@
   :class:`Output`.
 * :mod:`engine.core.windows` — the window operators the evaluator drives, composed of
   pieces; :mod:`engine.core.planner` — which runner, operator and pieces serve a stage.
-* :mod:`engine.core.sequencer` — :class:`SlackClock` (the slack/lateness rule),
-  :class:`SourceClocks` (the same with a clock per source) and :class:`StreamSequencer`
-  (identity, then slack: what happens to an arriving reading).
+* :mod:`engine.core.clocks` — :class:`SlackClock` (the slack/lateness rule) and
+  :class:`SourceClocks` (the same with a clock per source);
+  :mod:`engine.core.sequencer` — :class:`StreamSequencer` (identity, then slack: what
+  happens to an arriving reading).
 * :mod:`engine.core.pipeline` — :class:`Pipeline`: the sequencers and every stage fed
   by a set of source streams, batch after batch, with its state in a
   :class:`~engine.core.state.StateStore`; what the live engine and replay both run.
@@ -19,11 +20,12 @@
 """
 
 from engine.core.aggregates import BUILTINS, IncrementalAggregate, InWindow, WindowAggregate
+from engine.core.clocks import SlackClock, SourceClocks
 from engine.core.evaluator import KeyedEvaluator, Output
 from engine.core.pipeline import BatchResult, LateReading, Pipeline
 from engine.core.plan import END_OF_TIME, Plan, Stage
 from engine.core.replay import ReplayResult, run
-from engine.core.sequencer import SlackClock, SourceClocks, StreamSequencer, Verdict
+from engine.core.sequencer import StreamSequencer, Verdict
 
 __all__ = [
     "BUILTINS",

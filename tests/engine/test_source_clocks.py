@@ -20,6 +20,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.core.clocks import SourceClocks
 from engine.core.pipeline import HEARTBEAT, Pipeline
 from engine.core.plan import (
     END_OF_TIME,
@@ -31,7 +32,7 @@ from engine.core.plan import (
     SinkKind,
     StreamSchema,
 )
-from engine.core.sequencer import Judgement, SourceClocks, StreamSequencer, Verdict
+from engine.core.sequencer import Judgement, StreamSequencer, Verdict
 from engine.core.state import MemoryStore
 from tests.engine.helpers import select
 from tests.examples import examples
