@@ -20,7 +20,6 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -226,23 +225,6 @@ def machine() -> str:
     )
 
 
-def code_version() -> str:
-    """The commit measured, and whether the code it runs had uncommitted changes."""
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", "engine", "rules", "ingest", "simulators"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    ).stdout.split("\n")
-    changed = sorted({line[3:] for line in dirty if line.strip()})
-    return f"commit {head}" + (
-        f" with uncommitted changes to {', '.join(changed)}" if changed else ""
-    )
-
-
 def plot(cells: dict[Key, Cell], settings: Settings, folder: Path) -> list[Path]:
     """Per kind: recall / precision and latency vs slack per disorder model (WID Fig. 9-10
     style); and the latency-accuracy trade-off over slack."""
@@ -343,11 +325,12 @@ def _plot_tradeoff(cells: dict[Key, Cell], settings: Settings, folder: Path, plt
     return path
 
 
-def report(cells: dict[Key, Cell], settings: Settings, cpu_s: float) -> str:
-    """The generated section of docs/quality.md."""
+def report(cells: dict[Key, Cell], settings: Settings, cpu_s: float, command: str) -> str:
+    """The generated section of docs/quality.md: the command, the date and the machine,
+    then the tables."""
     hb = "with heartbeats" if settings.heartbeats[0] else "without heartbeats"
     parts = [
-        f"Run {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC at {code_version()}, "
+        f"`{command}`, run {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC "
         f"on {machine()}: "
         f"seeds {', '.join(map(str, settings.seeds))}, {settings.duration_s} s of event time "
         f"per run at {settings.rate:g} readings/s, disorder {', '.join(settings.disorders)}, "
@@ -395,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
     cells, cpu_s = sweep(settings)
-    section = report(cells, settings, cpu_s)
+    command = "benchmarks/detection_quality.py" + (" --quick" if args.quick else "")
+    section = report(cells, settings, cpu_s, command)
     print(section)
     if not args.no_doc:
         write_doc(section)

@@ -26,9 +26,9 @@ from lookout.config import DashboardConfig
 
 READINGS = "readings_traffic"
 CHART_MINUTES = 60
-# Scans stop this far back in stream time, so a refresh costs the same on day 30 as on
-# day 1 (Delta's file statistics let DataFusion skip older files). A station silent for
-# longer than this leaves the strip.
+# Scans stop this far back in stream time, so a refresh costs the same however long the
+# table has grown (Delta's file statistics let DataFusion skip older files). A station
+# silent for longer than this leaves the strip.
 HORIZON_HOURS = 24
 COLOURS = {"congested": "#d62728", "silent": "#7f7f7f", "normal": "#2ca02c"}
 _STATION_KEY = re.compile(r"(?:^|,\s*)station=(\d+)(?:,|$)")
