@@ -20,7 +20,7 @@ import pytest
 from engine.core.plan import ColumnType
 from lookout.replay import run_replay
 from rules.language.loader import load_rules
-from tests.e2e.test_live_equals_replay import normalised
+from tests.e2e.helpers import normalised
 from tests.pipeline import delta_rows, publish, running_engine, running_ingest, table_rows, wait_for
 from tests.rules.test_union import STREAMS
 
