@@ -14,7 +14,7 @@ from dashboard.testing import APP
 from lookout.config import Config, DashboardConfig
 from lookout.passwords import read_users, set_user, verify_password
 from lookout.services import run_dashboard
-from tests.dashboard.test_pages import texts
+from tests.dashboard.helpers import texts
 
 
 @pytest.fixture

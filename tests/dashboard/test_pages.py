@@ -50,23 +50,10 @@ from lookout.alertmanager import (
 )
 from lookout.config import AlertmanagerConfig, Config
 from lookout.notify import INCIDENT_PARAM, Notifier, to_alert
+from tests.dashboard.helpers import metrics, texts
 from tests.waiting import wait_for
 
 Open = Callable[[str], AppTest]
-
-
-def texts(app: AppTest) -> str:
-    """Every markdown, caption, info, error and code text on the page, joined."""
-    parts = [
-        e.value
-        for kind in ("markdown", "caption", "info", "error", "warning", "success", "code")
-        for e in getattr(app, kind)
-    ]
-    return "\n".join(str(p) for p in parts)
-
-
-def metrics(app: AppTest) -> dict[str, str]:
-    return {m.label: m.value for m in app.metric}
 
 
 def alert_list(app: AppTest) -> pd.DataFrame:

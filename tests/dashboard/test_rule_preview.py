@@ -9,7 +9,7 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from tests.dashboard.test_pages import texts
+from tests.dashboard.helpers import texts
 
 Open = Callable[[str], AppTest]
 

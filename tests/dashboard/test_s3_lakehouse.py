@@ -18,7 +18,7 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import data
 from dashboard.sample import write_health
-from tests.dashboard.test_pages import metrics
+from tests.dashboard.helpers import metrics
 from tests.s3server import S3Server
 
 PAGES = ("alerts", "traffic", "rfid", "health")

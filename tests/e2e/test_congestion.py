@@ -10,125 +10,15 @@ minute, kept where it is below 15 m/s.
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from pathlib import Path
-
 import duckdb
 import orjson
 import pytest
 
-from lookout.replay import run_replay
-from rules.language.loader import RuleSet, load_rules
+from rules.language.loader import load_rules
+from tests.e2e.helpers import CONGESTION_RULES, T0, arrival_order, as_messages, make_readings
 from tests.pipeline import delta_rows, publish, running_engine, running_ingest, table_rows, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
-
-CONGESTION_RULES = """
-CREATE STREAM traffic (station INT, lane INT, speed DOUBLE, length DOUBLE, ts TIMESTAMP)
-  ORDER BY ts SLACK 2 SECONDS SOURCE 'lookout/traffic/+/readings';
-CREATE STREAM station_speed AS
-  SELECT station, ts,
-         avg(speed) OVER (PARTITION BY station RANGE 15 MINUTES PRECEDING
-                          SLIDE 1 MINUTE) AS avg_speed
-  FROM traffic;
-CREATE ALERT congestion SEVERITY warning
-  MESSAGE 'station {station}: {avg_speed} m/s over 15 minutes'
-  AS SELECT station, ts, avg_speed FROM station_speed WHERE avg_speed < 15;
-"""
-
-T0 = int(datetime(2026, 3, 2, 8, 0, tzinfo=UTC).timestamp() * 1000)
-
-
-def make_readings(seed: int) -> list[dict]:
-    """Twenty minutes at three stations: jammed, free-flowing, and one that jams midway."""
-    rng = random.Random(seed)
-    readings = []
-    for station, speed_at in (
-        (1, lambda t: rng.uniform(5, 11)),
-        (2, lambda t: rng.uniform(25, 33)),
-        (3, lambda t: rng.uniform(20, 28) if t < 10 * 60_000 else rng.uniform(2, 7)),
-    ):
-        t, seq = 0, 0
-        while t < 20 * 60_000:
-            lanes = [rng.randint(1, 5)] * (2 if rng.random() < 0.1 else 1)  # ties in ts
-            for lane in lanes:
-                readings.append(
-                    {
-                        "station": station,
-                        "lane": lane,
-                        "speed": round(speed_at(t), 3),
-                        "length": round(rng.uniform(3.5, 18), 2),
-                        "ts": T0 + t,
-                        "source": f"station-{station}",
-                        "seq": seq,
-                    }
-                )
-                seq += 1
-            t += rng.randint(2_000, 9_000)
-    return readings
-
-
-def arrival_order(readings: list[dict], seed: int, max_delay_ms: int) -> list[dict]:
-    """Each reading delayed by up to max_delay_ms (< the slack): disorder within slack."""
-    rng = random.Random(seed)
-    return sorted(readings, key=lambda r: r["ts"] + rng.randint(0, max_delay_ms))
-
-
-def as_messages(readings: list[dict], seed: int) -> list[tuple[str, bytes]]:
-    """One message per reading, except runs of a station sent as a gateway batch."""
-    rng = random.Random(seed)
-    messages, i = [], 0
-    while i < len(readings):
-        run = 1 if rng.random() < 0.7 else rng.randint(2, 6)
-        group = [readings[i]]
-        while (
-            len(group) < run
-            and i + len(group) < len(readings)
-            and readings[i + len(group)]["station"] == group[0]["station"]
-        ):
-            group.append(readings[i + len(group)])
-        topic = f"lookout/traffic/{group[0]['station']}/readings"
-        messages.append((topic, orjson.dumps(group if len(group) > 1 else group[0])))
-        i += len(group)
-    return messages
-
-
-# A gateway heartbeat past every window of make_readings: it closes them all.
-CLOSING_HEARTBEAT = (
-    "lookout/traffic/gw/heartbeat",
-    orjson.dumps({"source": "gw", "ts": T0 + 80 * 60_000}),
-)
-
-
-@dataclass(frozen=True)
-class Replayed:
-    """The congestion rule over a recorded stream, as `lookout replay` computes it."""
-
-    rules_file: Path
-    rule_set: RuleSet
-    recording: Path
-    out: Path  # replay's output folder: one <sink>.jsonl per sink
-    alerts: list[dict]  # its congestion alerts
-
-    def rows(self, sink: str) -> list[bytes]:
-        """Replay's lines for `sink`."""
-        return (self.out / f"{sink}.jsonl").read_bytes().splitlines()
-
-
-def replay_congestion(tmp_path: Path, stream: list[dict]) -> Replayed:
-    """Write the congestion rule and `stream` (in arrival order) under `tmp_path` and
-    run `lookout replay` over them: what a live run over the same stream must give."""
-    rules_file = tmp_path / "congestion.sql"
-    rules_file.write_text(CONGESTION_RULES)
-    recording = tmp_path / "arrivals.jsonl"
-    recording.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in stream))
-    out = tmp_path / "replay"
-    assert run_replay([str(rules_file)], [f"traffic={recording}"], str(out)) == 0
-    alerts = [orjson.loads(x) for x in (out / "congestion.jsonl").read_bytes().splitlines()]
-    assert alerts, "the stream must raise congestion alerts"
-    return Replayed(rules_file, load_rules([rules_file]), recording, out, alerts)
 
 
 def oracle_alerts(readings: list[dict]) -> list[tuple[int, int, float]]:

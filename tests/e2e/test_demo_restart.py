@@ -32,7 +32,7 @@ from lookout.config import Config, EngineConfig
 from lookout.demo import Part, lookout_argv, wait_for_parts
 from lookout.health import problems, read_health
 from rules.language.loader import load_rules
-from tests.e2e.test_congestion import CONGESTION_RULES
+from tests.e2e.helpers import CONGESTION_RULES
 from tests.pipeline import delta_rows, running_engine, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]

@@ -34,8 +34,16 @@ from lookout.config import Config
 from lookout.health import read_health
 from lookout.replay import alert_ids, read_readings
 from tests.disks import fill, remount, small_disk
-from tests.e2e.test_congestion import T0, arrival_order, make_readings, replay_congestion
-from tests.e2e.test_engine_restart import incidents, ms, start_engine, stop_engine
+from tests.e2e.helpers import (
+    T0,
+    arrival_order,
+    incidents,
+    make_readings,
+    ms,
+    replay_congestion,
+    start_engine,
+    stop_engine,
+)
 from tests.pipeline import delta_rows, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

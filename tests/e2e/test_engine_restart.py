@@ -14,68 +14,26 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-from datetime import datetime
-from pathlib import Path
 
 import orjson
 import pytest
 
 from engine.core.replay import run
-from lookout.demo import stop_process
 from lookout.replay import alert_ids, read_readings
-from tests.e2e.test_congestion import (
+from tests.e2e.helpers import (
     CLOSING_HEARTBEAT,
     arrival_order,
     as_messages,
+    incidents,
     make_readings,
+    ms,
     replay_congestion,
+    start_engine,
+    stop_engine,
 )
 from tests.pipeline import delta_rows, publish, running_ingest, table_rows, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
-
-
-def start_engine(config, rules_file: Path, log: Path, **settings: str) -> subprocess.Popen:
-    """`lookout engine` as its own process; `settings` are extra LOOKOUT_* variables."""
-    env = {
-        **os.environ,
-        "LOOKOUT_LAKEHOUSE_PATH": config.lakehouse,
-        "LOOKOUT_RULES_PATHS": str(rules_file),
-        "LOOKOUT_ENGINE_SHUFFLE_PARTITIONS": "2",
-        "LOOKOUT_ENGINE_TRIGGER_SECONDS": "0.5",
-        **settings,
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "lookout.cli", "engine"],
-        env=env,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def stop_engine(engine: subprocess.Popen, timeout: float = 120) -> None:
-    """Stop `lookout engine` as the demo and an operator should (`stop_process`: its own
-    process first, then its group); it must end within `timeout`."""
-    assert stop_process(engine, timeout), f"lookout engine did not stop within {timeout} s"
-
-
-def ms(value: str | datetime | None) -> int | None:
-    """An ISO-8601 text (replay) or a datetime (Delta) as epoch ms."""
-    if value is None:
-        return None
-    when = datetime.fromisoformat(value) if isinstance(value, str) else value
-    return round(when.timestamp() * 1000)
-
-
-def incidents(rows: list[dict]) -> list[tuple]:
-    """The incidents table's rows as comparable with replay's lines."""
-    return sorted(
-        (r["incident_id"], r["key"], ms(r["opened_at"]), ms(r["resolved_at"]), r["reports"])
-        for r in rows
-    )
 
 
 def test_engine_kill_9_and_restart_gives_the_uninterrupted_tables(

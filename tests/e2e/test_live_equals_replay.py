@@ -12,13 +12,10 @@ every incident (in its final state) and the late readings must be the same rows.
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime
 from pathlib import Path
 
 import orjson
@@ -27,6 +24,7 @@ import pytest
 from engine.core.plan import ColumnType
 from lookout.replay import run_replay
 from rules.language.loader import load_rules
+from tests.e2e.helpers import normalised
 from tests.pipeline import delta_rows, publish, running_engine, running_ingest, table_rows, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
@@ -119,24 +117,6 @@ def record(tmp_path: Path, library: Library) -> Path:
         check=True,
     )
     return out
-
-
-def _ms(value: object) -> object:
-    if isinstance(value, datetime):
-        return round(value.timestamp() * 1000)
-    if isinstance(value, str):
-        return round(datetime.fromisoformat(value).timestamp() * 1000)
-    return value
-
-
-def normalised(rows: list[dict], stamps: set[str]) -> Counter:
-    """Rows as hashable tuples: timestamps as epoch ms, floats rounded to 9 digits."""
-
-    def value(key: str, v: object) -> object:
-        v = _ms(v) if key in stamps else v
-        return round(v, 9) if isinstance(v, float) and math.isfinite(v) else v
-
-    return Counter(tuple(sorted((k, value(k, v)) for k, v in row.items())) for row in rows)
 
 
 @pytest.mark.parametrize("library", [TRAFFIC, RFID], ids=lambda lib: lib.rules)

@@ -19,8 +19,7 @@ import pytest
 
 from lookout.rule_watch import watch_rules
 from lookout.services import alert_specs
-from tests.e2e.test_live_equals_replay import normalised
-from tests.e2e.test_rule_edits import STREAM, messages, readings, replay
+from tests.e2e.helpers import STREAM, messages, normalised, readings, replay
 from tests.pipeline import delta_rows, publish, running_engine, running_ingest, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]

@@ -17,22 +17,16 @@ from __future__ import annotations
 
 import pickle
 
-import orjson
 import pytest
 
 from engine.core.state import JOURNAL
 from engine.spark.processor import ENTRIES, unpack_value
-from lookout.replay import run_replay
 from rules.language.loader import load_rules
-from tests.e2e.test_live_equals_replay import normalised
+from tests.e2e.helpers import STREAM, messages, normalised, readings, replay
 from tests.pipeline import delta_rows, publish, running_engine, running_ingest, table_rows, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
 
-STREAM = """\
-CREATE STREAM traffic (station INT, speed DOUBLE, ts TIMESTAMP)
-  ORDER BY ts SLACK 2 SECONDS SOURCE 'lookout/traffic/+/readings';
-"""
 COUNT = "count(*) OVER (PARTITION BY station RANGE UNBOUNDED PRECEDING) AS n FROM traffic"
 FIRST = (
     STREAM
@@ -47,40 +41,6 @@ SECOND = (
     + f"  SELECT station, ts,\n         {COUNT};\n"
 )
 START = 1_767_225_600_000  # 2026-01-01T00:00:00Z
-STATIONS = 3
-
-
-def readings(first_ts: int, first_seq: int, per_station: int) -> list[dict]:
-    """Readings of every station every 500 ms, in order, speeds all positive."""
-    return [
-        {"station": s, "speed": 10.0 + s + i, "ts": first_ts + 500 * i, "source": "gw",
-         "seq": first_seq + i * STATIONS + s}
-        for i in range(per_station)
-        for s in range(STATIONS)
-    ]  # fmt: skip
-
-
-def messages(rows: list[dict], heartbeat_ts: int) -> list[tuple[str, bytes]]:
-    """The rows as MQTT messages, then a heartbeat that makes them all final."""
-    out = [(f"lookout/traffic/{r['station']}/readings", orjson.dumps(r)) for r in rows]
-    out.append(("lookout/traffic/gw/heartbeat", orjson.dumps({"source": "gw", "ts": heartbeat_ts})))
-    return out
-
-
-def replay(tmp_path, name: str, rules: str, rows: list[dict]) -> dict[str, list[dict]]:
-    """`lookout replay` of `rules` over `rows`: each sink's rows."""
-    folder = tmp_path / name
-    folder.mkdir()
-    (folder / "rules.sql").write_text(rules)
-    (folder / "traffic.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    out = folder / "out"
-    assert (
-        run_replay([str(folder / "rules.sql")], [f"traffic={folder / 'traffic.jsonl'}"], str(out))
-        == 0
-    )
-    return {
-        p.stem: [orjson.loads(x) for x in p.read_bytes().splitlines()] for p in out.glob("*.jsonl")
-    }
 
 
 def live(spark, config, name: str) -> list[dict]:

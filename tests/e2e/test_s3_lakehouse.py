@@ -19,15 +19,16 @@ import orjson
 import pytest
 
 from lookout.cluster import LocalCluster
-from tests.e2e.test_congestion import (
+from tests.e2e.helpers import (
     CLOSING_HEARTBEAT,
     arrival_order,
     as_messages,
     make_readings,
+    normalised,
     replay_congestion,
+    start_engine,
+    stop_engine,
 )
-from tests.e2e.test_engine_restart import start_engine, stop_engine
-from tests.e2e.test_live_equals_replay import normalised
 from tests.pipeline import delta_rows, publish, running_ingest, wait_for
 from tests.s3server import SECRET, S3Server
 

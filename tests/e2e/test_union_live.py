@@ -20,9 +20,9 @@ import pytest
 from engine.core.plan import ColumnType
 from lookout.replay import run_replay
 from rules.language.loader import load_rules
-from tests.e2e.test_live_equals_replay import normalised
+from tests.e2e.helpers import normalised
 from tests.pipeline import delta_rows, publish, running_engine, running_ingest, table_rows, wait_for
-from tests.rules.test_union import STREAMS
+from tests.rules.helpers import STREAMS
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
 

@@ -17,7 +17,7 @@ from engine.spark.commit import merge_figures, table_schemas
 from engine.spark.metrics import observe_step
 from engine.spark.processor import EngineProcessor
 from lookout.config import Config
-from tests.e2e.test_congestion import arrival_order, make_readings
+from tests.e2e.helpers import arrival_order, make_readings
 from tests.engine.test_processor import _LIBRARY, PARTS, landing_batches
 
 RULES = ("congestion", "accident", "larceny", "missed_shipping")

@@ -39,7 +39,7 @@ from ingest.landing import LandingWriter
 from lookout.config import Config, EngineConfig, S3Config
 from lookout.services import alert_specs
 from rules.language.loader import RuleSet, load_rules
-from tests.e2e.test_congestion import arrival_order, make_readings
+from tests.e2e.helpers import arrival_order, make_readings
 from tests.examples import examples
 
 RULES = Path(__file__).resolve().parents[2] / "rules" / "traffic.sql"

@@ -44,7 +44,7 @@ from engine.spark.processor import (
 )
 from ingest.landing import LandingWriter
 from lookout.config import Config
-from tests.e2e.test_congestion import T0
+from tests.e2e.helpers import T0
 from tests.engine.test_processor import _LIBRARY, PARTS, WALL_CLOCK
 
 TOPIC = "lookout/traffic/1/readings"

@@ -34,7 +34,7 @@ from lookout.config import Config, HealthConfig, S3Config
 from lookout.health import problems, read_health
 from rules.language.loader import load_rules
 from tests.disks import fill, remount, small_disk
-from tests.e2e.test_congestion import CONGESTION_RULES
+from tests.e2e.helpers import CONGESTION_RULES
 
 TRAFFIC = StreamSchema(
     "traffic",

@@ -16,6 +16,17 @@ CREATE STREAM traffic (station INT, lane INT, speed DOUBLE, length DOUBLE, ts TI
   ORDER BY ts SLACK 2 SECONDS SOURCE 'lookout/traffic/+/readings';
 """
 
+STREAMS = """\
+CREATE STREAM north (station INT, speed DOUBLE, ts TIMESTAMP)
+  ORDER BY ts SLACK 2 SECONDS SOURCE 'lookout/north/+/readings';
+CREATE STREAM south (detector INT, velocity DOUBLE, at TIMESTAMP)
+  ORDER BY at SLACK 5 SECONDS SOURCE 'lookout/south/+/readings';
+CREATE STREAM both_ways AS
+  SELECT station, speed, ts FROM north
+  UNION ALL SELECT detector, velocity, at FROM south WHERE velocity > 0;
+"""
+"""Two streams and their UNION ALL (`both_ways`): the union tests' declarations."""
+
 
 def check_text(tmp_path: Path, text: str, name: str = "rule.sql") -> tuple[str, list[RuleError]]:
     """Write `text` to a rule file and check it (the test aggregates allowed); return

@@ -8,18 +8,9 @@ from typing import Any
 
 from engine.core.replay import run
 from rules.language.loader import load_rules
-from tests.rules.helpers import check_text
+from tests.rules.helpers import STREAMS, check_text
 
 S = 1_000
-STREAMS = """\
-CREATE STREAM north (station INT, speed DOUBLE, ts TIMESTAMP)
-  ORDER BY ts SLACK 2 SECONDS SOURCE 'lookout/north/+/readings';
-CREATE STREAM south (detector INT, velocity DOUBLE, at TIMESTAMP)
-  ORDER BY at SLACK 5 SECONDS SOURCE 'lookout/south/+/readings';
-CREATE STREAM both_ways AS
-  SELECT station, speed, ts FROM north
-  UNION ALL SELECT detector, velocity, at FROM south WHERE velocity > 0;
-"""
 
 
 def load(tmp_path: Path, rest: str) -> Any:
