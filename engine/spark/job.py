@@ -155,8 +155,11 @@ class EngineJob:
         checkpoint with the new rules. The rules left as they were carry on with their
         state; a new or edited one starts with its windows filled from the stored
         readings (`engine.warm_start`, in its first batch)."""
+        began = time.monotonic()
         self._settle()
+        settled = time.monotonic()
         self.stop_queries()
+        stopped = time.monotonic()
         self.plan = plan
         self.components = engine_components(plan, alerts)
         for change in record_rule_changes(self.config, plan):
@@ -166,6 +169,13 @@ class EngineJob:
         if self.fault is None:
             self._start_queries()
         self._log_parts()
+        log.info(
+            "the query runs the new rules: %.1f s waiting for the batch in flight, %.1f s "
+            "stopping, %.1f s starting",
+            settled - began,
+            stopped - settled,
+            time.monotonic() - stopped,
+        )
 
     def _settle(self, timeout_s: float = 10.0) -> None:
         """Wait (at most `timeout_s`) for the batches in flight to end."""
