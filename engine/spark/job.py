@@ -150,14 +150,12 @@ class EngineJob:
             self.queries.append(start_query(self.spark, self.config, self.components, committer))
 
     def apply(self, plan: Plan, alerts: Mapping[str, AlertSpec]) -> None:
-        """Run `plan` from now on, without a restart of the engine: the query stops after
-        its batch in flight (one cut short runs again) and starts again from its
-        checkpoint with the new rules. The rules left as they were carry on with their
-        state; a new or edited one starts with its windows filled from the stored
-        readings (`engine.warm_start`, in its first batch)."""
+        """Run `plan` from now on, without a restart of the engine: the query stops (a
+        batch in flight is abandoned and runs again: its commits are idempotent) and
+        starts again from its checkpoint with the new rules. The rules left as they were
+        carry on with their state; a new or edited one starts with its windows filled
+        from the stored readings (`engine.warm_start`, in its first batch)."""
         began = time.monotonic()
-        self._settle()
-        settled = time.monotonic()
         self.stop_queries()
         stopped = time.monotonic()
         self.plan = plan
@@ -170,23 +168,15 @@ class EngineJob:
             self._start_queries()
         self._log_parts()
         log.info(
-            "the query runs the new rules: %.1f s waiting for the batch in flight, %.1f s "
-            "stopping, %.1f s starting",
-            settled - began,
-            stopped - settled,
+            "the query runs the new rules: %.1f s stopping, %.1f s starting",
+            stopped - began,
             time.monotonic() - stopped,
         )
 
-    def _settle(self, timeout_s: float = 10.0) -> None:
-        """Wait (at most `timeout_s`) for the batches in flight to end."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(
-            query.isActive and query.status["isTriggerActive"] for query, _ in self.queries
-        ):
-            time.sleep(0.05)
-
     def stop_queries(self) -> None:
         """Stop the queries, keeping their committers (and counts) for the next start."""
+        # A batch stopped half-way makes py4j log its interrupted foreachBatch (`stop`).
+        logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
         for query, committer in self.queries:
             with contextlib.suppress(Py4JError):
                 query.stop()
