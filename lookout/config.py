@@ -145,7 +145,7 @@ class EngineConfig:
     backfill_alerts: bool = False
     # How often the engine looks for changed rule files (a change that passes the check
     # is applied without a restart; 0: never, rules load at start only).
-    rules_poll_seconds: float = 2.0
+    rules_poll_seconds: float = 1.0
 
     def live_key_caps(self, streams: Collection[str]) -> dict[str, int]:
         """Each of ``streams``' cap on live keys (streams without one left out)."""
