@@ -8,6 +8,10 @@ dashboard's health page and the demo's status line read. The record says `ready`
 every query of this run has finished a batch, and carries this run's start, so a record
 an earlier run left is never taken for a running engine.
 
+New rules are applied while it runs (`EngineJob.apply`, called by the rule watch of
+`lookout.rule_watch`): the query stops and starts again from its checkpoint with the
+new plan; the health record says which rule files run (`rules`).
+
 A full or read-only disk (`engine.storage_faults`) does not end it: the query that
 failed on it is given up (its batch never committed, so Spark's offsets stay before it
 and the landing files stay in their folder), the fault is logged and put on the health
