@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import pyarrow.compute as pc
 
-from engine.core.pipeline import NEW, BatchResult, Pipeline
+from engine.core.pipeline import NEW, BatchResult, Pipeline, stage_sinks
 from engine.core.plan import (
     END_OF_TIME,
     ExtentWindow,
@@ -116,10 +116,6 @@ def reach_ms(plan: Plan, unbounded_ms: int) -> int:
     )
 
 
-def _sinks(stage: Stage) -> list[str]:
-    return [q.sink.name for q in (stage.query, *stage.downstream)]
-
-
 def warm_start(
     pipeline: Pipeline,
     lakehouse: str,
@@ -136,7 +132,7 @@ def warm_start(
     began = time.perf_counter()
     fresh = dict(pipeline.fresh)
     stages = [stage for _, stage in pipeline.stages if stage.name in fresh]
-    plan = needed_plan(pipeline.plan, {sink for stage in stages for sink in _sinks(stage)})
+    plan = needed_plan(pipeline.plan, {sink for stage in stages for sink in stage_sinks(stage)})
     warm = WarmStart(fresh, plan)
     positions = pipeline.positions()
     marks = {
@@ -186,7 +182,7 @@ def _past(
     """The warm start's rows to write: the new `stages`' derived-stream rows from `since`
     on, and their alerts too with `alert_history`."""
     kinds = {q.sink.name: q.sink.kind for q in plan.queries}
-    new = {sink for stage in stages for sink in _sinks(stage)}
+    new = {sink for stage in stages for sink in stage_sinks(stage)}
     written = []
     for emitted in outputs:
         if emitted.sink not in new or (kinds[emitted.sink] == SinkKind.ALERT and not alert_history):

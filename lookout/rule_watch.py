@@ -22,6 +22,7 @@ from typing import Any
 
 from engine.alerts import AlertSpec
 from engine.core.plan import Plan
+from engine.spark.rule_changes import definitions
 from lookout.config import Config
 from rules.language.loader import RuleCheckError, RuleSet, load_rules
 
@@ -54,7 +55,7 @@ def stamps(paths: Sequence[str]) -> dict[str, tuple[int, int]]:
 
 def stage_definitions(plan: Plan) -> dict[str, str]:
     """Every stage and incident tracker of `plan` by name, with its definition digest."""
-    found = {stage.name: stage.query.definition for stage in plan.stages()}
+    found = definitions(plan)
     found.update({i.name: i.definition for i in plan.incidents})
     return found
 

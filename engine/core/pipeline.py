@@ -110,7 +110,8 @@ def components(plan: Plan) -> list[tuple[str, ...]]:
     return sorted(tuple(sorted(names)) for names in groups.values())
 
 
-def _sinks(stage: Stage) -> list[str]:
+def stage_sinks(stage: Stage) -> list[str]:
+    """The streams a stage writes: its root query's sink and its downstream queries'."""
     return [q.sink.name for q in (stage.query, *stage.downstream)]
 
 
@@ -120,7 +121,7 @@ def dependency_order(stages: Iterable[tuple[int, Stage]]) -> list[tuple[int, Sta
     pending = sorted(stages, key=lambda item: item[0])
     writers: dict[str, set[int]] = {}
     for i, stage in pending:
-        for sink in _sinks(stage):
+        for sink in stage_sinks(stage):
             writers.setdefault(sink, set()).add(i)
     done: set[int] = set()
     ordered: list[tuple[int, Stage]] = []
@@ -147,7 +148,7 @@ def fed_stages(plan: Plan, sources: Collection[str]) -> list[tuple[int, Stage]]:
     for i, stage in dependency_order(enumerate(plan.stages())):
         if stage.input in fed:
             mine.append((i, stage))
-            fed.update(_sinks(stage))
+            fed.update(stage_sinks(stage))
     return mine
 
 
@@ -226,7 +227,7 @@ class Pipeline:
         alert's stage's key columns of each observed row."""
         trackers = {}
         for spec in self.plan.incidents:
-            stage = next((s for _, s in self.stages if spec.alert in _sinks(s)), None)
+            stage = next((s for _, s in self.stages if spec.alert in stage_sinks(s)), None)
             if stage is None:
                 continue
             own = stage.query.sink.name == spec.alert
@@ -444,7 +445,7 @@ class Pipeline:
                 self.caps[stage.input].note_evicted(i, evicted)
             # What the stage emits from now on has ts >= watermark: its sinks' watermark,
             # the lowest of their producers' for a UNION ALL.
-            for sink in _sinks(stage):
+            for sink in stage_sinks(stage):
                 watermarks[sink] = min(watermarks.get(sink, watermark), watermark)
         for alert, tracker in self.trackers.items():
             # Every report and observation below both watermarks is in.
