@@ -19,8 +19,8 @@ the rules hold (all rules, and `missed_shipping`), the residues evicted keys lef
 `--cap`; 0: none), the process's heap (its anonymous resident memory: the mapped store
 file left out) and the SQLite file's size, the batch time (process and save: what the
 engine's evaluate phase holds) over the last interval: mean, 99th percentile and
-longest, the store's commit (the journal entry, and every 16 batches the fold of the
-journal into the SQLite file; Spark's state store is another store, so this is apart)
+longest, the store's commit (the journal entry, and the fold of the journal's oldest
+entry into the SQLite file; Spark's state store is another store, so this is apart)
 mean and longest, and what one full pass of the cyclic garbage collector over the heap
 takes then. PySpark runs such a pass after every task, over what the worker made since
 its first; here the collector is paused during a batch (as in the engine) and what a

@@ -24,7 +24,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -354,6 +354,33 @@ def file_stats(data: pa.Table) -> str:
     return orjson.dumps(stats).decode()
 
 
+class OpenTables:
+    """Delta tables kept open between a writer's commits. Opening a table reads its log
+    from the last checkpoint on (up to a hundred commits); an open table only reads the
+    commits made since its last use (`update_incremental`, which sees other writers'
+    too). That halves a small commit's time.
+
+    One user at a time per table. A table whose use failed, or unused for
+    `max_idle_s` (the log cleanup deletes commits only below a checkpoint at least
+    30 s old, so an open table never misses one it has not read), is opened afresh."""
+
+    def __init__(self, s3: S3Config = DEFAULT_S3, max_idle_s: float = 10.0) -> None:
+        self.s3 = s3
+        self.max_idle_s = max_idle_s
+        self._open: dict[str, tuple[DeltaTable, float]] = {}
+
+    @contextlib.contextmanager
+    def use(self, location: str) -> Iterator[DeltaTable]:
+        """The table at `location`, up to date."""
+        table, used = self._open.pop(location, (None, 0.0))
+        if table is not None and time.monotonic() - used < self.max_idle_s:
+            table.update_incremental()
+        else:
+            table = DeltaTable(location, storage_options=delta_options(location, self.s3))
+        yield table
+        self._open[location] = (table, time.monotonic())
+
+
 def commit_files(
     location: str,
     schema: pa.Schema,
@@ -361,33 +388,35 @@ def commit_files(
     writer_id: str,
     batch_id: int,
     s3: S3Config = DEFAULT_S3,
+    opened: OpenTables | None = None,
 ) -> bool:
     """Add `files` (written by :func:`write_data_file`) to the table at `location` in
     one commit, exactly once for (writer_id, batch_id): when the table already holds that
     writer's batch (a re-run after a crash), the files are deleted instead. Returns
-    whether it committed."""
+    whether it committed. `opened`: the writer's open tables (else the table is opened
+    for this commit)."""
     if not files:
         return False
-    table = DeltaTable(location, storage_options=delta_options(location, s3))
-    done = table.transaction_version(writer_id)
-    if done is not None and done >= batch_id:
-        fs, root = filesystem(location, s3)
-        for file in files:
-            with contextlib.suppress(FileNotFoundError):
-                fs.delete_file(f"{root.rstrip('/')}/{file.path}")
-        return False
-    actions: list[AddAction | RemoveAction] = [
-        AddAction(f.path, f.size, {}, f.modified_ms, True, f.stats) for f in files
-    ]
-    table.create_write_transaction(
-        actions,
-        "append",
-        schema,
-        commit_properties=CommitProperties(
-            app_transactions=[Transaction(app_id=writer_id, version=batch_id)]
-        ),
-    )
-    return True
+    with (opened or OpenTables(s3)).use(location) as table:
+        done = table.transaction_version(writer_id)
+        if done is not None and done >= batch_id:
+            fs, root = filesystem(location, s3)
+            for file in files:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.delete_file(f"{root.rstrip('/')}/{file.path}")
+            return False
+        actions: list[AddAction | RemoveAction] = [
+            AddAction(f.path, f.size, {}, f.modified_ms, True, f.stats) for f in files
+        ]
+        table.create_write_transaction(
+            actions,
+            "append",
+            schema,
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(app_id=writer_id, version=batch_id)]
+            ),
+        )
+        return True
 
 
 MERGE_ATTEMPTS = 5
@@ -404,6 +433,7 @@ def merge_files(
     writer_id: str,
     batch_id: int,
     s3: S3Config = DEFAULT_S3,
+    opened: OpenTables | None = None,
 ) -> bool:
     """Merge the rows of `files` (written by :func:`write_data_file`, each row a whole
     state, at most one per `key`) into the table at `location` by `key`, exactly once
@@ -411,36 +441,37 @@ def merge_files(
     `update` (the table's other columns are left as they are). The
     merge and the writer's version are one commit, so a batch run again after a crash
     finds it done; the files are deleted either way (they are never part of the table).
-    Returns whether it merged."""
+    Returns whether it merged. `opened`: the writer's open tables (else the table is
+    opened for this merge)."""
     if not files:
         return False
     fs, root = filesystem(location, s3)
     paths = [f"{root.rstrip('/')}/{file.path}" for file in files]
-    options = delta_options(location, s3)
     try:
         source = pa.concat_tables(pq.read_table(p, filesystem=fs, schema=schema) for p in paths)
         for attempt in range(MERGE_ATTEMPTS):
-            table = DeltaTable(location, storage_options=options)
-            done = table.transaction_version(writer_id)
-            if done is not None and done >= batch_id:
-                return False
             try:
-                (
-                    table.merge(
-                        source,
-                        f"t.{key} = s.{key}",
-                        source_alias="s",
-                        target_alias="t",
-                        commit_properties=CommitProperties(
-                            app_transactions=[Transaction(app_id=writer_id, version=batch_id)]
-                        ),
+                with (opened or OpenTables(s3)).use(location) as table:
+                    done = table.transaction_version(writer_id)
+                    if done is not None and done >= batch_id:
+                        return False
+                    (
+                        table.merge(
+                            source,
+                            f"t.{key} = s.{key}",
+                            source_alias="s",
+                            target_alias="t",
+                            commit_properties=CommitProperties(
+                                app_transactions=[Transaction(app_id=writer_id, version=batch_id)]
+                            ),
+                        )
+                        .when_matched_update({c: f"s.{c}" for c in update})
+                        .when_not_matched_insert({c: f"s.{c}" for c in schema.names})
+                        .execute()
                     )
-                    .when_matched_update({c: f"s.{c}" for c in update})
-                    .when_not_matched_insert({c: f"s.{c}" for c in schema.names})
-                    .execute()
-                )
-                return True
+                    return True
             except CommitFailedError:
+                # Another writer committed first: a fresh table at the next attempt.
                 if attempt == MERGE_ATTEMPTS - 1:
                     raise
                 time.sleep(0.2 * (attempt + 1))

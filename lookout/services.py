@@ -51,9 +51,11 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None) -> int:
     """Run the Spark job until a signal arrives."""
     from engine.spark.checkpoint_layout import CheckpointLayoutError
     from engine.spark.job import EngineJob
+    from engine.spark.jvm_output import filter_output
     from engine.tables import TableSchemaError
     from lookout.rule_watch import watch_rules
 
+    filter_output()
     try:
         rules = watch_rules(config, rule_paths, alert_specs)
     except RuleCheckError as err:

@@ -114,14 +114,17 @@ JOURNAL = "journal"
 
 class JournaledStore:
     """A :class:`StateStore` that writes a batch's changes as one journal entry of the
-    store beneath it (``inner``), and folds the journal into individual entries every
-    ``fold_after`` batches.
+    store beneath it (``inner``), and keeps at most ``fold_after - 1`` entries: each
+    commit that reaches ``fold_after`` folds the oldest entry into the individual
+    entries it still holds the newest value of, and deletes it.
 
     A store reached over a socket (Spark's state server) pays a round trip per write:
     hundreds per batch, one per key a batch touched. The journal makes that one write
-    per batch, and the fold one write per key changed since the last fold (a key
-    written in every batch is written once). Reads see the journal: it is read back
-    when the store is opened (:meth:`open`) and kept in memory until folded.
+    per batch, plus one per key whose last change has just left the journal: a key
+    changed in every batch stays in the journal and is never written on its own. The
+    fold is spread over the batches, one entry each, so no batch pays for many. Reads
+    see the journal: it is read back when the store is opened (:meth:`open`) and kept
+    in memory until folded.
     """
 
     def __init__(self, inner: StateStore, fold_after: int = 16) -> None:
@@ -129,16 +132,28 @@ class JournaledStore:
         self.fold_after = fold_after
         self.latest: dict[StateKey, bytes | None] = {}  # journaled, not yet folded
         self._batch: dict[StateKey, bytes | None] = {}  # this batch's changes
-        self._entries: list[int] = []  # the journal's entry numbers in the inner store
+        # The journal's entries in the inner store, oldest first: each with the keys
+        # it holds the newest value of (those the fold of that entry writes).
+        self._entries: dict[int, set[StateKey]] = {}
+        self._owner: dict[StateKey, int] = {}  # the entry holding each key of latest
 
     @classmethod
     def open(cls, inner: StateStore, fold_after: int = 16) -> JournaledStore:
         """The store over ``inner`` as the last :meth:`commit` left it."""
         store = cls(inner, fold_after)
         for key, data in sorted(inner.scan(JOURNAL), key=lambda entry: entry[0][3]):
-            store.latest.update(pickle.loads(data))
-            store._entries.append(key[3])
+            store._journal(key[3], pickle.loads(data))
         return store
+
+    def _journal(self, number: int, changes: dict[StateKey, bytes | None]) -> None:
+        """Take journal entry ``number`` (the newest) holding ``changes``."""
+        self.latest.update(changes)
+        for key in changes:
+            previous = self._owner.get(key)
+            if previous is not None:
+                self._entries[previous].discard(key)
+            self._owner[key] = number
+        self._entries[number] = set(changes)
 
     def get(self, key: StateKey) -> bytes | None:
         if key in self.latest:
@@ -168,22 +183,26 @@ class JournaledStore:
                 yield key
 
     def commit(self) -> None:
-        """Make this batch's changes durable in ``inner``: one journal entry, or, every
-        ``fold_after`` entries, the journal folded into the entries it changed."""
+        """Make this batch's changes durable in ``inner``: one journal entry, and, once
+        the journal holds ``fold_after`` entries, the oldest folded."""
         if not self._batch:
             return
-        if len(self._entries) + 1 < self.fold_after:
-            number = self._entries[-1] + 1 if self._entries else 0
-            self.inner.put((JOURNAL, "", "", number), pickle.dumps(self._batch, _PICKLE))
-            self._entries.append(number)
-        else:
-            for key, value in self.latest.items():
-                if value is None:
-                    self.inner.delete(key)
-                else:
-                    self.inner.put(key, value)
-            for number in self._entries:
-                self.inner.delete((JOURNAL, "", "", number))
-            self._entries.clear()
-            self.latest.clear()
+        number = next(reversed(self._entries)) + 1 if self._entries else 0
+        self.inner.put((JOURNAL, "", "", number), pickle.dumps(self._batch, _PICKLE))
+        self._journal(number, self._batch)
         self._batch = {}
+        while len(self._entries) >= self.fold_after:
+            self._fold_oldest()
+
+    def _fold_oldest(self) -> None:
+        """Write the keys the oldest journal entry holds the newest value of into their
+        own entries, and delete it."""
+        number = next(iter(self._entries))
+        for key in sorted(self._entries.pop(number)):
+            value = self.latest.pop(key)
+            del self._owner[key]
+            if value is None:
+                self.inner.delete(key)
+            else:
+                self.inner.put(key, value)
+        self.inner.delete((JOURNAL, "", "", number))

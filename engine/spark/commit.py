@@ -91,6 +91,8 @@ class Committer:
         self.last_batch_at = 0.0
         self.commit_ms = 0.0
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"commit-{name}")
+        # Each table stays open between batches: a commit reads only the log since.
+        self._tables = tables.OpenTables(config.s3)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
@@ -156,10 +158,18 @@ class Committer:
         if table in tables.MERGED:
             key, update = tables.MERGED[table]
             return tables.merge_files(
-                location, self.schemas[table], files, key, update, writer, batch_id, self.config.s3
+                location,
+                self.schemas[table],
+                files,
+                key,
+                update,
+                writer,
+                batch_id,
+                self.config.s3,
+                self._tables,
             )
         return tables.commit_files(
-            location, self.schemas[table], files, writer, batch_id, self.config.s3
+            location, self.schemas[table], files, writer, batch_id, self.config.s3, self._tables
         )
 
     def health(self) -> dict[str, Any]:

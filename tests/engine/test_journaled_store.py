@@ -55,3 +55,45 @@ def test_reads_and_reopening_match_a_dict(ops, fold_after) -> None:
             assert view(store, kind) == {k: v for k, v in model.items() if k[0] == kind}
         for key in {k for _, k, _ in ops if k is not None}:
             assert store.get(key) == model.get(key)
+
+
+class CountingStore(MemoryStore):
+    """A memory store that records the keys written (put or deleted) since last asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list = []
+
+    def put(self, key, value) -> None:
+        self.written.append(key)
+        super().put(key, value)
+
+    def delete(self, key) -> None:
+        self.written.append(key)
+        super().delete(key)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.lists(st.lists(KEYS, max_size=5), max_size=30), st.integers(1, 5))
+def test_each_commit_folds_only_what_left_the_journal(batches, fold_after) -> None:
+    """Besides its journal entry, a commit writes exactly the keys whose last change was
+    in the batch `fold_after - 1` commits back: one old entry folded, never the whole
+    journal at once (a key changed again since stays in the journal)."""
+    inner = CountingStore()
+    store = JournaledStore.open(inner, fold_after)
+    committed: list[set] = []  # each non-empty batch's keys
+    for keys in batches:
+        for key in keys:
+            store.put(key, b"v")
+        inner.written.clear()
+        store.commit()
+        if not keys:
+            assert inner.written == []
+            continue
+        committed.append(set(keys))
+        expected: set = set()
+        back = len(committed) - fold_after
+        if back >= 0:
+            expected = committed[back] - set().union(*committed[back + 1 :])
+        written = [k for k in inner.written if k[0] != JOURNAL]
+        assert sorted(written) == sorted(expected)

@@ -78,3 +78,38 @@ def test_incidents_merge_by_id_once_per_batch_and_keep_the_operators_columns(tmp
     assert rows[0]["resolved_at"] is not None and rows[1]["resolved_at"] is None
     assert DeltaTable(path).transaction_version("w") == 2
     assert not {p.name for p in tmp_path.joinpath("incidents").glob("*.parquet")} & set(staged)
+
+
+def test_an_open_table_is_up_to_date_with_other_writers_and_commits_once(tmp_path):
+    """The engine's committer keeps each table open between batches
+    (`tables.OpenTables`). Between its commits another writer appends, and maintenance
+    compacts, checkpoints and deletes the log below the checkpoint: each use sees the
+    table's latest version, every batch lands once, and a batch run again is skipped."""
+    from engine.maintenance import clean_log, compact
+
+    path = str(tmp_path / "readings_traffic")
+    schema = tables.readings_schema(TRAFFIC)
+    tables.ensure_table(path, schema)
+    opened = tables.OpenTables()
+
+    def rows(station: int) -> pa.Table:
+        return pa.Table.from_pylist(
+            [{"station": station, "ts": 1000 * station, "arrival_watermark": 0}],
+            schema=schema,
+        )
+
+    for batch in range(1, 13):
+        file = tables.write_data_file("readings_traffic", path, rows(batch), batch_id=batch)
+        assert tables.commit_files(path, schema, [file], "engine", batch, opened=opened)
+        other = tables.write_data_file("readings_traffic", path, rows(100 + batch))
+        assert tables.commit_files(path, schema, [other], "other", batch)
+        if batch % 4 == 0:
+            assert compact(DeltaTable(path), min_files=2) is not None
+            clean_log(DeltaTable(path), settle_s=0)
+        with opened.use(path) as table:
+            assert table.version() == DeltaTable(path).version()
+    again = tables.write_data_file("readings_traffic", path, rows(5), batch_id=5)
+    assert not tables.commit_files(path, schema, [again], "engine", 5, opened=opened)
+    stations = sorted(DeltaTable(path).to_pyarrow_table().column("station").to_pylist())
+    assert stations == [*range(1, 13), *range(101, 113)]
+    assert DeltaTable(path).transaction_version("engine") == 12
