@@ -15,11 +15,11 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from dashboard.rule_store import RuleStore
 from dashboard.rulebook import Book, read_book
 from dashboard.settings import rule_store
 from rules.language.access import RulePolicy
 from rules.language.loader import rule_files
+from rules.store import RuleStore
 
 KEPT = 16  # rule sets (one per change of the files) kept in memory
 

@@ -14,6 +14,7 @@ from rules.language.checker import Catalog
 from rules.language.errors import RuleError
 from rules.language.explain import explain
 from rules.language.loader import analyse
+from rules.store import named_by_file
 
 KINDS: dict[type, str] = {
     ast.CreateStream: "source stream",
@@ -106,7 +107,7 @@ def read_book(paths: Sequence[Path], policy: RulePolicy = DEFAULT_POLICY) -> Boo
     analysis = analyse(paths, policy)
     keys = output_keys(analysis.plan) if analysis.plan is not None else {}
     rules = _rules(analysis.statements, analysis.texts, analysis.catalog, keys, analysis.plan)
-    return Book(rules, shown(analysis.errors))
+    return Book(rules, named_by_file(analysis.errors))
 
 
 def output_keys(plan: Plan) -> dict[str, tuple[str, ...]]:
@@ -230,11 +231,6 @@ def watched(stmt: ast.Statement, plan: Plan, key: tuple[str, ...]) -> Watched | 
             condition = f"{column.name} {op} {bound.value}"
             return Watched(table, stream.timestamp, column.name, key, condition)
     return None
-
-
-def shown(errors: list[RuleError]) -> list[RuleError]:
-    """`errors` naming their files without the folder, as the Rules page shows them."""
-    return [RuleError(Path(e.file).name, e.line, e.col, e.message, e.source_line) for e in errors]
 
 
 def annotate(text: str, errors: list[RuleError]) -> str:

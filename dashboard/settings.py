@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from dashboard.data import DataError
-from dashboard.rule_store import RuleStore
 from lookout.config import (
     AlertmanagerConfig,
     Config,
@@ -18,6 +17,7 @@ from lookout.config import (
     HealthConfig,
     load_config,
 )
+from rules.store import RuleStore
 
 
 def _config() -> Config:

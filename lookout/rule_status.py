@@ -88,7 +88,7 @@ def print_status(config: Config) -> int:
 def deploy(config: Config, files: list[Path], wait_s: float) -> int:
     """Save `files` into the rule store and wait (at most `wait_s`) until the engine runs
     them; 1 on a rule error, 2 when the engine did not take them in time."""
-    from dashboard.rule_store import RuleNameError, RuleStore  # the store's own writer
+    from rules.store import RuleNameError, RuleStore  # the store's own writer
 
     library = tuple(Path(path) for path in config.rules.paths)
     store = RuleStore(Path(config.rules.user_path), library, config.rule_policy)

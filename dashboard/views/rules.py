@@ -13,8 +13,7 @@ from dashboard.charts import channel, chart, tip
 from dashboard.data import DataError, health, lakehouse, query, storage, table_version
 from dashboard.login import current_user
 from dashboard.rule_folder import book_of
-from dashboard.rule_store import RuleNameError, RuleStore
-from dashboard.rulebook import Book, annotate, shown
+from dashboard.rulebook import Book, annotate
 from dashboard.settings import config, rule_store
 from dashboard.ui import panel
 from engine.alerts import iso_utc
@@ -23,6 +22,7 @@ from lookout.preview import Preview, PreviewError, preview
 from lookout.rule_status import file_statuses
 from rules.language.errors import RuleError
 from rules.language.loader import RuleCheckError
+from rules.store import RuleNameError, RuleStore, named_by_file
 
 NEW = "(new file)"
 HISTORY = {"last 15 minutes": 15, "last hour": 60, "last 6 hours": 360, "last 24 hours": 1440}
@@ -153,7 +153,7 @@ def _preview(store: RuleStore, name: str, text: str, minutes: int) -> None:
         st.error(str(exc))
         return
     except RuleCheckError as exc:
-        _show_errors(name, text, shown(exc.errors), "nothing was evaluated")
+        _show_errors(name, text, named_by_file(exc.errors), "nothing was evaluated")
         return
     except (PreviewError, DataError) as exc:
         st.warning(str(exc))

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.rule_store import RuleNameError, RuleStore
 from lookout.config import Config, RulesConfig
 from lookout.services import load_rule_set
 from rules.language.access import DEFAULT_POLICY
+from rules.store import RuleNameError, RuleStore
 
 STREAMS = "CREATE STREAM s (x INT, ts TIMESTAMP) ORDER BY ts SLACK 1 SECOND SOURCE 'a/+/b';\n"
 ALERT = "CREATE ALERT small SEVERITY info AS SELECT x, ts FROM {source} WHERE x < 1;\n"

@@ -1,5 +1,5 @@
-"""The users' rule store: the one folder the dashboard writes rule files into (the rule
-library beside it is read-only here), and how it writes them.
+"""The users' rule store: the one folder the dashboard and `lookout rules deploy` write
+rule files into (the rule library beside it is read-only here), and how it writes them.
 
 Every change (save, rename, disable, enable, delete) validates the file name itself,
 takes the store's file lock (several dashboard sessions and processes may write at
@@ -23,10 +23,15 @@ from pathlib import Path
 
 import orjson
 
-from dashboard.rulebook import shown
 from rules.language.access import RulePolicy
 from rules.language.errors import RuleError
 from rules.language.loader import check_paths
+
+
+def named_by_file(errors: list[RuleError]) -> list[RuleError]:
+    """`errors` naming their files without the folder, as the Rules page shows them."""
+    return [RuleError(Path(e.file).name, e.line, e.col, e.message, e.source_line) for e in errors]
+
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 DISABLED = ".sql.disabled"
@@ -174,7 +179,7 @@ class RuleStore:
         return self._file(name).with_name(f"{name}{DISABLED}")
 
     def _check(self, edits: Mapping[Path, str | None]) -> list[RuleError]:
-        return shown(check_paths(self.rule_paths(), self.policy, edits))
+        return named_by_file(check_paths(self.rule_paths(), self.policy, edits))
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
