@@ -56,7 +56,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.core.pipeline import components, fed_stages
+from engine.core.pipeline import components, fed_stages, stage_sinks
 from engine.core.plan import Plan
 from engine.core.replay import run as replay
 from engine.tables import readings_table
@@ -573,10 +573,9 @@ def main() -> int:
             report["latency_p99_s"] = percentile(latency, 0.99)
         commits.stopped.set()
         commits.poll()
+        # Committed: readable by the dashboard and the notifier.
         visible = commits.visible_at("alert_id")
-        for a in alerts:  # committed, readable by the dashboard and the notifier
-            a["detected_at"] = datetime.fromtimestamp(visible[a["alert_id"]], tz=UTC)
-        committed, _ = alert_latency(plan, readings, alerts)
+        committed, _ = alert_latency(plan, readings, alerts, lambda a: visible[a["alert_id"]])
         if committed:
             report["committed_p50_s"] = percentile(committed, 0.5)
             report["committed_p99_s"] = percentile(committed, 0.99)
@@ -629,11 +628,19 @@ def main() -> int:
     return 0 if ok else 1
 
 
+def detected(alert: dict) -> float:
+    """When the engine's stateful step wrote `alert` (epoch seconds)."""
+    return alert["detected_at"].timestamp()
+
+
 def alert_latency(
-    plan: Plan, readings: dict[str, list[dict]], alerts: list[dict]
+    plan: Plan,
+    readings: dict[str, list[dict]],
+    alerts: list[dict],
+    seen_at: Callable[[dict], float] = detected,
 ) -> tuple[list[float], list[tuple[float, float]]]:
-    """Each alert's latency from the publication of the reading that completes it, and
-    the same with the wall time it was detected at.
+    """Each alert's latency from the publication of the reading that completes it to
+    `seen_at` it, and the same with that wall time.
 
     Publication time of event time t: t + the fastest delivery seen on its stream
     (received - ts). Only alerts the stream itself completes count: those whose event
@@ -642,8 +649,8 @@ def alert_latency(
     stream_of = {}
     for sources in components(plan):
         for _, stage in fed_stages(plan, sources):
-            for query in (stage.query, *stage.downstream):
-                stream_of[query.sink.name] = sources[0]
+            for sink in stage_sinks(stage):
+                stream_of[sink] = sources[0]
     offset, last = {}, {}
     for stream, found in readings.items():
         if found:
@@ -654,9 +661,10 @@ def alert_latency(
     for a in alerts:
         stream = stream_of.get(a["rule"])
         if stream in offset and a["event_time"].timestamp() < last[stream]:
-            value = (a["detected_at"] - a["event_time"]).total_seconds() - offset[stream]
+            at = seen_at(a)
+            value = at - a["event_time"].timestamp() - offset[stream]
             latency.append(value)
-            timed.append((a["detected_at"].timestamp(), value))
+            timed.append((at, value))
     return latency, timed
 
 

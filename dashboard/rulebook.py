@@ -11,10 +11,9 @@ from engine.core.plan import ColumnType, Plan
 from rules.language import ast
 from rules.language.access import DEFAULT_POLICY, RulePolicy
 from rules.language.checker import Catalog
-from rules.language.errors import RuleError
+from rules.language.errors import RuleError, named_by_file
 from rules.language.explain import explain
 from rules.language.loader import analyse
-from rules.store import named_by_file
 
 KINDS: dict[type, str] = {
     ast.CreateStream: "source stream",

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from engine.core.incidents import IncidentUpdate
+from engine.core.pipeline import stage_sinks
 from engine.core.plan import Plan
 from engine.tables import to_timestamp
 
@@ -104,8 +105,8 @@ def alert_keys(plan: Plan) -> dict[str, tuple[str, ...]]:
     UNION ALL)."""
     keys: dict[str, tuple[str, ...]] = {}
     for stage in plan.stages():
-        for query in (stage.query, *stage.downstream):
-            keys.setdefault(query.sink.name, stage.key)
+        for sink in stage_sinks(stage):
+            keys.setdefault(sink, stage.key)
     return keys
 
 

@@ -24,14 +24,8 @@ from pathlib import Path
 import orjson
 
 from rules.language.access import RulePolicy
-from rules.language.errors import RuleError
+from rules.language.errors import RuleError, named_by_file
 from rules.language.loader import check_paths
-
-
-def named_by_file(errors: list[RuleError]) -> list[RuleError]:
-    """`errors` naming their files without the folder, as the Rules page shows them."""
-    return [RuleError(Path(e.file).name, e.line, e.col, e.message, e.source_line) for e in errors]
-
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 DISABLED = ".sql.disabled"

@@ -20,9 +20,9 @@ from engine.alerts import iso_utc
 from lookout.health import engine_running
 from lookout.preview import Preview, PreviewError, preview
 from lookout.rule_status import file_statuses
-from rules.language.errors import RuleError
+from rules.language.errors import RuleError, named_by_file
 from rules.language.loader import RuleCheckError
-from rules.store import RuleNameError, RuleStore, named_by_file
+from rules.store import RuleNameError, RuleStore
 
 NEW = "(new file)"
 HISTORY = {"last 15 minutes": 15, "last hour": 60, "last 6 hours": 360, "last 24 hours": 1440}

@@ -102,8 +102,8 @@ def components(plan: Plan) -> list[tuple[str, ...]]:
         return name
 
     for stage in plan.stages():
-        for query in (stage.query, *stage.downstream):
-            parent[find(query.sink.name)] = find(stage.input)
+        for sink in stage_sinks(stage):
+            parent[find(sink)] = find(stage.input)
     groups: dict[str, list[str]] = {}
     for source in plan.sources():
         groups.setdefault(find(source.name), []).append(source.name)

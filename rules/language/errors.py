@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from rules.language.ast import Pos
 
@@ -27,6 +28,11 @@ class RuleError:
         # Keep tabs in the caret line so the caret lines up under tabbed source.
         pad = "".join("\t" if ch == "\t" else " " for ch in self.source_line[: self.col - 1])
         return f"{self}\n{self.source_line}\n{pad}^"
+
+
+def named_by_file(errors: list[RuleError]) -> list[RuleError]:
+    """`errors` naming their files without the folder, as the Rules page shows them."""
+    return [replace(e, file=Path(e.file).name) for e in errors]
 
 
 class RuleFileError(Exception):
