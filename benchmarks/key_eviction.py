@@ -145,8 +145,10 @@ def main() -> None:
     rng = random.Random(1)
     feed_ms = int(args.feed_minutes * 60_000)
     every_ms = feed_ms / args.tags  # one new tag this often
-    due: list[tuple[int, int, str, str, str]] = []  # (ts, seq, tagid, tagtype, door)
+    due: list[tuple[int, int, str, str, str]] = []  # (ts, order, tagid, tagtype, door)
     seq = 0
+    # Each reader numbers what it sends, counting up (one range of seen ids per reader).
+    sent: dict[str, int] = {}
     tags = 0
     print(f"{args.tags:,} tags over {args.feed_minutes:g} min, rules/rfid.sql, 1 s batches, "
           f"evict {'off' if args.no_evict else 'on'}, cap {args.cap or 'none'}")  # fmt: skip
@@ -180,7 +182,9 @@ def main() -> None:
             seq += 1
         rows = []
         while due and due[0][0] < end:
-            ts, number, tag, kind, door = heapq.heappop(due)
+            ts, _, tag, kind, door = heapq.heappop(due)
+            number = sent.get(door, 0)
+            sent[door] = number + 1
             rows.append(
                 {
                     "tagid": tag,

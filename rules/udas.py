@@ -37,10 +37,29 @@ class ItemAlarm(WindowAggregate):
         tagid, tagtype, tagtime = args
         if tagtype == "ap":
             self.persons += 1
-            inwindow.delete(lambda t: t[1] == "item")
+            inwindow.delete(self._clear)
         elif tagtype == "item" and self.persons:
             self.covered[(tagid, tagtime)] += 1
         return ()
+
+    def _clear(self, item: tuple[Any, ...]) -> bool:
+        """Whether a waiting reading is an item the arriving person clears. A cleared
+        item never expires, so it is forgotten as covered here: at a door where persons
+        come every few seconds, nearly every item is first covered and then cleared."""
+        tagid, tagtype, tagtime = item
+        if tagtype != "item":
+            return False
+        self._uncover(tagid, tagtime)
+        return True
+
+    def _uncover(self, tagid: Any, tagtime: Any) -> bool:
+        """Forget one covered reading of this item; whether there was one."""
+        count = self.covered.get((tagid, tagtime), 0)
+        if count > 1:
+            self.covered[(tagid, tagtime)] = count - 1
+        elif count:
+            del self.covered[(tagid, tagtime)]
+        return bool(count)
 
     def expire(self, args: tuple[Any, ...], inwindow: InWindow) -> Iterable[Any]:
         """A reading leaves the window: an item neither cleared nor covered alarms."""
@@ -50,10 +69,7 @@ class ItemAlarm(WindowAggregate):
             return ()
         if tagtype != "item":
             return ()
-        if self.covered[(tagid, tagtime)]:
-            self.covered[(tagid, tagtime)] -= 1
-            if not self.covered[(tagid, tagtime)]:
-                del self.covered[(tagid, tagtime)]
+        if self._uncover(tagid, tagtime):
             return ()
         return ("larceny alarm",)
 

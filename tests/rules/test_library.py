@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from engine.core.plan import ExtentWindow, Plan
-from engine.core.replay import run
+from engine.core.pipeline import Pipeline
+from engine.core.replay import arrival_table, run
+from engine.core.state import MemoryStore
 from rules.language.loader import RULES_DIR, RuleSet, load_rules
 
 S = 1_000
@@ -121,6 +123,35 @@ def test_larceny(library: RuleSet) -> None:
     ]
     got = outputs(library, ("larceny",), readings, "larceny")
     assert got == [(5 * S, {"tagid": "i1", "door": "4", "tagtime": 0, "alarm": "larceny alarm"})]
+
+
+def test_larceny_forgets_the_items_persons_clear(library: RuleSet) -> None:
+    # A busy exit: an item every second and an authorised person every 2 s, for 10
+    # minutes. Every item is covered (a person came before it) and then cleared (the
+    # next person), so none alarms, and what the door's state holds stays the size of
+    # its 5 s window, however long the door is busy.
+    plan = library.plan
+    store = MemoryStore()
+    pipeline = Pipeline(plan, store=store)
+    schema = plan.streams["tag_readings"]
+
+    def larceny_bytes() -> int:
+        return sum(len(v) for k, v in store.entries.items() if k[1] == "larceny")
+
+    sizes = []
+    for minute in range(10):
+        rows = []
+        for second in range(minute * 60, (minute + 1) * 60):
+            rows.append({"tagid": f"i{second}", "tagtype": "item", "door": "4", "ts": second * S})
+            if second % 2:
+                rows.append({"tagid": "p", "tagtype": "ap", "door": "4", "ts": second * S + 1})
+        for seq, row in enumerate(rows, start=len(rows) * minute):
+            row.update(source="exit", seq=seq)
+        result = pipeline.process({"tag_readings": arrival_table(schema, rows)})
+        assert not [o for o in result.outputs if o.sink == "larceny"]
+        pipeline.save()
+        sizes.append(larceny_bytes())
+    assert sizes[-1] < 1.2 * sizes[1]
 
 
 def test_missed_shipping(library: RuleSet) -> None:
