@@ -58,7 +58,12 @@ from engine.core.state import JournaledStore, StateKey
 from engine.ipc import read_ipc
 from engine.landed_files import QUARANTINE_FOLDER
 from engine.outputs import batch_tables
-from engine.spark.worker_gc import collector_paused, freeze_worker_heap
+from engine.spark.worker_gc import (
+    collect_frozen,
+    collector_paused,
+    freeze_batch_survivors,
+    freeze_worker_heap,
+)
 from engine.warm_start import WarmStart, warm_start
 from lookout.config import Config
 
@@ -213,6 +218,7 @@ class EngineProcessor(StatefulProcessor):
             token = uuid.uuid4().hex
             store.set_token(token)
             _PIPELINES[memo_id] = (token, pipeline)
+            freeze_batch_survivors()
         figures = {
             "component": component.name,
             "streams": {
@@ -264,6 +270,9 @@ class EngineProcessor(StatefulProcessor):
             assert isinstance(pipeline.store, JournaledStore)
             pipeline.store.inner = store
             return pipeline, pipeline.store, True
+        if memo is not None:
+            del memo
+            collect_frozen()
         journal = JournaledStore.open(store)
         caps = self.config.engine.live_key_caps(component.sources)
         return Pipeline(component.plan, component.sources, journal, caps=caps), journal, False

@@ -10,8 +10,10 @@ variables. Both runs must write the same rows to every table.
 
 from __future__ import annotations
 
+import gc
 import random
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -114,6 +116,26 @@ def run(
 def batches(tmp_path_factory: pytest.TempPathFactory) -> list[list[Row]]:
     readings = arrival_order(make_readings(seed=5), seed=6, max_delay_ms=1_500)
     return landing_batches(tmp_path_factory.mktemp("landing"), readings, files_per_batch=2)
+
+
+@pytest.fixture(autouse=True)
+def unfrozen() -> Iterator[None]:
+    """The processor freezes what its batches leave alive: thaw the test process."""
+    yield
+    gc.unfreeze()
+
+
+def test_the_pipeline_a_worker_keeps_is_out_of_the_collectors_reach(
+    tmp_path: Path, batches: list[list[Row]]
+) -> None:
+    # PySpark runs a full collection after every task: it must not walk the kept
+    # pipeline, whose state grows with the live keys.
+    processor_module._PIPELINES.clear()
+    run(tmp_path, batches[:3], forget=set())
+    ((_, pipeline),) = processor_module._PIPELINES.values()
+    kept = [pipeline, *pipeline.runners.values(), *pipeline.sequencers.values()]
+    walked = {id(o) for o in gc.get_objects()}
+    assert not [o for o in kept if id(o) in walked]
 
 
 def test_the_processor_keeps_its_state_in_two_variables(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from engine.core.plan import ExtentWindow, Plan
 from engine.core.pipeline import Pipeline
+from engine.core.plan import ExtentWindow, Plan
 from engine.core.replay import arrival_table, run
 from engine.core.state import MemoryStore
 from rules.language.loader import RULES_DIR, RuleSet, load_rules
