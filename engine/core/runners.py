@@ -25,12 +25,20 @@ docs/engine.md, *Eviction*). What must survive, the key's output count (the ``_s
 its next row, which alert ids hash) and the window's own (a row slide's place, a running
 sum's total), is its residue: kept in :class:`Rests`, one small entry per evicted key,
 and taken back if the key returns.
+
+**Memory.** A runner that saves keeps in memory only the evaluators a batch touched
+lately: one no batch has touched for :data:`SPILL_AFTER` saves is dropped from memory,
+its saved head kept as bytes (a few hundred for a tag's window, against several KB for
+the evaluator), and loaded again, as a restored key is, when a row or its wakeup comes.
+Keys that come back seldom (RFID tags held for their 30-minute window) so cost memory
+in proportion to their saved state, not to the evaluator objects.
 """
 
 from __future__ import annotations
 
 import heapq
 import pickle
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -236,10 +244,15 @@ def outputs_table(outputs: list[Output], key: str) -> pa.Table:
     return pa.table(columns)
 
 
+SPILL_AFTER = 16
+"""Saves after which an evaluator no batch touched leaves memory (module docstring)."""
+
+
 class RowRunner:
     """One :class:`KeyedEvaluator` per key, driven row by row; an evaluator is advanced
     when it got rows or its ``next_wakeup`` is due (a heap of wakeups: idle keys cost
-    nothing). Saves each touched evaluator's head and window chunks."""
+    nothing). Saves each touched evaluator's head and window chunks, and keeps in
+    memory only the evaluators touched in the last :data:`SPILL_AFTER` saves."""
 
     kind = "rows"
 
@@ -249,6 +262,10 @@ class RowRunner:
         self.owner = owner  # its store, read when an evaluator's chunks are needed
         self.evaluators: dict[Key, KeyedEvaluator] = {}
         self._stored: dict[Key, bytes] = {}  # saved evaluators not loaded yet: their heads
+        # Loaded evaluators' last saved heads, least lately saved first, with the number
+        # of that save: what a spilled evaluator leaves in `_stored`.
+        self._heads: OrderedDict[Key, tuple[int, bytes]] = OrderedDict()
+        self._saves = 0
         self._heap: list[tuple[int, str, Key]] = []
         self._wakeups: dict[Key, int] = {}
         self._fed: set[Key] = set()
@@ -349,6 +366,7 @@ class RowRunner:
     def _evict(self, key: Key, evaluator: KeyedEvaluator) -> None:
         """Drop an idle key: its residue is kept, its stored state deleted at save."""
         del self.evaluators[key]
+        self._heads.pop(key, None)
         self._wakeups.pop(key, None)
         self._touched.discard(key)
         self.rests.put(key, evaluator.residue())
@@ -406,7 +424,23 @@ class RowRunner:
             for number, data in saved.writes.items():
                 store.put(("chunk", name, text, number), data)
             self._saved.add(key)
+            self._heads[key] = (self._saves, saved.head)
+            self._heads.move_to_end(key)
         self._touched.clear()
+        self._spill()
+
+    def _spill(self) -> None:
+        """Drop from memory the evaluators no save of the last :data:`SPILL_AFTER` wrote
+        (none touched them since): their last saved heads go to ``_stored``."""
+        self._saves += 1
+        heads, oldest = self._heads, self._saves - SPILL_AFTER
+        while heads:
+            key, (number, head) = next(iter(heads.items()))
+            if number >= oldest:
+                break
+            del heads[key]
+            del self.evaluators[key]
+            self._stored[key] = head
 
     def restore(self, saved: Saved) -> list[StateKey]:
         stale: set[str] = set()

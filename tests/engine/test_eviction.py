@@ -11,6 +11,10 @@ batches or not: evicting idle keys, and keeping every key. Both must give the sa
 rows to the last bit, with the same tie order (``_source``, ``_seq``: alert ids hash
 them), the same alert ids and the same incidents; the evicting one never holds more
 keys, and its store holds exactly its live keys' state and its evicted keys' residues.
+
+Evaluators a runner drops from memory between batches (kept as their saved state, and
+loaded again when needed) change no output either: the same rules and batches give the
+same rows spilling every evaluator after every save as never spilling.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import engine.core.planner.runners as planner
+import engine.core.runners as runners_module
 from engine.alerts import alert_id
 from engine.core.pipeline import HEARTBEAT, Pipeline
 from engine.core.plan import Plan
@@ -288,6 +293,38 @@ def test_eviction_changes_no_output(rule, items, seed, restart, rows_only) -> No
 def test_eviction_changes_no_output_per_row(rule, items, seed, restart) -> None:
     """The forms only the per-row runner computes."""
     check(rule, items, seed, restart)
+
+
+@contextmanager
+def spilling_after(saves: int) -> Iterator[None]:
+    """Runners drop from memory the evaluators no save of the last ``saves`` wrote."""
+    original = runners_module.SPILL_AFTER
+    runners_module.SPILL_AFTER = saves
+    try:
+        yield
+    finally:
+        runners_module.SPILL_AFTER = original
+
+
+@SETTINGS
+@given(
+    rule=st.one_of(per_row_rule(), keyed_over_rule, range_over_rule, silence_rule),
+    items=stream_strategy,
+    seed=st.integers(0, 10**6),
+    after=st.sampled_from([0, 1, 3]),
+)
+def test_evaluators_spilled_from_memory_change_no_output(rule, items, seed, after) -> None:
+    rows = arrivals(items)
+    rng = random.Random(seed)
+    count = min(rng.randint(0, 12), max(len(rows) - 1, 0))
+    cuts = sorted(rng.sample(range(1, len(rows)), count))
+    with per_row_runners(True):
+        plan = compiled(rule)
+        with spilling_after(10**9):
+            kept = run(plan, rows, cuts, restart=False, evict=True)
+        with spilling_after(after):
+            spilled = run(plan, rows, cuts, restart=False, evict=True)
+    assert spilled == kept, rule
 
 
 def test_idle_keys_leave_memory_and_store_and_come_back_numbered_on() -> None:
