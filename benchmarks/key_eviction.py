@@ -11,8 +11,9 @@ tag for 30 minutes after its last reading (its RANGE 30 MINUTES), so its keys ar
 evicted from minute 30 on.
 
 Like the engine, the pipeline keeps the state batches touched lately in memory and
-saves what changed after every batch, through a `JournaledStore`; the store beneath is an SQLite file, read
-through a memory map (Spark's RocksDB is off the Python worker's heap too). Every
+saves what changed after every batch, through a `JournaledStore`; the store beneath is
+an SQLite file, read through a memory map (Spark's RocksDB is off the Python worker's
+heap too). Every
 `--every` minutes it prints: the tags seen so far, the readings per second, the keys
 the rules hold (all rules, and `missed_shipping`), the residues evicted keys left
 (their output counts), the readings quarantined by the cap (`[engine] max_live_keys`,
