@@ -265,7 +265,7 @@ class RowRunner:
         # Loaded evaluators' last saved heads, least lately saved first, with the number
         # of that save: what a spilled evaluator leaves in `_stored`.
         self._heads: OrderedDict[Key, tuple[int, bytes]] = OrderedDict()
-        self._saves = 0
+        self._saves = 0  # the number of the last save
         self._heap: list[tuple[int, str, Key]] = []
         self._wakeups: dict[Key, int] = {}
         self._fed: set[Key] = set()
@@ -404,6 +404,7 @@ class RowRunner:
 
     def save(self, store: StateStore) -> None:
         name, definition = self.stage.name, self.stage.query.definition
+        self._saves += 1
         # The evicted first: a key back in the same batch writes its state afresh.
         for key in sorted(self._gone, key=key_json):
             text = key_json(key)
@@ -432,11 +433,10 @@ class RowRunner:
     def _spill(self) -> None:
         """Drop from memory the evaluators no save of the last :data:`SPILL_AFTER` wrote
         (none touched them since): their last saved heads go to ``_stored``."""
-        self._saves += 1
-        heads, oldest = self._heads, self._saves - SPILL_AFTER
+        heads, last_spilled = self._heads, self._saves - SPILL_AFTER
         while heads:
             key, (number, head) = next(iter(heads.items()))
-            if number >= oldest:
+            if number > last_spilled:
                 break
             del heads[key]
             del self.evaluators[key]
