@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import random
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -44,6 +43,7 @@ from rules.language.loader import RuleSet, load_rules
 from tests.e2e.helpers import arrival_order, make_readings
 from tests.examples import examples
 
+pytestmark = pytest.mark.usefixtures("unfrozen")  # the processor freezes its batches
 RULES = Path(__file__).resolve().parents[2] / "rules" / "traffic.sql"
 _LIBRARY = load_rules([RULES])
 PARTS = engine_components(_LIBRARY.plan, alert_specs(_LIBRARY))
@@ -116,13 +116,6 @@ def run(
 def batches(tmp_path_factory: pytest.TempPathFactory) -> list[list[Row]]:
     readings = arrival_order(make_readings(seed=5), seed=6, max_delay_ms=1_500)
     return landing_batches(tmp_path_factory.mktemp("landing"), readings, files_per_batch=2)
-
-
-@pytest.fixture(autouse=True)
-def unfrozen() -> Iterator[None]:
-    """The processor freezes what its batches leave alive: thaw the test process."""
-    yield
-    gc.unfreeze()
 
 
 def test_the_pipeline_a_worker_keeps_is_out_of_the_collectors_reach(

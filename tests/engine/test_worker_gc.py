@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterator
 
 import pytest
 
 from engine.spark.worker_gc import collect_frozen, freeze_batch_survivors
+
+pytestmark = pytest.mark.usefixtures("unfrozen")
 
 
 class Node:
@@ -25,13 +26,6 @@ def cycle() -> weakref.ref[Node]:
     a, b = Node(), Node()
     a.other, b.other = b, a
     return weakref.ref(a)
-
-
-@pytest.fixture(autouse=True)
-def unfrozen() -> Iterator[None]:
-    yield
-    gc.unfreeze()
-    gc.collect()
 
 
 def test_what_a_batch_leaves_alive_is_frozen_and_its_garbage_collected() -> None:
