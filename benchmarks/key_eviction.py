@@ -147,7 +147,7 @@ def main() -> None:
     feed_ms = int(args.feed_minutes * 60_000)
     every_ms = feed_ms / args.tags  # one new tag this often
     due: list[tuple[int, int, str, str, str]] = []  # (ts, order, tagid, tagtype, door)
-    seq = 0
+    order = 0  # ties in `due` in the order the readings were made
     # Each reader numbers what it sends, counting up (one range of seen ids per reader).
     sent: dict[str, int] = {}
     tags = 0
@@ -170,17 +170,17 @@ def main() -> None:
         while tags < args.tags and START + int(tags * every_ms) < end:
             t0 = START + int(tags * every_ms)
             tag = f"tag-{tags:07d}"
-            heapq.heappush(due, (t0, seq, tag, "item", "1"))
+            heapq.heappush(due, (t0, order, tag, "item", "1"))
             aisle = t0 + rng.randint(10_000, 120_000)
-            heapq.heappush(due, (aisle, seq + 1, tag, "item", str(rng.choice((2, 3)))))
+            heapq.heappush(due, (aisle, order + 1, tag, "item", str(rng.choice((2, 3)))))
             if rng.random() < 0.97:
                 ship = aisle + rng.randint(60_000, 600_000)
-                heapq.heappush(due, (ship, seq + 2, tag, "item", "4"))
-            seq += 3
+                heapq.heappush(due, (ship, order + 2, tag, "item", "4"))
+            order += 3
             tags += 1
         if second % 2 == 0:
-            heapq.heappush(due, (end - 500, seq, "badge-1", "ap", "4"))
-            seq += 1
+            heapq.heappush(due, (end - 500, order, "badge-1", "ap", "4"))
+            order += 1
         rows = []
         while due and due[0][0] < end:
             ts, _, tag, kind, door = heapq.heappop(due)
