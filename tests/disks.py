@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,9 +37,20 @@ def small_disk(folder: Path, size: str) -> Iterator[Path]:
             subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
-def remount(disk: Path, mode: str) -> None:
-    """Remount `disk` read-only (`ro`) or writable (`rw`)."""
-    subprocess.run(["mount", "-o", f"remount,{mode}", str(disk)], check=True)
+def remount(disk: Path, mode: str, patience: float = 30.0) -> None:
+    """Remount `disk` read-only (`ro`) or writable (`rw`). The kernel refuses `ro` while
+    any file on it is open for writing (a process writing its health file, say), so a
+    busy disk is tried again for up to `patience` seconds."""
+    deadline = time.monotonic() + patience
+    while True:
+        done = subprocess.run(
+            ["mount", "-o", f"remount,{mode}", str(disk)], capture_output=True, text=True
+        )
+        if done.returncode == 0:
+            return
+        if "busy" not in done.stderr or time.monotonic() > deadline:
+            raise AssertionError(f"mount -o remount,{mode} {disk}: {done.stderr.strip()}")
+        time.sleep(0.02)
 
 
 def fill(disk: Path, name: str = "filler") -> Path:
