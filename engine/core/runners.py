@@ -47,7 +47,7 @@ import orjson
 import pyarrow as pa
 
 from engine.core.columnar import ops
-from engine.core.evaluator import KeyedEvaluator, Output, output_rows
+from engine.core.evaluator import KeyedEvaluator, Output, OutputColumns
 from engine.core.plan import END_OF_TIME, Stage
 from engine.core.planner.operators import EvaluatorPieces, evaluator_pieces
 from engine.core.state import StateKey, StateStore
@@ -233,15 +233,70 @@ def emitted_outputs(emitted: SinkRows) -> list[tuple[Key, Output]]:
     ]
 
 
+class SinkColumns:
+    """One sink's emitted rows, gathered over a batch's keys and built as one table at
+    the end: a table per key (and a concatenation of thousands of small tables) cost
+    more than the rows' evaluation. A run of :class:`OutputColumns` keeps its columns
+    as they are; no dict per row is made for it."""
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[list[Output] | OutputColumns, str]] = []
+
+    def add(self, outputs: list[Output] | OutputColumns, key: str) -> None:
+        """Rows of the evaluator whose key (as JSON) is ``key``, after those added."""
+        self._parts.append((outputs, key))
+
+    def add_row(self, output: Output, key: str) -> None:
+        """One row of the evaluator keyed ``key``, after those added."""
+        if self._parts:
+            last, last_key = self._parts[-1]
+            if last_key == key and isinstance(last, list):
+                last.append(output)
+                return
+        self._parts.append(([output], key))
+
+    def table(self) -> pa.Table:
+        """Every row added, in order, as one table (a column a row lacks is null)."""
+        names: dict[str, None] = {}
+        ts: list[int] = []
+        sources: list[str] = []
+        seqs: list[int] = []
+        keys: list[str] = []
+        for part, key in self._parts:
+            if isinstance(part, OutputColumns):
+                names.update(dict.fromkeys(part.columns))
+                ts += part.ts
+                sources += [part.source] * len(part.ts)
+                seqs += range(part.seq, part.seq + len(part.ts))
+                keys += [key] * len(part.ts)
+            else:
+                for o in part:
+                    names.update(dict.fromkeys(o.row))
+                ts += [o.ts for o in part]
+                sources += [o.source for o in part]
+                seqs += [o.seq for o in part]
+                keys += [key] * len(part)
+        columns: dict[str, Any] = {name: [] for name in names}
+        for part, _ in self._parts:
+            if isinstance(part, OutputColumns):
+                for name, values in columns.items():
+                    found = part.columns.get(name)
+                    values += found if found is not None else [None] * len(part.ts)
+            else:
+                for name, values in columns.items():
+                    values += [o.row.get(name) for o in part]
+        columns[TS] = pa.array(ts, pa.int64())
+        columns[SOURCE] = pa.array(sources, pa.string())
+        columns[SEQ] = pa.array(seqs, pa.int64())
+        columns[KEY] = pa.array(keys, pa.string())
+        return pa.table(columns)
+
+
 def outputs_table(outputs: list[Output], key: str) -> pa.Table:
-    """One sink's :class:`Output` s as emitted rows."""
-    names = list(dict.fromkeys(name for o in outputs for name in o.row))
-    columns: dict[str, Any] = {n: [o.row.get(n) for o in outputs] for n in names}
-    columns[TS] = pa.array([o.ts for o in outputs], pa.int64())
-    columns[SOURCE] = pa.array([o.source for o in outputs], pa.string())
-    columns[SEQ] = pa.array([o.seq for o in outputs], pa.int64())
-    columns[KEY] = pa.array([key] * len(outputs), pa.string())
-    return pa.table(columns)
+    """One sink's :class:`Output` s of the evaluator keyed ``key`` as emitted rows."""
+    built = SinkColumns()
+    built.add(outputs, key)
+    return built.table()
 
 
 SPILL_AFTER = 16
@@ -324,27 +379,24 @@ class RowRunner:
         due = self._fed
         self._fed = set()
         due.update(self._due(watermark))
-        by_sink: dict[str, list[pa.Table]] = {}
-        for key in sorted(due, key=key_json):
+        by_sink: dict[str, SinkColumns] = {}
+        for text, key in sorted((key_json(key), key) for key in due):
             evaluator = self._evaluator(key)
-            emitted = output_rows(evaluator.advance_columns(max(watermark, evaluator.watermark)))
-            if emitted:
-                text = key_json(key)
-                sinks: dict[str, list[Output]] = {}
-                for output in emitted:
-                    sinks.setdefault(output.sink, []).append(output)
-                for sink, outputs in sinks.items():
-                    by_sink.setdefault(sink, []).append(outputs_table(outputs, text))
+            for emitted in evaluator.advance_columns(max(watermark, evaluator.watermark)):
+                sink = by_sink.get(emitted.sink)
+                if sink is None:
+                    sink = by_sink[emitted.sink] = SinkColumns()
+                if isinstance(emitted, OutputColumns):
+                    sink.add(emitted, text)
+                else:
+                    sink.add_row(emitted, text)
             if self.owner.store is not None:
                 self._touched.add(key)
             if self.evicts and evaluator.idle(watermark):
                 self._evict(key, evaluator)
             else:
                 self._schedule(key, earliest(evaluator.next_wakeup(), evaluator.idle_wakeup()))
-        return [
-            SinkRows(self.index, sink, pa.concat_tables(parts, promote_options="permissive"))
-            for sink, parts in by_sink.items()
-        ]
+        return [SinkRows(self.index, sink, built.table()) for sink, built in by_sink.items()]
 
     def _due(self, watermark: int) -> list[Key]:
         heap, current = self._heap, self._wakeups
