@@ -35,8 +35,9 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
+import orjson
 import psutil
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from pyspark.sql.streaming import StreamingQueryListener
@@ -161,35 +162,55 @@ def resident_memory() -> dict[str, int]:
 
 class ProgressListener(StreamingQueryListener):
     """Spark's progress reports into `lookout_engine_batch_seconds`, and each query's
-    batch durations since it was last asked (:meth:`take_durations`), for the log."""
+    batch durations since it was last asked (:meth:`take_durations`), for the log.
+
+    Each report reaches it as one JSON document (:class:`_ProgressJson`), not through
+    PySpark's own bridge: that one reads a report field by field over py4j, and each map
+    it reads ends in a Java exception, which PySpark classifies by asking the JVM for
+    classes that are not on its class path, each ask a scan of every jar. At one batch a
+    second that took a third of the JVM's CPU."""
 
     def __init__(self, queries: set[str]) -> None:
         self.queries = queries
         self._durations: dict[str, list[float]] = {}
         self._lock = threading.Lock()  # Spark calls from its own thread
+        self._bridge: Any = None
+
+    @property
+    def _jlistener(self) -> Any:
+        """What `spark.streams.addListener` registers (and removeListener removes)."""
+        if self._bridge is None:
+            from pyspark import SparkContext
+
+            jvm: Any = SparkContext._jvm
+            self._bridge = jvm.PythonStreamingQueryListenerWrapper(_ProgressJson(self))
+        return self._bridge
 
     def onQueryStarted(self, event: Any) -> None:
         pass
 
     def onQueryProgress(self, event: Any) -> None:
-        progress = event.progress
-        if progress.name not in self.queries:
+        self.take_progress(orjson.loads(event.progress.json))
+
+    def take_progress(self, progress: Mapping[str, Any]) -> None:
+        """Record one progress report, as Spark's JSON of it."""
+        name = progress.get("name")
+        if name not in self.queries:
             return
-        durations = progress.durationMs or {}
+        durations = progress.get("durationMs") or {}
         for key, phase in _SPARK_PHASES.items():
             if key in durations:
-                BATCH_SECONDS.labels(progress.name, phase).observe(durations[key] / 1000)
-        for operator in progress.stateOperators or ():
+                BATCH_SECONDS.labels(name, phase).observe(durations[key] / 1000)
+        for operator in progress.get("stateOperators") or ():
             # The state store's commit (RocksDB's write batch, flush, changelog).
-            BATCH_SECONDS.labels(progress.name, "state_commit").observe(
-                operator.commitTimeMs / 1000
+            BATCH_SECONDS.labels(name, "state_commit").observe(
+                operator.get("commitTimeMs", 0) / 1000
             )
-        INPUT_FILES.labels(progress.name).inc(progress.numInputRows)
-        if "triggerExecution" in durations and progress.numInputRows:
+        rows = progress.get("numInputRows") or 0
+        INPUT_FILES.labels(name).inc(rows)
+        if "triggerExecution" in durations and rows:
             with self._lock:
-                self._durations.setdefault(progress.name, []).append(
-                    durations["triggerExecution"] / 1000
-                )
+                self._durations.setdefault(name, []).append(durations["triggerExecution"] / 1000)
 
     def onQueryIdle(self, event: Any) -> None:
         pass
@@ -201,3 +222,28 @@ class ProgressListener(StreamingQueryListener):
         """The seconds each batch of `query` with input took since the last call."""
         with self._lock:
             return self._durations.pop(query, [])
+
+
+class _ProgressJson:
+    """The py4j callback Spark's listener bus calls: hands the listener each progress
+    report as the JSON Spark makes of it (two calls to the JVM per report)."""
+
+    def __init__(self, listener: ProgressListener) -> None:
+        self.listener = listener
+
+    def onQueryStarted(self, jevent: Any) -> None:
+        pass
+
+    def onQueryProgress(self, jevent: Any) -> None:
+        self.listener.take_progress(orjson.loads(jevent.progress().json()))
+
+    def onQueryIdle(self, jevent: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, jevent: Any) -> None:
+        pass
+
+    class Java:
+        implements: ClassVar[list[str]] = [
+            "org.apache.spark.sql.streaming.PythonStreamingQueryListener"
+        ]
