@@ -42,7 +42,7 @@ import random
 import sqlite3
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +101,9 @@ class SqliteStore:
 
     def delete(self, key: StateKey) -> None:
         self.writes[key] = None
+
+    def write(self, changes: Sequence[tuple[StateKey, bytes | None]]) -> None:
+        self.writes.update(changes)
 
     def scan(self, kind: str) -> Iterator[tuple[StateKey, bytes]]:
         rows = self.db.execute(

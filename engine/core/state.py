@@ -11,7 +11,7 @@ from __future__ import annotations
 import copyreg
 import io
 import pickle
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -77,6 +77,12 @@ class StateStore(Protocol):
         """Remove ``key`` (absent: nothing happens)."""
         ...
 
+    def write(self, changes: Sequence[tuple[StateKey, bytes | None]]) -> None:
+        """Apply ``changes`` in order: each value stored under its key, or the key
+        removed where the value is None (a store reached over a socket sends them all
+        before it waits for any answer)."""
+        ...
+
     def scan(self, kind: str) -> Iterable[tuple[StateKey, bytes]]:
         """Every entry whose key is of ``kind``."""
         ...
@@ -101,6 +107,13 @@ class MemoryStore:
     def delete(self, key: StateKey) -> None:
         self.entries.pop(key, None)
 
+    def write(self, changes: Sequence[tuple[StateKey, bytes | None]]) -> None:
+        for key, value in changes:
+            if value is None:
+                self.entries.pop(key, None)
+            else:
+                self.entries[key] = value
+
     def scan(self, kind: str) -> Iterator[tuple[StateKey, bytes]]:
         return iter([(k, v) for k, v in self.entries.items() if k[0] == kind])
 
@@ -122,7 +135,8 @@ class JournaledStore:
     hundreds per batch, one per key a batch touched. The journal makes that one write
     per batch, plus one per key whose last change has just left the journal: a key
     changed in every batch stays in the journal and is never written on its own. The
-    fold is spread over the batches, one entry each, so no batch pays for many. Reads
+    fold is spread over the batches, one entry each, so no batch pays for many, and
+    hands its writes to the store together (:meth:`StateStore.write`). Reads
     see the journal: it is read back when the store is opened (:meth:`open`) and kept
     in memory until folded.
     """
@@ -166,6 +180,10 @@ class JournaledStore:
     def delete(self, key: StateKey) -> None:
         self.latest[key] = self._batch[key] = None
 
+    def write(self, changes: Sequence[tuple[StateKey, bytes | None]]) -> None:
+        for key, value in changes:
+            self.latest[key] = self._batch[key] = value
+
     def scan(self, kind: str) -> Iterator[tuple[StateKey, bytes]]:
         for key, value in self.inner.scan(kind):
             if key not in self.latest:
@@ -198,11 +216,9 @@ class JournaledStore:
         """Write the keys the oldest journal entry holds the newest value of into their
         own entries, and delete it."""
         number = next(iter(self._entries))
+        changes: list[tuple[StateKey, bytes | None]] = []
         for key in sorted(self._entries.pop(number)):
-            value = self.latest.pop(key)
+            changes.append((key, self.latest.pop(key)))
             del self._owner[key]
-            if value is None:
-                self.inner.delete(key)
-            else:
-                self.inner.put(key, value)
-        self.inner.delete((JOURNAL, "", "", number))
+        changes.append(((JOURNAL, "", "", number), None))
+        self.inner.write(changes)

@@ -31,6 +31,7 @@ half-changed behind.
 from __future__ import annotations
 
 import hashlib
+import struct
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -42,6 +43,7 @@ import pyarrow as pa
 from pyspark import TaskContext, cloudpickle
 from pyspark.sql import Row
 from pyspark.sql import types as T
+from pyspark.sql.streaming.proto import StateMessage_pb2 as proto
 from pyspark.sql.streaming.stateful_processor import (
     MapState,
     StatefulProcessor,
@@ -121,6 +123,9 @@ class SparkStore:
         self.entries = entries
         self.pieces = pieces
         self._listed: dict[str, list[tuple[StateKey, bytes]]] | None = None
+        # Spark's state server, over a socket (PySpark's `TwsTester` keeps its state
+        # in memory: no socket to send a pipeline of writes down).
+        self._socket = hasattr(entries, "_mapStateClient")
 
     def _map(self, kind: str) -> MapState:
         return self.pieces if kind in STAGE_PIECE_KINDS else self.entries
@@ -136,6 +141,20 @@ class SparkStore:
     def delete(self, key: StateKey) -> None:
         self._listed = None
         self._map(key[0]).removeKey(key)
+
+    def write(self, changes: Sequence[tuple[StateKey, bytes | None]]) -> None:
+        self._listed = None
+        if not self._socket:
+            for key, value in changes:
+                if value is None:
+                    self.delete(key)
+                else:
+                    self.put(key, value)
+            return
+        for state in (self.entries, self.pieces):
+            mine = [(k, v) for k, v in changes if self._map(k[0]) is state]
+            for start in range(0, len(mine), PIPELINED):
+                _send_pipelined(state, mine[start : start + PIPELINED])
 
     def scan(self, kind: str) -> Iterator[tuple[StateKey, bytes]]:
         if kind in STAGE_PIECE_KINDS:
@@ -163,6 +182,43 @@ class SparkStore:
     def set_token(self, token: str) -> None:
         """Store this batch's token (not through a journal: it is read every batch)."""
         self.put(_TOKEN, token.encode())
+
+
+PIPELINED = 256
+"""Writes sent to Spark's state server before their answers are read: each answer is a
+few bytes, so a socket's buffers hold them all whoever is slower."""
+
+
+def _send_pipelined(state: MapState, changes: Sequence[tuple[StateKey, bytes | None]]) -> None:
+    """Put or remove (value None) each key of one map state, as `updateValue` and
+    `removeKey` do, but sending every request before reading any answer: one wait on
+    the JVM instead of one per key (PySpark's client waits for each). The messages are
+    PySpark's own (its state server's protocol), built through its client."""
+    client = state._mapStateClient
+    api = client._stateful_processor_api_client
+    for key, value in changes:
+        user_key = api._serialize_to_bytes(client.user_key_schema, key)
+        if value is None:
+            call = proto.MapStateCall(
+                stateName=state._stateName, removeKey=proto.RemoveKey(userKey=user_key)
+            )
+        else:
+            stored = api._serialize_to_bytes(client.value_schema, (pack_value(value),))
+            call = proto.MapStateCall(
+                stateName=state._stateName,
+                updateValue=proto.UpdateValue(userKey=user_key, value=stored),
+            )
+        message = proto.StateRequest(
+            stateVariableRequest=proto.StateVariableRequest(mapStateCall=call)
+        ).SerializeToString()
+        # The protocol's version (0) and the length, as PySpark's `write_int` writes them.
+        api.sockfile.write(struct.pack(">ii", 0, len(message)) + message)
+    api.sockfile.flush()
+    for key, value in changes:
+        status, error, _ = api._receive_proto_message()
+        if status != 0:
+            what = "removing" if value is None else "writing"
+            raise RuntimeError(f"the state store failed {what} {key}: {error}")
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,10 @@ class CountingStore(MemoryStore):
         self.written.append(key)
         super().delete(key)
 
+    def write(self, changes) -> None:
+        self.written += [key for key, _ in changes]
+        super().write(changes)
+
 
 @settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.lists(KEYS, max_size=5), max_size=30), st.integers(1, 5))
