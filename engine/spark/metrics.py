@@ -167,8 +167,8 @@ class ProgressListener(StreamingQueryListener):
     Each report reaches it as one JSON document (:class:`_ProgressJson`), not through
     PySpark's own bridge: that one reads a report field by field over py4j, and each map
     it reads ends in a Java exception, which PySpark classifies by asking the JVM for
-    classes that are not on its class path, each ask a scan of every jar. At one batch a
-    second that took a third of the JVM's CPU."""
+    classes that are not on its class path, each ask a scan of every jar (a third of the
+    JVM's samples in a profile at one batch a second)."""
 
     def __init__(self, queries: set[str]) -> None:
         self.queries = queries
