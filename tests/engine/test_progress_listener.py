@@ -44,7 +44,13 @@ def test_progress_reports_fill_the_phases_without_java_exceptions(spark, caplog)
         deadline = time.monotonic() + 60
         while samples("progress_probe", "trigger") < 3 and time.monotonic() < deadline:
             time.sleep(0.2)
-        with caplog.at_level(logging.DEBUG, logger="py4j"):
+        # Every py4j logger the calls go through (an engine stopped earlier in the
+        # session leaves `py4j.clientserver` at CRITICAL).
+        with (
+            caplog.at_level(logging.DEBUG, logger="py4j"),
+            caplog.at_level(logging.DEBUG, logger="py4j.clientserver"),
+            caplog.at_level(logging.DEBUG, logger="py4j.java_gateway"),
+        ):
             seen = samples("progress_probe", "trigger")
             while samples("progress_probe", "trigger") < seen + 3 and time.monotonic() < deadline:
                 time.sleep(0.2)
