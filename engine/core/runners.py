@@ -292,13 +292,6 @@ class SinkColumns:
         return pa.table(columns)
 
 
-def outputs_table(outputs: list[Output], key: str) -> pa.Table:
-    """One sink's :class:`Output` s of the evaluator keyed ``key`` as emitted rows."""
-    built = SinkColumns()
-    built.add(outputs, key)
-    return built.table()
-
-
 SPILL_AFTER = 16
 """Saves after which an evaluator no batch touched leaves memory (module docstring)."""
 

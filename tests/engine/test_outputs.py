@@ -30,7 +30,7 @@ from engine.core.plan import (
     SinkKind,
     StreamSchema,
 )
-from engine.core.runners import SinkRows, key_json, outputs_table
+from engine.core.runners import SinkColumns, SinkRows, key_json
 from engine.outputs import batch_tables
 from tests.engine.helpers import TRAFFIC, select
 from tests.examples import examples
@@ -97,7 +97,9 @@ def test_each_table_gets_exactly_its_outputs(
         run = [Output(sink, ts + first + i, row, source, first + i) for i, row in enumerate(rows)]
         outputs += run
         key = (1,) if sink == "windows" else ()
-        result.outputs.append(SinkRows(stages[sink], sink, outputs_table(run, key_json(key))))
+        built = SinkColumns()
+        built.add(run, key_json(key))
+        result.outputs.append(SinkRows(stages[sink], sink, built.table()))
 
     written = batch_tables(PLAN, {"alarm": ALARM}, result)
 
