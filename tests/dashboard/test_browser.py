@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from dashboard.sample import (
@@ -75,17 +76,23 @@ def visit(page: Any, path: str, *expected: str) -> None:
 def choose(page: Any, box: str, text: str) -> None:
     """Pick the first option containing `text` in a multiselect or selectbox. Typing
     filters the options; a rerun right after a page switch redraws the widget and closes
-    its list, so the typing is retried until the list stays open."""
+    its list, so the typing is retried until the list stays open. While a rerun is
+    drawing, Streamlit may briefly show the old widget beside the new one (two boxes
+    of one name, which Playwright refuses to fill); that is retried too."""
     combobox = page.get_by_role("combobox", name=box)
     option = page.get_by_role("option").filter(has_text=text).first
     for _ in range(10):
-        combobox.fill(text)
         try:
+            combobox.fill(text)
             option.wait_for(timeout=2000)
             option.click()
             return
         except PlaywrightTimeout:
             continue
+        except PlaywrightError as error:
+            if "strict mode violation" not in str(error):
+                raise
+            time.sleep(0.5)
     raise AssertionError(f"no option {text!r} in {box!r}")
 
 
