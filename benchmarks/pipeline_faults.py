@@ -328,9 +328,14 @@ def breakdown(samples: list[dict[str, Any]], readings: int) -> dict[str, Any]:
     }
 
 
-def memory_mb(sample: dict[str, Any]) -> float:
-    """The engine's resident memory (driver, JVM, Python workers) in MB."""
-    return round(metric(sample, "lookout_engine_resident_bytes") / 2**20, 1)
+RESIDENT = "lookout_engine_resident_bytes"
+
+
+def memory_mb(sample: dict[str, Any], process: str | None = None) -> float:
+    """The engine's resident memory in MB: of all its processes (driver, JVM, Python
+    workers), or of one."""
+    labels = {} if process is None else {"process": process}
+    return round(metric(sample, RESIDENT, **labels) / 2**20, 1)
 
 
 def behind_s(
@@ -591,7 +596,14 @@ def main() -> int:
         report["breakdown"] = breakdown(during, total)
         minute_2 = min(during, key=lambda x: abs(x["t"] - published_at - min(120, published_s / 5)))
         start_ms = int(datetime.fromisoformat(START).timestamp() * 1000)
-        report["engine_memory_mb"] = {"minute_2": memory_mb(minute_2), "end": memory_mb(last)}
+        report["engine_memory_mb"] = {
+            "minute_2": memory_mb(minute_2),
+            "end": memory_mb(last),
+            "by_process": {
+                process: {"minute_2": memory_mb(minute_2, process), "end": memory_mb(last, process)}
+                for process in sorted(label_values(last, RESIDENT, "process"))
+            },
+        }
         report["watermark_behind_s"] = {
             "minute_2": behind_s(minute_2, published_at, start_ms, set(generated)),
             "end": behind_s(last, published_at, start_ms, set(generated)),
