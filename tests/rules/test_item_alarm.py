@@ -109,12 +109,16 @@ def alarms(rows: list[dict], stages: list[Stage], switch_at: int, restore_at: se
     for n, row in enumerate(rows):
         if n == switch_at:
             current = stages[-1]
-            evaluators = {d: KeyedEvaluator.restore(current, e.snapshot()) for d, e in evaluators.items()}
+            evaluators = {
+                d: KeyedEvaluator.restore(current, e.snapshot()) for d, e in evaluators.items()
+            }
         evaluators.setdefault(row["door"], KeyedEvaluator(current)).insert(dict(row))
         for ev in evaluators.values():
             out += ev.advance(row["tagtime"])
         if n in restore_at:
-            evaluators = {d: KeyedEvaluator.restore(current, e.snapshot()) for d, e in evaluators.items()}
+            evaluators = {
+                d: KeyedEvaluator.restore(current, e.snapshot()) for d, e in evaluators.items()
+            }
     for ev in evaluators.values():
         out += ev.advance(END_OF_TIME)
     return sorted((o.ts, o.row["tagid"], o.row["door"], o.row["alarm"]) for o in out)

@@ -28,6 +28,7 @@ from engine.core.columnar.frames import (
 )
 from engine.core.columnar.ops import vectorised
 from engine.core.columnar.over import EveryRow, OverRunner, RowSlide, TimeSlide
+from engine.core.columnar.short_rows import SHORT_ROWS_BELOW, ShortRowsRunner, short_rows_calls
 from engine.core.plan import R2S, ExtentWindow, FrameUnits, OverWindow, Stage
 from engine.core.runners import HasStore, RowRunner, StageRunner
 
@@ -104,6 +105,19 @@ def over_frame(window: OverWindow) -> Callable[[SliceLoader], Frame]:
     return partial(RangeFrame, reach)
 
 
+def short_rows(window: OverWindow) -> bool:
+    """Whether :class:`ShortRowsRunner` computes ``window``: a short ``ROWS n
+    PRECEDING`` frame, every row an output, counts and extremes only."""
+    return (
+        window.units is FrameUnits.ROWS
+        and window.preceding is not None
+        and window.preceding + 1 < SHORT_ROWS_BELOW
+        and not window.slide_rows
+        and not window.slide_ms
+        and short_rows_calls(window.aggregates)
+    )
+
+
 def over_emit(window: OverWindow) -> EveryRow:
     """The columnar emit policy of ``window``."""
     if window.slide_rows:
@@ -120,6 +134,9 @@ def runner_for(index: int, stage: Stage, owner: HasStore) -> StageRunner:
     window = stage.query.window
     if isinstance(window, OverWindow) and window.active_expiration:
         return NewestExpiryRunner(index, stage, owner)
+    if isinstance(window, OverWindow) and short_rows(window):
+        assert window.preceding is not None
+        return ShortRowsRunner(index, stage, owner, window.preceding)
     if isinstance(window, OverWindow):
         return OverRunner(index, stage, owner, over_frame(window), over_emit(window))
     if isinstance(window, ExtentWindow):
