@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from engine import tables
 from engine.core.plan import Column, ColumnType, StreamSchema
@@ -25,6 +25,26 @@ def test_a_missing_table_is_created_and_an_existing_one_kept(tmp_path):
     tables.ensure_table(path, schema)
     tables.ensure_table(path, schema)
     assert [f.name for f in DeltaTable(path).schema().fields] == schema.names
+
+
+def test_tables_checkpoint_every_ten_commits_an_older_one_too(tmp_path):
+    # A commit reads the commits since the last checkpoint: the engine's appends stay
+    # cheap when checkpoints come often. A table made with Delta's default (100) gets
+    # the same interval when Lookout opens it.
+    schema = tables.readings_schema(TRAFFIC)
+    new, older = str(tmp_path / "new"), str(tmp_path / "older")
+    tables.ensure_table(new, schema)
+    write_deltalake(older, schema.empty_table())
+    tables.ensure_table(older, schema)
+    for path in (new, older):
+        assert DeltaTable(path).metadata().configuration["delta.checkpointInterval"] == "10"
+    plain, path = pa.schema([("x", pa.int64())]), str(tmp_path / "appended")
+    tables.ensure_table(path, plain)
+    for batch in range(12):
+        tables.append_once(path, plain, pa.table({"x": [batch]}), "w", batch)
+    assert any(
+        f.name.endswith(".checkpoint.parquet") for f in (tmp_path / "appended/_delta_log").iterdir()
+    )
 
 
 def test_a_table_without_a_column_lookout_writes_is_refused(tmp_path):
