@@ -55,7 +55,7 @@ RULES = """CREATE STREAM traffic (station INT, speed DOUBLE, ts TIMESTAMP)
   ORDER BY ts SLACK 2 SECONDS SOURCE 'lookout/traffic/+/readings';
 CREATE AGGREGATE silence(ts TIMESTAMP) RETURNS TIMESTAMP
   LANGUAGE PYTHON AS 'rules.udas:Silence';
-CREATE ALERT silent SEVERITY warning
+CREATE ALERT silent SEVERITY warning RESOLVE WHEN TRUE
   AS SELECT station,
             silence(ts) OVER (PARTITION BY station RANGE 5 SECONDS PRECEDING
                               ACTIVE EXPIRATION) AS last_seen
@@ -106,7 +106,8 @@ class Feeder:
     def _land(self, latest_ms: int) -> None:
         """Flush the file and note when it landed and the watermark after it."""
         self.writer.flush()
-        self.clock.admit(latest_ms)
+        clock = self.clock
+        clock.max_ts = latest_ms if clock.max_ts is None else max(clock.max_ts, latest_ms)
         self.landed.append((now_ms(), self.clock.watermark))
 
 
@@ -214,7 +215,7 @@ def main() -> None:
             raise RuntimeError(failed)
         alerts = DeltaTable(config.table("alerts")).to_pyarrow_table().to_pylist()
         committed = landing_commits(config)
-        for query in job.queries:
+        for query, _ in job.queries:
             print_batches(query.name, query.recentProgress)
     finally:
         stop.set()
