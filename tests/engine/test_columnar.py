@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import random
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ import engine.core.columnar.short_rows as short_rows
 import engine.core.planner.runners as planner
 from engine.core.columnar import ops
 from engine.core.pipeline import HEARTBEAT, Pipeline
+from engine.core.plan import Plan
 from engine.core.replay import arrival_table
 from engine.core.runners import emitted_outputs
 from engine.core.state import MemoryStore
@@ -51,6 +53,17 @@ AGGREGATES = [
 ]
 
 
+def over_rule_text(calls: list[str], over: str) -> str:
+    """A stream of ``calls`` (``agg AS name``) ``over`` one window, and an alert on it."""
+    columns = ", ".join(f"{c.split(' AS ')[0]} {over} AS {c.split(' AS ')[1]}" for c in calls)
+    first = calls[0].split(" AS ")[1]
+    return (
+        f"CREATE STREAM out AS SELECT station, lane, ts, speed, {columns} FROM traffic;\n"
+        f"CREATE ALERT watch SEVERITY warning AS SELECT station, ts, {first} FROM out "
+        f"WHERE {first} IS NOT NULL AND lane > 1;\n"
+    )
+
+
 @st.composite
 def over_rule(draw: st.DrawFn) -> str:
     rows = draw(st.booleans())
@@ -68,14 +81,7 @@ def over_rule(draw: st.DrawFn) -> str:
         frame += f" SLIDE {draw(st.sampled_from([1, 2, 5]))} SECONDS"
     partition = draw(st.sampled_from(["PARTITION BY station ", ""]))
     calls = draw(st.lists(st.sampled_from(AGGREGATES), min_size=1, max_size=4, unique=True))
-    over = f"OVER ({partition}{frame})"
-    columns = ", ".join(f"{c.split(' AS ')[0]} {over} AS {c.split(' AS ')[1]}" for c in calls)
-    first = calls[0].split(" AS ")[1]
-    return (
-        f"CREATE STREAM out AS SELECT station, lane, ts, speed, {columns} FROM traffic;\n"
-        f"CREATE ALERT watch SEVERITY warning AS SELECT station, ts, {first} FROM out "
-        f"WHERE {first} IS NOT NULL AND lane > 1;\n"
-    )
+    return over_rule_text(calls, f"OVER ({partition}{frame})")
 
 
 @st.composite
@@ -152,16 +158,32 @@ def arrivals(items: list[tuple]) -> list[pa.Table]:
     return rows
 
 
-def run(rule: str, rows: list[dict], cuts: list[int], restart: bool) -> list[tuple]:
+def plan_of(rule: str) -> Plan:
+    """The plan of ``rule`` over the test's stream."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "rule.sql"
         path.write_text(STREAM + rule)
-        plan = load_rules([path]).plan
+        return load_rules([path]).plan
+
+
+def run(
+    rule: str,
+    rows: list[dict],
+    cuts: list[int],
+    restart: bool,
+    between: Callable[[], None] | None = None,
+) -> list[tuple]:
+    """Every output of ``rule`` over ``rows`` cut into batches at ``cuts``, the pipeline
+    rebuilt from its store before each batch if ``restart`` (``between()`` called first,
+    after the first batch: the planner may then choose other runners)."""
+    plan = plan_of(rule)
     schema = plan.streams["traffic"]
     store = MemoryStore()
     pipeline = Pipeline(plan, store=store)
     out = []
     for start, end in zip([0, *cuts], [*cuts, len(rows)], strict=True):
+        if start and between is not None:
+            between()
         if restart:
             pipeline = Pipeline(plan, store=store)
         table = arrival_table(schema, rows[start:end])
@@ -415,14 +437,7 @@ def short_rows_rule(draw: st.DrawFn) -> str:
     preceding = draw(st.integers(0, 3) | st.integers(0, short_rows.SHORT_ROWS_BELOW - 2))
     partition = draw(st.sampled_from(["PARTITION BY station ", "PARTITION BY station, lane ", ""]))
     calls = draw(st.lists(st.sampled_from(SHORT_CALLS), min_size=1, max_size=3, unique=True))
-    over = f"OVER ({partition}ROWS {preceding} PRECEDING)"
-    columns = ", ".join(f"{c.split(' AS ')[0]} {over} AS {c.split(' AS ')[1]}" for c in calls)
-    first = calls[0].split(" AS ")[1]
-    return (
-        f"CREATE STREAM out AS SELECT station, lane, ts, speed, {columns} FROM traffic;\n"
-        f"CREATE ALERT watch SEVERITY warning AS SELECT station, ts, {first} FROM out "
-        f"WHERE {first} IS NOT NULL AND lane > 1;\n"
-    )
+    return over_rule_text(calls, f"OVER ({partition}ROWS {preceding} PRECEDING)")
 
 
 @settings(
@@ -449,11 +464,7 @@ def test_short_rows_frames_for_all_keys_at_once_give_the_per_row_rows(
     per_row["on"] = True
     expected = run(rule, rows, [], restart=False)
     per_row["on"] = False
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "rule.sql"
-        path.write_text(STREAM + rule)
-        plan = load_rules([path]).plan
-    pipeline = Pipeline(plan, store=MemoryStore())
+    pipeline = Pipeline(plan_of(rule), store=MemoryStore())
     chosen = [r for r in pipeline.runners.values() if r.stage.query.sink.name == "out"]
     assert isinstance(chosen[0], short_rows.ShortRowsRunner)
     got = run(rule, rows, cuts, restart=True)
@@ -461,31 +472,6 @@ def test_short_rows_frames_for_all_keys_at_once_give_the_per_row_rows(
     if cuts:
         original = planner.short_rows
         monkeypatch.setattr(planner, "short_rows", lambda window: False)
-        first_cut = cuts[0]
-        legacy = run_resumed(rule, rows, first_cut, lambda: monkeypatch.setattr(
+        legacy = run(rule, rows, cuts[:1], restart=True, between=lambda: monkeypatch.setattr(
             planner, "short_rows", original))  # fmt: skip
         assert legacy == expected, rule
-
-
-def run_resumed(rule: str, rows: list[dict], cut: int, switch: Any) -> list[tuple]:
-    """``run`` in two batches, ``switch()`` called between them and the pipeline rebuilt
-    from its store (so the planner may choose another runner for the second)."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "rule.sql"
-        path.write_text(STREAM + rule)
-        plan = load_rules([path]).plan
-    schema = plan.streams["traffic"]
-    store = MemoryStore()
-    out = []
-    for start, end in ((0, cut), (cut, len(rows))):
-        if start:
-            switch()
-        pipeline = Pipeline(plan, store=store)
-        table = arrival_table(schema, rows[start:end])
-        beats = pa.array([r[HEARTBEAT] for r in rows[start:end]], pa.bool_())
-        table = table.set_column(table.column_names.index(HEARTBEAT), HEARTBEAT, beats)
-        out += pipeline.process({"traffic": table}).outputs
-        pipeline.save()
-    out += pipeline.finish().outputs
-    flat = [(o.sink, o.ts, o.source, o.seq, o.row) for e in out for _, o in emitted_outputs(e)]
-    return sorted(flat, key=lambda o: (o[0], o[2], o[3]))

@@ -19,30 +19,8 @@ from engine.core.plan import END_OF_TIME, AggCall, FrameUnits, OverWindow, Stage
 from rules.udas import ItemAlarm
 from tests.engine.helpers import col, over_plan
 from tests.engine.test_active_expiration import TAGS
+from tests.engine.test_active_expiration import ItemAlarm as PaperItemAlarm
 from tests.examples import examples
-
-
-class PaperItemAlarm(WindowAggregate):
-    """Example 18 as written: an 'ap' deletes every item waiting in the window; an item
-    read while an 'ap' is in the window is covered; an item that expires neither alarms."""
-
-    def __init__(self) -> None:
-        self.covered: list[tuple[Any, ...]] = []
-
-    def iterate(self, args: tuple[Any, ...], inwindow: InWindow) -> Iterable[Any]:
-        if args[1] == "ap":
-            inwindow.delete(lambda t: t[1] == "item")
-        elif args[1] == "item" and any(t[1] == "ap" for t in inwindow):
-            self.covered.append(args)
-        return ()
-
-    def expire(self, args: tuple[Any, ...], inwindow: InWindow) -> Iterable[Any]:
-        if args[1] != "item":
-            return ()
-        if args in self.covered:
-            self.covered.remove(args)
-            return ()
-        return ("larceny alarm",)
 
 
 class DeletingItemAlarm(WindowAggregate):
@@ -135,7 +113,7 @@ readings = st.lists(
 )
 
 
-@settings(max_examples=examples(200), deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(raw=readings, restore_at=st.sets(st.integers(0, 39), max_size=4), data=st.data())
 def test_the_library_alarm_is_the_papers(raw: list, restore_at: set[int], data: Any) -> None:
     rows = [

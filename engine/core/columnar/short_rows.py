@@ -89,10 +89,11 @@ class ShortRowsRunner(OverRunner):
         kept_sizes = np.array([len(p.values) if p.values is not None else 0 for p in picked])
         new_sizes = np.array([len(p.index) for p in picked])
         sizes = kept_sizes + new_sizes
-        first = np.repeat(np.cumsum(sizes) - sizes, sizes)  # each position's key's first
+        offsets = np.cumsum(sizes) - sizes  # each key's first position
+        first = np.repeat(offsets, sizes)
         # The new rows' positions: after their key's kept rows.
         is_new = np.ones(int(sizes.sum()), dtype=bool)
-        is_new[np.repeat(np.cumsum(sizes) - sizes, kept_sizes) + _ranges(kept_sizes)] = False
+        is_new[np.repeat(offsets, kept_sizes) + _ranges(kept_sizes)] = False
         at = np.flatnonzero(is_new)
         lo = np.maximum(first[at], at - self.n)
         values = final.take(pa.array(index, pa.int64()))
