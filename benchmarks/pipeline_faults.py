@@ -145,18 +145,26 @@ def epoch_us(column: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def disk_figures(lakehouse: Path) -> dict[str, float]:
-    """The streaming checkpoints' size (state stores and logs, MB) and the data files
-    in the lakehouse's tables (what compaction and vacuum keep bounded)."""
-    checkpoint_bytes, data_files = 0, 0
+    """The streaming checkpoints' size (state stores and logs, MB), the data files the
+    tables' current versions hold (what compaction keeps bounded), and the data files on
+    disk (those compaction replaced stay for the tables' retention, 7 days)."""
+    checkpoint_bytes, on_disk, live = 0, 0, 0
     for root, _, names in os.walk(lakehouse):
         inside = Path(root).relative_to(lakehouse).parts
+        if inside and inside[0] != "_checkpoints" and (Path(root) / "_delta_log").is_dir():
+            with contextlib.suppress(Exception):  # a table being written or compacted
+                live += len(DeltaTable(root).file_uris())
         for name in names:
             if inside and inside[0] == "_checkpoints":
                 with contextlib.suppress(OSError):
                     checkpoint_bytes += os.stat(os.path.join(root, name)).st_size
             elif name.endswith(".parquet") and "_delta_log" not in inside:
-                data_files += 1
-    return {"checkpoints_mb": round(checkpoint_bytes / 2**20, 1), "data_files": data_files}
+                on_disk += 1
+    return {
+        "checkpoints_mb": round(checkpoint_bytes / 2**20, 1),
+        "table_files": live,
+        "files_on_disk": on_disk,
+    }
 
 
 def kill9(part: Part) -> None:
@@ -719,7 +727,8 @@ def main() -> int:
             "minute_2": behind_s(minute_2, published_at, start_ms, set(expected)),
             "end": behind_s(last, published_at, start_ms, set(expected)),
         }
-        # [s, watermark behind (s), engine memory (MB), checkpoints (MB), data files]
+        # [s, watermark behind (s), engine memory (MB), checkpoints (MB), files in the
+        # tables, files on disk]
         report["timeline"] = [
             [
                 round(x["t"] - published_at),
@@ -829,7 +838,8 @@ def progress(
         f"{(last['t'] - published_at) / 60:5.1f} min  watermark "
         f"{behind_s(last, published_at, start_ms, streams)} s behind, engine "
         f"{memory_mb(last):,.0f} MB, checkpoints {disk.get('checkpoints_mb', 0):,.0f} MB, "
-        f"{disk.get('data_files', 0):,} data files"
+        f"{disk.get('table_files', 0):,} files in the tables ({disk.get('files_on_disk', 0):,} "
+        "on disk)"
     )
 
 
