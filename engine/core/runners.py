@@ -523,10 +523,13 @@ _WAKEUPS = 1
 
 STAGE_STATE_KINDS = ("head", "cstate", RESTS)
 """The kinds of store entries a stage runner restores from (each entry names its stage)."""
-STAGE_PIECE_KINDS = ("chunk", "slice", REST)
+SLICE_PAGE = "slicepage"
+"""The kind of a page of a RANGE or long ROWS frame's slice descriptions:
+(slicepage, stage, key, page number)."""
+STAGE_PIECE_KINDS = ("chunk", "slice", SLICE_PAGE, REST)
 """The kinds of entries a runner reads only when it needs them (a window's stored
 pieces, an evicted key's residue)."""
-LISTED_PIECE_KINDS = ("chunk", "slice")
+LISTED_PIECE_KINDS = ("chunk", "slice", SLICE_PAGE)
 """The piece kinds whose keys are listed at restore, to drop those of stale state. A
 stale residue is dropped when its key comes back instead: there may be one per key
 ever evicted, too many to list at every rebuild."""

@@ -15,6 +15,7 @@ the last bit against the columnar pipeline run in one batch).
 from __future__ import annotations
 
 import math
+import pickle
 import random
 import tempfile
 from collections.abc import Callable
@@ -27,13 +28,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import engine.core.columnar.frames as frames
+import engine.core.columnar.over as over
 import engine.core.columnar.short_rows as short_rows
 import engine.core.planner.runners as planner
 from engine.core.columnar import ops
 from engine.core.pipeline import HEARTBEAT, Pipeline
 from engine.core.plan import Plan
 from engine.core.replay import arrival_table
-from engine.core.runners import emitted_outputs
+from engine.core.runners import SLICE_PAGE, emitted_outputs
 from engine.core.state import MemoryStore
 from rules.language.loader import load_rules
 from tests.examples import examples
@@ -172,13 +174,15 @@ def run(
     cuts: list[int],
     restart: bool,
     between: Callable[[], None] | None = None,
+    store: MemoryStore | None = None,
 ) -> list[tuple]:
     """Every output of ``rule`` over ``rows`` cut into batches at ``cuts``, the pipeline
-    rebuilt from its store before each batch if ``restart`` (``between()`` called first,
-    after the first batch: the planner may then choose other runners)."""
+    rebuilt from its store (``store``, or a new one) before each batch if ``restart``
+    (``between()`` called first, after the first batch: the planner may then choose
+    other runners)."""
     plan = plan_of(rule)
     schema = plan.streams["traffic"]
-    store = MemoryStore()
+    store = MemoryStore() if store is None else store
     pipeline = Pipeline(plan, store=store)
     out = []
     for start, end in zip([0, *cuts], [*cuts, len(rows)], strict=True):
@@ -474,4 +478,67 @@ def test_short_rows_frames_for_all_keys_at_once_give_the_per_row_rows(
         monkeypatch.setattr(planner, "short_rows", lambda window: False)
         legacy = run(rule, rows, cuts[:1], restart=True, between=lambda: monkeypatch.setattr(
             planner, "short_rows", original))  # fmt: skip
+        assert legacy == expected, rule
+
+
+@st.composite
+def sliced_rule(draw: st.DrawFn) -> str:
+    """An OVER window whose key keeps its rows in stored slices: a RANGE frame, or a ROWS
+    frame (sliced whatever its length in the test below)."""
+    if draw(st.booleans()):
+        span = draw(st.sampled_from(["500 MILLISECONDS", "2 SECONDS", "4 SECONDS"]))
+        frame = f"RANGE {span} PRECEDING"
+    else:
+        frame = f"ROWS {draw(st.integers(1, 8))} PRECEDING"
+    frame += draw(st.sampled_from(["", " SLIDE 2", " SLIDE 1 SECONDS"]))
+    partition = draw(st.sampled_from(["PARTITION BY station ", ""]))
+    calls = draw(st.lists(st.sampled_from(AGGREGATES), min_size=1, max_size=3, unique=True))
+    return over_rule_text(calls, f"OVER ({partition}{frame})")
+
+
+@settings(
+    max_examples=examples(200),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    rule=sliced_rule(),
+    items=st.lists(reading, min_size=10, max_size=80).map(lambda r: sorted(r, key=lambda x: x[0])),
+    seed=st.integers(0, 2**16),
+    page=st.integers(1, 3),
+)
+def test_slice_descriptions_in_pages_across_many_restarts_give_the_per_row_rows(
+    per_row, monkeypatch, rule, items, seed, page
+) -> None:
+    # Pages of 1 to 3 slices (a slice of 1 or 2 rows), many batches, the pipeline rebuilt
+    # from its store before each: pages are written, read back and deleted many times.
+    # Then the same from a state saved before pages (every slice described in the key's
+    # own state), as an engine upgraded with its checkpoint finds it.
+    monkeypatch.setattr(over, "PAGE_SLICES", page)
+    monkeypatch.setattr(planner, "SLICED_ROWS_FROM", 1)
+    monkeypatch.setattr(frames, "SLICE_ROWS", 2)
+    rows = arrivals(items)
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(rows)), min(rng.randint(1, 20), max(len(rows) - 1, 0))))
+    per_row["on"] = True
+    expected = run(rule, rows, [], restart=False)
+    per_row["on"] = False
+    store = MemoryStore()
+    assert run(rule, rows, cuts, restart=True, store=store) == expected, rule
+    # The store holds the pages of each key's kept slices, and no other.
+    pages = {(e[1], e[2], e[3]) for e in store.entries if e[0] == SLICE_PAGE}
+    held = set()
+    for entry in store.entries:
+        if entry[0] == "cstate" and entry[3] == 0:
+            kept = pickle.loads(store.entries[entry])[3][1]
+            if isinstance(kept, tuple) and kept[0] == "paged":
+                held |= {(entry[1], entry[2], p) for p in range(*kept[2])}
+    assert pages == held, rule
+    if cuts:
+        paged = over.OverRunner._page
+        unpaged = lambda self, text, kept, store: (  # noqa: E731
+            "slices", over._described(kept.slices), kept.next_number)  # fmt: skip
+        monkeypatch.setattr(over.OverRunner, "_page", unpaged)
+        legacy = run(rule, rows, cuts[:3], restart=True, between=lambda: monkeypatch.setattr(
+            over.OverRunner, "_page", paged))  # fmt: skip
         assert legacy == expected, rule

@@ -25,19 +25,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import orjson
 import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import engine.core.columnar.over as over
 import engine.core.planner.runners as planner
 import engine.core.runners as runners_module
 from engine.alerts import alert_id
 from engine.core.pipeline import HEARTBEAT, Pipeline
 from engine.core.plan import Plan
 from engine.core.replay import arrival_table
-from engine.core.runners import REST, emitted_outputs
+from engine.core.runners import REST, SLICE_PAGE, emitted_outputs
 from engine.core.state import MemoryStore
 from lookout.replay import output_key
 from rules.language.loader import load_rules
@@ -229,7 +231,7 @@ def assert_store_holds_live_keys(pipeline: Pipeline, store: MemoryStore) -> None
             key[2]
             for key in store.entries
             if key[1] == stage.name
-            and key[0] in ("head", "cstate", "chunk", "slice")
+            and key[0] in ("head", "cstate", "chunk", "slice", SLICE_PAGE)
             and key[2]  # the columnar runner's pending rows have no key
         }
         live = {k for k in stored if runner.is_live(tuple(orjson.loads(k)))}
@@ -258,8 +260,10 @@ def check(rule: str, items: list[tuple], seed: int, restart: bool) -> None:
     count = min(rng.randint(0, 12), max(len(rows) - 1, 0))
     cuts = sorted(rng.sample(range(1, len(rows)), count))
     plan = compiled(rule)
-    kept_out, kept_incidents, kept_live = run(plan, rows, cuts, restart, evict=False)
-    out, incidents, live = run(plan, rows, cuts, restart, evict=True)
+    # Pages of one slice description: an evicted key's pages must go too.
+    with patch.object(over, "PAGE_SLICES", 1):
+        kept_out, kept_incidents, kept_live = run(plan, rows, cuts, restart, evict=False)
+        out, incidents, live = run(plan, rows, cuts, restart, evict=True)
     assert out == kept_out, rule
     assert incidents == kept_incidents, rule
     assert all(a <= b for a, b in zip(live, kept_live, strict=True)), (live, kept_live)
@@ -365,3 +369,28 @@ def test_idle_keys_leave_memory_and_store_and_come_back_numbered_on() -> None:
     assert pipeline.live_keys()["ranged"] == 0
     rebuilt = Pipeline(plan, store=store)
     assert rebuilt.live_keys()["rowed"] == 50 and rebuilt.live_keys()["ranged"] == 0
+
+
+def test_an_evicted_keys_slice_pages_leave_the_store() -> None:
+    """A RANGE frame's key with rows in many batches has pages of slice descriptions in
+    the store; once its rows have all left, the key is evicted and its pages go too."""
+    plan = compiled(
+        "CREATE STREAM out AS SELECT station, ts, count(*) OVER (PARTITION BY station "
+        "RANGE 3 SECONDS PRECEDING) AS n FROM traffic;\n"
+    )
+    rows = arrivals([(t * 250, 1 + t % 2, 2, 1.0, "a", "p", False) for t in range(60)])
+    store = MemoryStore()
+    pages_seen = 0
+    with patch.object(over, "PAGE_SLICES", 1):
+        pipeline = Pipeline(plan, store=store)
+        for start in range(0, len(rows), 10):
+            table = arrival_table(plan.streams["traffic"], rows[start : start + 10])
+            pipeline.process({"traffic": table})
+            pipeline.save()
+            pages_seen = max(pages_seen, sum(e[0] == SLICE_PAGE for e in store.entries))
+            assert_store_holds_live_keys(pipeline, store)
+        pipeline.finish()
+        pipeline.save()
+    assert pages_seen >= 2
+    assert pipeline.live_keys()["out"] == 0
+    assert not [e for e in store.entries if e[0] in (SLICE_PAGE, "slice")]

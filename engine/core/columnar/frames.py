@@ -224,6 +224,7 @@ class SliceBuffer:
     slices: list[Slice] = field(default_factory=list)
     next_number: int = 0
     dropped: list[int] = field(default_factory=list)  # stored slices to delete
+    paged: tuple[int, int] = (0, 0)  # pages [a, b) of slice descriptions in the store
 
 
 class RangeFrame:

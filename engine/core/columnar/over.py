@@ -31,8 +31,14 @@ from engine.core.columnar import aggregates as agg
 from engine.core.columnar.frames import Frame, Run, Slice, SliceBuffer, SliceLoader
 from engine.core.columnar.stage import ColumnarRunner, Picked
 from engine.core.plan import OverWindow, Stage
-from engine.core.runners import TS, HasStore, Key, key_json
+from engine.core.runners import SLICE_PAGE, TS, HasStore, Key, key_json
 from engine.core.state import StateStore, dumps
+
+PAGE_SLICES = 64
+"""Slices whose descriptions (numbers, event times, extremes, sizes) are stored together
+in one page once none of them can change: a key's own state then holds the
+descriptions of its last few slices, not of all (a 15-minute RANGE frame keeps about
+a thousand slices at a batch a second)."""
 
 # ---- emit policies -------------------------------------------------------------------------
 
@@ -238,13 +244,44 @@ class OverRunner(ColumnarRunner):
             # the last one, which the next rows may join.
             for piece in kept.slices[1:-1]:
                 piece.run = None
-            slices = [(p.number, p.first, p.last, p.extremes, p.size) for p in kept.slices]
-            kept = ("slices", slices, kept.next_number)
+            kept = self._page(text, kept, store)
         return (state.count, kept, state.waiting, state.closes, state.totals)
+
+    def _page(self, text: str, kept: SliceBuffer, store: StateStore) -> tuple:
+        """Store the pages of slice descriptions that can no longer change, delete those
+        whose slices are all gone; the key's state keeps the rest (``PAGE_SLICES``).
+
+        Slice numbers run on without gaps and a slice may change only while it is the
+        last (a ROWS frame's filling slice): page ``p`` (slices ``[p*P, (p+1)*P)``) is
+        final once slice ``(p+1)*P`` exists."""
+        first = kept.slices[0].number if kept.slices else kept.next_number
+        low, final = first // PAGE_SLICES, max(kept.next_number - 1, 0) // PAGE_SLICES
+        for page in range(kept.paged[0], min(low, kept.paged[1])):
+            store.delete((SLICE_PAGE, self.stage.name, text, page))
+        for page in range(max(kept.paged[1], low), final):
+            lo, hi = page * PAGE_SLICES - first, (page + 1) * PAGE_SLICES - first
+            pieces = kept.slices[max(lo, 0) : max(hi, 0)]
+            store.put((SLICE_PAGE, self.stage.name, text, page), dumps(_described(pieces)))
+        kept.paged = (low, max(final, low))
+        rest = kept.slices[max(kept.paged[1] * PAGE_SLICES - first, 0) :]
+        return ("paged", first, kept.paged, _described(rest), kept.next_number)
 
     def load(self, key: Key, data: Any) -> OverKey:
         count, kept, waiting, closes, totals = data
-        if isinstance(kept, tuple) and kept and kept[0] == "slices":
+        if isinstance(kept, tuple) and kept and kept[0] == "paged":
+            _, first, paged, rest, next_number = kept
+            store = self.owner.store
+            assert store is not None, "paged slices without a store"
+            described = []
+            for page in range(*paged):
+                found = store.get((SLICE_PAGE, self.stage.name, key_json(key), page))
+                if found is None:
+                    raise KeyError(f"slice page {page} of {self.stage.name} {key} missing")
+                described += pickle.loads(found)
+            pieces = [Slice(n, f, last, x, None, True, size)
+                      for n, f, last, x, size in [*described, *rest] if n >= first]  # fmt: skip
+            kept = SliceBuffer(pieces, next_number, paged=paged)
+        elif isinstance(kept, tuple) and kept and kept[0] == "slices":  # before pages
             _, slices, next_number = kept
             kept = SliceBuffer(
                 [Slice(n, f, last, x, None, True, size) for n, f, last, x, size in slices],
@@ -277,4 +314,11 @@ class OverRunner(ColumnarRunner):
         if not isinstance(kept, SliceBuffer):
             return []
         numbers = [*kept.dropped, *(p.number for p in kept.slices if p.stored)]
-        return [("slice", self.stage.name, key_json(key), n) for n in numbers]
+        text = key_json(key)
+        pages = [(SLICE_PAGE, self.stage.name, text, page) for page in range(*kept.paged)]
+        return [("slice", self.stage.name, text, n) for n in numbers] + pages
+
+
+def _described(pieces: list[Slice]) -> list[tuple]:
+    """What a page or a key's state keeps of each slice (its rows are stored apart)."""
+    return [(p.number, p.first, p.last, p.extremes, p.size) for p in pieces]
