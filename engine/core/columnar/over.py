@@ -34,6 +34,9 @@ from engine.core.plan import OverWindow, Stage
 from engine.core.runners import SLICE_PAGE, TS, HasStore, Key, key_json
 from engine.core.state import StateStore, dumps
 
+READ_BACK = 4
+"""A frame's start reads stored rows back from the first slices only (the frame let go of
+those before): rows of slices ``1 .. READ_BACK - 1`` leave memory at each save."""
 PAGE_SLICES = 64
 """Slices whose descriptions (numbers, event times, extremes, sizes) are stored together
 in one page once none of them can change: a key's own state then holds the
@@ -236,13 +239,17 @@ class OverRunner(ColumnarRunner):
             for number in kept.dropped:
                 store.delete(("slice", self.stage.name, text, number))
             kept.dropped = []
-            for piece in kept.slices:
-                if not piece.stored:
-                    store.put(("slice", self.stage.name, text, piece.number), dumps(piece.run))
-                    piece.stored = True
+            # The slices not yet stored are the newest: no walk over a long frame's all.
+            new = 0
+            for piece in reversed(kept.slices):
+                if piece.stored:
+                    break
+                store.put(("slice", self.stage.name, text, piece.number), dumps(piece.run))
+                piece.stored, new = True, new + 1
             # Only the front slice is read again soon (a frame's start moves forward), and
-            # the last one, which the next rows may join.
-            for piece in kept.slices[1:-1]:
+            # the last one, which the next rows may join. Rows in memory elsewhere are the
+            # new slices' and those a frame's start read back, next to the front.
+            for piece in (*kept.slices[1:READ_BACK], *kept.slices[-new - 1 : -1]):
                 piece.run = None
             kept = self._page(text, kept, store)
         return (state.count, kept, state.waiting, state.closes, state.totals)
