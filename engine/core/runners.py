@@ -488,7 +488,8 @@ class RowRunner:
             self._stored[key] = head
 
     def restore(self, saved: Saved) -> list[StateKey]:
-        stale: set[str] = set()
+        # A columnar runner's keys (the stage ran per column): another kind's state.
+        stale = {text for (_, _, text, _), _ in saved.get("cstate", [])}
         for (_, _, text, _), data in saved.get("head", []):
             definition, kind, wakeup, head, *since = pickle.loads(data)
             if definition != self.stage.query.definition or kind != self.kind:

@@ -1,6 +1,8 @@
 """Warm start: rules added or edited part-way through a stream start with their windows
 filled from the stored readings, and from then on emit exactly what they would have
-emitted had they always run; the rules left alone carry on untouched.
+emitted had they always run; the rules left alone carry on untouched. So does a stage
+whose runner changed with an upgrade (per row, then per column): the state the other
+runner saved is dropped, and the stage filled again.
 
 The oracle is the whole stream run from the start by one pipeline over the new rules;
 the live side runs the old rules, writes each batch's accepted readings to a readings
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +23,12 @@ from deltalake import write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import engine.core.planner.runners as planner
+from engine.core.columnar.expiry import NewestExpiryRunner
 from engine.core.pipeline import EDITED, NEW, Pipeline
 from engine.core.plan import Plan
 from engine.core.replay import arrival_table
-from engine.core.runners import SEQ, TS, SinkRows
+from engine.core.runners import SEQ, TS, RowRunner, SinkRows
 from engine.core.state import MemoryStore
 from engine.landed_files import RECEIVED_MS, TOPIC
 from engine.outputs import readings_rows
@@ -50,6 +54,7 @@ ADDED = {
     # Edited: its old state is dropped and filled again.
     "volume": BASE["volume"].replace("1 MINUTE", "90 SECONDS"),
 }
+NEW_RULES = {**BASE, **ADDED}
 START = 1_772_431_200_000
 
 
@@ -116,10 +121,25 @@ def store_readings(lake: Path, plan: Plan, readings: dict[str, pa.Table]) -> Non
             write_deltalake(str(lake / readings_table(stream)), rows, mode="append")
 
 
+def a_pipeline(plan: Plan, store: MemoryStore) -> Pipeline:
+    return Pipeline(plan, store=store)
+
+
 def run_and_deploy(
-    tmp_path: Path, seed: int, n: int, per_batch: int, deploy: int, backfill_ms: int
+    tmp_path: Path,
+    seed: int,
+    n: int,
+    per_batch: int,
+    deploy: int,
+    backfill_ms: int,
+    old_rules: dict[str, str] = BASE,
+    new_rules: dict[str, str] = NEW_RULES,
+    old_pipeline: Callable[[Plan, MemoryStore], Pipeline] = a_pipeline,
 ) -> dict[str, Any]:
-    old, new = plan_of(tmp_path, "old", BASE), plan_of(tmp_path, "new", {**BASE, **ADDED})
+    """The new rules run over every batch from the start (``expected``); and the old
+    ones (their pipeline built by ``old_pipeline``) over the batches before ``deploy``,
+    then the new ones resumed on their store, warm started, over the rest."""
+    old, new = plan_of(tmp_path, "old", old_rules), plan_of(tmp_path, "new", new_rules)
     cut = batches(seed, n, per_batch)
     deploy = min(deploy, len(cut) - 1)
     reference = Pipeline(new)
@@ -130,7 +150,7 @@ def run_and_deploy(
 
     lake = tmp_path / "lake"
     store = MemoryStore()
-    live = Pipeline(old, store=store)
+    live = old_pipeline(old, store)
     got: list[SinkRows] = []
     for batch in cut[:deploy]:
         result = live.process(arrivals(old, batch))
@@ -154,6 +174,7 @@ def run_and_deploy(
         "expected": expected,
         "before": got,
         "after": after,
+        "live": live,
         "resumed": resumed,
         "new": new,
     }
@@ -188,6 +209,75 @@ def test_added_and_edited_rules_emit_what_they_would_have_had_they_always_run(
     )
     after = rows_of(run["after"], "slow", numbered=False)
     assert after == rows_of(run["expected"], "slow", position, numbered=False)
+
+
+# Active expiration over an aggregate declared newest_only: run per column, or per row.
+EXPIRING = {
+    "quiet": "CREATE AGGREGATE silence(ts TIMESTAMP) RETURNS TIMESTAMP LANGUAGE PYTHON AS "
+    "'rules.udas:Silence';\n"
+    "CREATE STREAM quiet AS SELECT station, ts, silence(ts) OVER (PARTITION BY station "
+    "RANGE 3 SECONDS PRECEDING ACTIVE EXPIRATION) AS last_seen FROM traffic;",
+}
+
+
+def per_row_pipeline(plan: Plan, store: MemoryStore) -> Pipeline:
+    """A pipeline as an engine built it when the stages of ``EXPIRING`` ran per row."""
+    columnar = planner.columnar
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(planner, "columnar", lambda s: s.name not in EXPIRING and columnar(s))
+        return Pipeline(plan, store=store)
+
+
+def runner_of(pipeline: Pipeline, name: str) -> Any:
+    return next(pipeline.runners[i] for i, stage in pipeline.stages if stage.name == name)
+
+
+@pytest.mark.parametrize(
+    ("seed", "per_batch", "deploy"),
+    [
+        (5, 20, 4),
+        (11, 20, 9),
+        (1, 4, 1),  # deployed before any key was evicted: no residues saved
+    ],
+)
+def test_a_stage_that_changes_runner_starts_again_from_the_stored_readings(
+    tmp_path: Path, seed: int, per_batch: int, deploy: int
+) -> None:
+    # The same rules, saved by the per-row runner and resumed by the columnar one (an
+    # upgrade that moves a stage): the other kind's state is dropped and filled again.
+    rules = {**BASE, **EXPIRING}
+    run = run_and_deploy(
+        tmp_path, seed, 300, per_batch, deploy, 3_600_000, rules, rules, per_row_pipeline
+    )
+    for name in EXPIRING:
+        assert isinstance(runner_of(run["live"], name), RowRunner), name
+        assert isinstance(runner_of(run["resumed"], name), NewestExpiryRunner), name
+    assert run["fresh"] == {name: EDITED for name in EXPIRING}
+    position = run["position"]
+    for name in EXPIRING:
+        after = rows_of(run["expected"], name, position)
+        assert len(after) >= 20, (name, len(after))  # the silences to compare
+        assert rows_of(run["after"], name) == after, name
+    got = [*run["before"], *run["after"]]  # the stages left alone carry on
+    for name in BASE:
+        assert rows_of(got, name) == rows_of(run["expected"], name), name
+
+
+@pytest.mark.parametrize("saved_per_row", [True, False])
+def test_the_state_another_runner_saved_is_dropped(tmp_path: Path, saved_per_row: bool) -> None:
+    # Saved before any key was evicted (no residues, whose count also names the kind):
+    # the per-row and the columnar runners still tell each other's state.
+    plan = plan_of(tmp_path, "rules", {**BASE, **EXPIRING})
+    before, after = (per_row_pipeline, a_pipeline)[:: 1 if saved_per_row else -1]
+    store = MemoryStore()
+    live = before(plan, store)
+    live.process(arrivals(plan, batches(1, 4, 4)[0]))
+    live.save()
+    assert [e for e in store.entries if e[1] in EXPIRING], "the stages saved state"
+    resumed = after(plan, store)
+    assert resumed.fresh == {name: EDITED for name in EXPIRING}
+    assert not [e for e in store.entries if e[1] in EXPIRING], "and it is gone"
+    assert resumed.fresh.keys() == set(resumed.dropped)
 
 
 def test_time_windows_are_filled_from_their_reach_alone(tmp_path: Path) -> None:

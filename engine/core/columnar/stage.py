@@ -348,7 +348,8 @@ class ColumnarRunner:
         return data
 
     def restore(self, saved: Saved) -> list[StateKey]:
-        stale: list[StateKey] = []
+        # The per-row runner's keys (the stage ran per row): another kind's state.
+        stale: list[StateKey] = [entry for entry, _ in saved.get("head", [])]
         for entry, data in saved.get("cstate", []):
             definition, kind, *rest = pickle.loads(data)
             if definition != self.stage.query.definition or kind != self.kind:
@@ -366,7 +367,7 @@ class ColumnarRunner:
                 wakeup = -END_OF_TIME  # saved idle (before eviction): evicted next advance
             self._schedule(key, wakeup)
         doomed = {e[2] for e in stale}
-        stale += [e for kind, found in saved.items() if kind not in ("cstate", RESTS)
+        stale += [e for kind, found in saved.items() if kind not in ("cstate", "head", RESTS)
                   for e, _ in found if e[2] in doomed]  # fmt: skip
         return stale + self.rests.restore(saved)
 
