@@ -11,6 +11,7 @@ emit policy.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -261,8 +262,12 @@ class RangeFrame:
         slices = kept.slices
         reach = lo == 0  # the frame may start among the kept rows
         if slices and reach.any():
-            last = np.array([s.last for s in slices], dtype=np.int64)
-            first_in = np.searchsorted(last, start, "left")  # first slice with a row in it
+            # Slices in arrival order end in time order; only those between the earliest
+            # and the latest frame start are looked at (a long frame keeps a thousand).
+            low = bisect.bisect_left(slices, int(start[reach].min()), key=_last)
+            high = bisect.bisect_left(slices, int(start[reach].max()), key=_last) + 1
+            last = np.array([s.last for s in slices[low:high]], dtype=np.int64)
+            first_in = low + np.searchsorted(last, start, "left")  # first slice with a row in it
             for b in np.unique(first_in[reach]):
                 if b >= len(slices):
                     continue  # every kept row is before the frame
@@ -285,6 +290,10 @@ class RangeFrame:
             if gone.stored:
                 kept.dropped.append(gone.number)
         return kept
+
+
+def _last(piece: Slice) -> int:
+    return piece.last
 
 
 def _loaded(piece: Slice, load: Any) -> Run:
