@@ -1,14 +1,14 @@
 """Active expiration per column, for aggregates that keep only the newest tuple.
 
 ``agg(...) OVER (PARTITION BY k RANGE t PRECEDING ACTIVE EXPIRATION)`` where ``agg``
-declares :attr:`~engine.core.aggregates.WindowAggregate.newest_only` (a silence
-detector): each tuple deletes the ones before it, so a tuple expires, at instant
-``ts + t`` and after the tuples of that instant, exactly when no tuple of its key comes
-at or before ``ts + t``. Per key that is a comparison of each event time with the next
-one; the key's newest tuple waits in its state until the next tuple or the watermark
-decides. ``expire`` runs in Python for the tuples that expire only (a silence is rare),
-each alone in its window, and each of its values is an output row: the expiring tuple's
-columns and the value, with event time ``ts + t``.
+declares :attr:`~engine.core.aggregates.WindowAggregate.newest_only` (a silence or
+timeout detector): arrivals emit nothing, and only a tuple that no tuple of its key
+follows at or before ``ts + t`` emits when it expires (at instant ``ts + t``, after the
+tuples of that instant), values of its own arguments. Per key that is a comparison of
+each event time with the next one; the key's newest tuple waits in its state until
+the next tuple or the watermark decides. ``expire`` runs in Python for those tuples
+only (a silence is rare), each alone in its window, and each of its values is an
+output row: the expiring tuple's columns and the value, with event time ``ts + t``.
 """
 
 from __future__ import annotations
