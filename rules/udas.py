@@ -141,7 +141,14 @@ class MissedDoor(WindowAggregate):
     Called with `PARTITION BY tagid RANGE t PRECEDING ACTIVE EXPIRATION`. A reading at
     `next_door` settles the tag's earlier readings (they are deleted and never
     expire); of repeated readings at the first door only the last one counts.
+
+    It is `newest_only`: a reading alarms only if no later reading of its tag came
+    within t (a later one at `next_door` deleted it; a later repeat is still in the
+    window when it expires), and then its value is its own door, or nothing at
+    `next_door`. The repeats it keeps never alarm.
     """
+
+    newest_only = True
 
     def iterate(self, args: tuple[Any, ...], inwindow: InWindow) -> Iterable[Any]:
         """A reading at the next door settles the earlier ones."""

@@ -69,12 +69,17 @@ class WindowAggregate:
     """
 
     newest_only: ClassVar[bool] = False
-    """Declared by an aggregate that keeps only the newest tuple: under ``RANGE t
-    PRECEDING ACTIVE EXPIRATION`` its ``iterate`` deletes every older tuple and emits
-    nothing, and ``expire``'s values depend on the expiring tuple's arguments alone (a
-    silence or timeout detector). The engine may then run it per column: a tuple
-    expires, and ``expire`` is called, only when no tuple of its key follows within
-    ``t`` (:mod:`engine.core.columnar.expiry`)."""
+    """Declared by an aggregate whose values under ``RANGE t PRECEDING ACTIVE
+    EXPIRATION`` come from the newest tuple of its key alone: ``initialize``,
+    ``iterate`` and ``terminate`` emit nothing; ``expire`` emits nothing for a tuple
+    that another tuple of its key follows within ``t`` (at or before its ``ts + t``),
+    and for any other tuple values that depend on that tuple's arguments alone (not on
+    the aggregate's state nor on the rest of ``inwindow``). ``Silence`` deletes the
+    older tuples at each arrival; ``MissedDoor`` keeps repeats but never alarms while
+    one follows. The engine may then run it per column
+    (:mod:`engine.core.columnar.expiry`): each key keeps its newest tuple only, and
+    ``expire`` is called only for a tuple no other of its key follows within ``t``,
+    alone in its window."""
 
     def initialize(self, args: tuple[Any, ...], inwindow: InWindow) -> Iterable[Any]:
         """First tuple of the window's life; defaults to ``iterate``."""

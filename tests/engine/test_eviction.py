@@ -45,10 +45,12 @@ from lookout.replay import output_key
 from rules.language.loader import load_rules
 from tests.engine.test_columnar import STREAM, extent_rule, over_rule, silence_rule
 from tests.examples import examples
+from tests.rules.helpers import FIXTURES
 
 UDAS = (
+    # The library's missed_door runs per column; this one keeps to the per-row runner.
     "CREATE AGGREGATE missed_door(door STRING, next_door STRING) RETURNS STRING "
-    "LANGUAGE PYTHON AS 'rules.udas:MissedDoor';\n"
+    "LANGUAGE PYTHON AS 'tests.rules.uda_fixtures:PerRowMissedDoor';\n"
     "CREATE AGGREGATE item_alarm(tagid STRING, tagtype STRING, tagtime TIMESTAMP) "
     "RETURNS STRING LANGUAGE PYTHON AS 'rules.udas:ItemAlarm';\n"
     "CREATE AGGREGATE packing_group(tagtime TIMESTAMP) RETURNS BIGINT "
@@ -153,6 +155,14 @@ def test_every_form_compiles() -> None:
             )
 
 
+def test_the_deleting_aggregate_runs_per_row() -> None:
+    # missed_door's form is the per-row runner's window of an aggregate that deletes
+    # tuples and keeps repeats (silence's runs per column).
+    rule = f"SELECT station, lane, ts, {OVER_FORMS[0].format(r='1 SECONDS')} AS v FROM traffic"
+    (stage,) = compiled(f"{UDAS}CREATE STREAM out AS {rule};").stages()
+    assert "missed_door" in rule and not planner.columnar(stage)
+
+
 def arrivals(items: list[tuple]) -> list[dict[str, Any]]:
     """The readings (heartbeats one in three) in arrival order, those more than the
     slack behind the latest left out."""
@@ -182,7 +192,7 @@ def compiled(rule: str) -> Plan:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "rule.sql"
         path.write_text(STREAM + rule)
-        return load_rules([path]).plan
+        return load_rules([path], FIXTURES).plan
 
 
 def run(

@@ -211,12 +211,17 @@ def test_added_and_edited_rules_emit_what_they_would_have_had_they_always_run(
     assert after == rows_of(run["expected"], "slow", position, numbered=False)
 
 
-# Active expiration over an aggregate declared newest_only: run per column, or per row.
+# Active expiration over aggregates declared newest_only: run per column, or per row.
 EXPIRING = {
     "quiet": "CREATE AGGREGATE silence(ts TIMESTAMP) RETURNS TIMESTAMP LANGUAGE PYTHON AS "
     "'rules.udas:Silence';\n"
     "CREATE STREAM quiet AS SELECT station, ts, silence(ts) OVER (PARTITION BY station "
     "RANGE 3 SECONDS PRECEDING ACTIVE EXPIRATION) AS last_seen FROM traffic;",
+    "missed": "CREATE AGGREGATE missed_door(door STRING, next_door STRING) RETURNS STRING "
+    "LANGUAGE PYTHON AS 'rules.udas:MissedDoor';\n"
+    "CREATE STREAM missed AS SELECT station, ts, missed_door(CASE WHEN speed >= 80 THEN "
+    "'exit' ELSE 'entry' END, 'exit') OVER (PARTITION BY station RANGE 3 SECONDS PRECEDING "
+    "ACTIVE EXPIRATION) AS last_door FROM traffic;",
 }
 
 
@@ -256,7 +261,7 @@ def test_a_stage_that_changes_runner_starts_again_from_the_stored_readings(
     position = run["position"]
     for name in EXPIRING:
         after = rows_of(run["expected"], name, position)
-        assert len(after) >= 20, (name, len(after))  # the silences to compare
+        assert len(after) >= 20, (name, len(after))  # the silences and alarms to compare
         assert rows_of(run["after"], name) == after, name
     got = [*run["before"], *run["after"]]  # the stages left alone carry on
     for name in BASE:

@@ -1,4 +1,5 @@
-"""Python aggregates for the checker's tests: some deliberately incomplete."""
+"""Python aggregates for the tests: some deliberately incomplete (the checker's), one
+the library's kept on the per-row runner."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from engine.core.aggregates import IncrementalAggregate, InWindow, WindowAggregate
+from rules.udas import MissedDoor
 
 
 class NoIterate(WindowAggregate):
@@ -54,3 +56,10 @@ class MergingSum(NoMerge):
         """Absorb a partial over later tuples."""
         assert isinstance(other, MergingSum)
         self.total += other.total
+
+
+class PerRowMissedDoor(MissedDoor):
+    """``missed_door`` not declared ``newest_only``: the per-row runner's window of an
+    aggregate that deletes tuples and keeps repeats (the library's runs per column)."""
+
+    newest_only = False

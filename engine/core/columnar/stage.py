@@ -16,10 +16,12 @@ at once, and it may say when a key must run again without new rows
   number first, then its consumers' rows and theirs, in plan order (the order in which
   :class:`~engine.core.evaluator.KeyedEvaluator` delivers them).
 
-State per key is one pickled record (``cstate``), written when the key changed. A key
-whose window says it is idle (:meth:`ColumnarRunner.idle`) is evicted after the
-advance that made it so; its output count and the window's :meth:`ColumnarRunner.residue`
-stay behind (:class:`~engine.core.runners.Rests`).
+State per key is one pickled record (``cstate``), written when the key changed; the
+stage's own record holds the rows not yet final and what a window keeps for all keys
+(:meth:`ColumnarRunner.shared`). A key whose window says it is idle
+(:meth:`ColumnarRunner.idle`) is evicted after the advance that made it so; its output
+count and the window's :meth:`ColumnarRunner.residue` stay behind
+(:class:`~engine.core.runners.Rests`).
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ class ColumnarRunner:
         self.query = stage.query
         self.pending: list[pa.Table] = []
         self._pending_saved = True  # whether the store may hold pending rows
+        self._shared_saved: Any = None  # the shared() object last saved
         self.states: dict[Key, Any] = {}
         self.emitted: dict[Key, int] = {}  # each key's outputs so far: the next _seq
         self._touched: set[Key] = set()
@@ -157,6 +160,15 @@ class ColumnarRunner:
         """The store entries of its own an idle key's window leaves (its ``cstate`` aside),
         to delete."""
         return []
+
+    def shared(self) -> Any:
+        """What the window keeps for all its keys (None: nothing): saved with the pending
+        rows whenever it is a new object, and given to :meth:`load_shared` at restore
+        before any key's state is loaded."""
+        return None
+
+    def load_shared(self, data: Any) -> None:
+        """Take back what :meth:`shared` gave."""
 
     # -- running ------------------------------------------------------------------------
     def insert(self, rows: pa.Table) -> None:
@@ -334,9 +346,13 @@ class ColumnarRunner:
             record = (definition, self.kind, self.emitted.get(key, 0), self.dump(key, store))
             store.put(("cstate", name, key_json(key), 0), dumps(record))
             self._saved.add(key)
-        if pending is not None or self._pending_saved:  # none, and none stored: no write
-            store.put(("cstate", name, "", -1), dumps((definition, self.kind, pending)))
+        shared = self.shared()
+        # None, and none stored, and nothing new shared: no write.
+        if pending is not None or self._pending_saved or shared is not self._shared_saved:
+            record = (definition, self.kind, pending, *(() if shared is None else (shared,)))
+            store.put(("cstate", name, "", -1), dumps(record))
             self._pending_saved = pending is not None
+            self._shared_saved = shared
         self._touched.clear()
 
     def dump(self, key: Key, store: StateStore) -> Any:
@@ -350,13 +366,17 @@ class ColumnarRunner:
     def restore(self, saved: Saved) -> list[StateKey]:
         # The per-row runner's keys (the stage ran per row): another kind's state.
         stale: list[StateKey] = [entry for entry, _ in saved.get("head", [])]
-        for entry, data in saved.get("cstate", []):
+        # The stage's own record (number -1: pending rows, what is shared) first.
+        for entry, data in sorted(saved.get("cstate", []), key=lambda found: found[0][3]):
             definition, kind, *rest = pickle.loads(data)
             if definition != self.stage.query.definition or kind != self.kind:
                 stale.append(entry)
                 continue
             if entry[3] == -1:
                 self.pending = [rest[0]] if rest[0] is not None else []
+                if len(rest) > 1:
+                    self.load_shared(rest[1])
+                    self._shared_saved = self.shared()
                 continue
             key = tuple(orjson.loads(entry[2]))
             self.emitted[key] = rest[0]
