@@ -221,6 +221,24 @@ def run(
     return sorted(flat, key=lambda o: (o[0], o[2], o[3]))
 
 
+def drawn_cuts(rows: list[dict], seed: int, most: int, fewest: int = 1) -> list[int]:
+    """Between ``fewest`` and ``most`` batch cuts of ``rows`` (as many as they allow),
+    drawn from ``seed``."""
+    rng = random.Random(seed)
+    count = min(rng.randint(fewest, most), max(len(rows) - 1, 0))
+    return sorted(rng.sample(range(1, len(rows)), count))
+
+
+def per_row_rows(per_row: dict[str, bool], rule: str, rows: list[dict]) -> list[tuple]:
+    """The oracle: ``rule``'s rows over ``rows`` in one batch, every stage on the per-row
+    runner (``per_row``: the fixture's switch)."""
+    per_row["on"] = True
+    try:
+        return run(rule, rows, [], restart=False)
+    finally:
+        per_row["on"] = False
+
+
 def same_row(a: dict, b: dict) -> bool:
     if a.keys() != b.keys():
         return False
@@ -311,11 +329,8 @@ def test_columnar_runners_give_the_per_row_rows(
     monkeypatch.setattr(planner, "SLICED_ROWS_FROM", 10**9 if slices is None else 1)
     monkeypatch.setattr(frames, "SLICE_ROWS", slices or frames.SLICE_ROWS)
     rows = arrivals(items)
-    rng = random.Random(seed)
-    cuts = sorted(rng.sample(range(1, len(rows)), min(rng.randint(0, 4), max(len(rows) - 1, 0))))
-    per_row["on"] = True
-    expected = run(rule, rows, [], restart=False)
-    per_row["on"] = False
+    cuts = drawn_cuts(rows, seed, most=4, fewest=0)
+    expected = per_row_rows(per_row, rule, rows)
     got = run(rule, rows, cuts, restart)
     assert [o[:4] for o in got] == [o[:4] for o in expected], rule
     for g, e in zip(got, expected, strict=True):
@@ -364,9 +379,7 @@ def test_a_closing_slot_beside_other_keys_new_rows(per_row) -> None:
     items = [(0, 2, 2, 1.0, "a", "p", False), (2500, 3, 2, 1.0, "a", "p", False)]
     items += [(t, 1, 2, 1.0, "a", "p", False) for t in (1000, 1250, 4000)]
     rows = arrivals(items)
-    per_row["on"] = True
-    expected = run(rule, rows, [], restart=False)
-    per_row["on"] = False
+    expected = per_row_rows(per_row, rule, rows)
     assert run(rule, rows, [2], restart=False) == expected
 
 
@@ -387,9 +400,7 @@ def test_a_range_frame_over_many_slices_reads_each_slices_extremes(
     speeds = [3.0, 11.0, 0.5, 7.25, 2.0]
     items = [(t * 250, 1, 2, speeds[t * 3 % 5], "a", "p", False) for t in range(40)]
     rows = arrivals(items)
-    per_row["on"] = True
-    expected = run(rule, rows, [], restart=False)
-    per_row["on"] = False
+    expected = per_row_rows(per_row, rule, rows)
     assert run(rule, rows, [10, 20, 30], restart=True) == expected
 
 
@@ -494,12 +505,9 @@ def test_short_rows_frames_for_all_keys_at_once_give_the_per_row_rows(
     # the per-row runners, and, from a state the per-key OverRunner saved (an engine
     # that ran the earlier version), the same rows again.
     rows = arrivals(items)
-    rng = random.Random(seed)
     # Many cuts: keys that get fewer rows in an advance than their frames reach back.
-    cuts = sorted(rng.sample(range(1, len(rows)), min(rng.randint(1, 20), max(len(rows) - 1, 0))))
-    per_row["on"] = True
-    expected = run(rule, rows, [], restart=False)
-    per_row["on"] = False
+    cuts = drawn_cuts(rows, seed, most=20)
+    expected = per_row_rows(per_row, rule, rows)
     pipeline = Pipeline(plan_of(rule), store=MemoryStore())
     chosen = [r for r in pipeline.runners.values() if r.stage.query.sink.name == "out"]
     assert isinstance(chosen[0], short_rows.ShortRowsRunner)
@@ -550,11 +558,8 @@ def test_slice_descriptions_in_pages_across_many_restarts_give_the_per_row_rows(
     monkeypatch.setattr(planner, "SLICED_ROWS_FROM", 1)
     monkeypatch.setattr(frames, "SLICE_ROWS", 2)
     rows = arrivals(items)
-    rng = random.Random(seed)
-    cuts = sorted(rng.sample(range(1, len(rows)), min(rng.randint(1, 20), max(len(rows) - 1, 0))))
-    per_row["on"] = True
-    expected = run(rule, rows, [], restart=False)
-    per_row["on"] = False
+    cuts = drawn_cuts(rows, seed, most=20)
+    expected = per_row_rows(per_row, rule, rows)
     store = MemoryStore()
     assert run(rule, rows, cuts, restart=True, store=store) == expected, rule
     # The store holds the pages of each key's kept slices, and no other.
@@ -627,11 +632,8 @@ def test_kept_tuples_across_many_restarts_and_from_one_row_tables_give_the_per_r
     # saved, loaded and built into rows after restarts. Then the same from a state saved
     # as one-row tables (an engine upgraded in place finds its keys so).
     rows = arrivals(items)
-    rng = random.Random(seed)
-    cuts = sorted(rng.sample(range(1, len(rows)), min(rng.randint(1, 20), max(len(rows) - 1, 0))))
-    per_row["on"] = True
-    expected = run(rule, rows, [], restart=False)
-    per_row["on"] = False
+    cuts = drawn_cuts(rows, seed, most=20)
+    expected = per_row_rows(per_row, rule, rows)
     assert run(rule, rows, cuts, restart=True) == expected, rule
     if cuts:
         undo = saving_one_row_tables(monkeypatch)
