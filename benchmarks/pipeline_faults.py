@@ -95,16 +95,22 @@ START = "2026-03-02T06:00:00+00:00"
 FAULTS = ("ingest", "engine", "broker", "dashboard")
 
 
+def columns_of(lakehouse: Path, table: str, columns: list[str]) -> pa.Table | None:
+    """``columns`` of a lakehouse table, or None if it has not been written yet."""
+    path = lakehouse / table
+    if not (path / "_delta_log").is_dir():
+        return None
+    return DeltaTable(str(path)).to_pyarrow_table(columns=columns)
+
+
 def count(lakehouse: Path, table: str) -> int:
     path = lakehouse / table
     return DeltaTable(str(path)).count() if (path / "_delta_log").is_dir() else 0
 
 
 def rows(lakehouse: Path, table: str, columns: list[str]) -> list[dict]:
-    path = lakehouse / table
-    if not (path / "_delta_log").is_dir():
-        return []
-    return DeltaTable(str(path)).to_pyarrow_table(columns=columns).to_pylist()
+    found = columns_of(lakehouse, table, columns)
+    return [] if found is None else found.to_pylist()
 
 
 def distinct_ids(
@@ -112,11 +118,9 @@ def distinct_ids(
 ) -> tuple[int, int]:
     """A table's rows and distinct (source, seq) pairs (of rows whose column
     ``where[0]`` is ``where[1]``), counted by Arrow."""
-    path = lakehouse / table
-    if not (path / "_delta_log").is_dir():
+    found = columns_of(lakehouse, table, ["source", "seq"] + ([where[0]] if where else []))
+    if found is None:
         return 0, 0
-    columns = ["source", "seq"] + ([where[0]] if where else [])
-    found = DeltaTable(str(path)).to_pyarrow_table(columns=columns)
     if where:
         found = found.filter(pc.equal(found[where[0]], where[1]))
     return found.num_rows, found.group_by(["source", "seq"]).aggregate([]).num_rows
@@ -127,11 +131,8 @@ def stream_timing(lakehouse: Path, streams: list[str]) -> dict[str, tuple[float,
     and the newest event time (epoch seconds), from its readings table."""
     timing = {}
     for stream in streams:
-        path = lakehouse / readings_table(stream)
-        if not (path / "_delta_log").is_dir():
-            continue
-        found = DeltaTable(str(path)).to_pyarrow_table(columns=["ts", "received_at"])
-        if not found.num_rows:
+        found = columns_of(lakehouse, readings_table(stream), ["ts", "received_at"])
+        if found is None or not found.num_rows:
             continue
         ts, received = epoch_us(found["ts"]), epoch_us(found["received_at"])
         delivery = pc.min(pc.subtract(received, ts)).as_py() / 1e6
@@ -198,9 +199,6 @@ def publish_one(broker: Broker, topic: str, payload: bytes) -> None:
     assert broker.credentials is not None
     login = broker.credentials.login(PUBLISHER)
     auth = {"username": login.username, "password": login.password}
-    # paho's `single` logs "Client is not connected" as an error once it has
-    # disconnected cleanly: that line says nothing here.
-    logging.getLogger("paho.mqtt.client").setLevel(logging.CRITICAL)
     mqtt_publish.single(topic, payload, qos=1, hostname="127.0.0.1", port=broker.port, auth=auth)
 
 
@@ -477,6 +475,9 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     parser.add_argument("--json", default=None, help="also write the report to this file")
     args = parser.parse_args()
+    # paho's one-message `single` logs "Client is not connected" as an error once it
+    # has disconnected cleanly: that line says nothing here.
+    logging.getLogger("paho.mqtt.client").setLevel(logging.CRITICAL)
     args.rules = args.rules or [str(RULES_DIR / "traffic.sql")]
     if args.rfid_rate is None:
         args.rfid_rate = args.rate / 10
