@@ -2,9 +2,11 @@
 Spark → Delta, every part a real process, measured end to end.
 
 The traffic simulator publishes at `--rate` readings/s (paced, `--batch` readings per
-message, congestion and silent-detector episodes planted); when the rules (`--rules`,
-files or folders, repeatable) read the RFID stream too, the RFID simulator publishes
-`--rfid-rate` of those readings (thefts and missing items planted) and traffic the rest.
+message; congestion and silent-detector episodes planted, and speeding drivers at one
+station all through the run, so that alerts come every minute); when the rules
+(`--rules`, files or folders, repeatable) read the RFID stream too, the RFID simulator
+publishes `--rfid-rate` of those readings (thefts and missing items planted) and traffic
+the rest.
 At random moments of the run (seeded) each fault in `--faults` strikes once:
 
 * `ingest`: kill -9 of `lookout ingest`, restarted 1 s later;
@@ -29,7 +31,9 @@ and after the last fault), stamped when the engine's stateful step wrote it
 readable to the dashboard and the notifier (`committed_p50_s`, `committed_p99_s`: the
 commit's time, from the alerts table's log), and where the time and the machine went:
 the engine's batch phases (from its /metrics), CPU per reading of every part, the
-engine's resident memory and its watermark lag over the run. The simulators start once
+engine's resident memory and its watermark lag over the run, and for each fault how
+long after it the watermark was on time again (`recovery`: within the slack + 2 s of
+the simulators' clock, and staying there for 15 s). The simulators start once
 every engine query has run its first batch: the latency measured is the running
 pipeline's, not a cold start's (`benchmarks/first_alert.py` times that). While they
 publish, a line every 5 minutes gives the watermark's lag, the engine's memory, the
@@ -238,7 +242,7 @@ def simulated_streams(rule_set: RuleSet, args: argparse.Namespace, work: Path) -
     if traffic:
         found.append(Simulated(traffic[0], [
             "traffic", "--rate", str(args.rate - rfid_rate), "--stations", str(args.stations),
-            "--congestion", "3@10+30,7@20", "--silent", "5@15+20", "--speeding", "2@5", *common,
+            "--congestion", "3@10+30,7@20", "--silent", "5@15+20", "--speeding", "2@5+0", *common,
         ], work / "traffic.jsonl", work / "traffic-truth.jsonl"))  # fmt: skip
     if rfid:
         found.append(Simulated(rfid[0], ["rfid", "--rate", str(rfid_rate), *common],
@@ -603,10 +607,12 @@ def main() -> int:
         published_at = first["t"]
         start_ms = int(datetime.fromisoformat(START).timestamp() * 1000)
         last_fault_at = None
+        struck: list[tuple[str, float]] = []  # each fault and its time on the sampler's clock
         for at, fault in schedule:
             time.sleep(max(0.0, started + at - time.monotonic()))
             print(f"{time.monotonic() - started:6.1f} s  fault: {fault}", flush=True)
             last_fault_at = time.time()
+            struck.append((fault, time.monotonic() - sampler.started))
             if fault == "broker":
                 broker.restart()
             else:
@@ -714,6 +720,10 @@ def main() -> int:
                     "p99_s": percentile(recovered, 0.99),
                 }
         during = [x for x in sampler.samples if published_at <= x["t"] <= last["t"]]
+        if struck:
+            on_time = max(plan.streams[s].slack_ms for s in expected) / 1000 + 2
+            report["recovery"] = recovery(struck, during, on_time, published_at, start_ms,
+                                          set(expected))  # fmt: skip
         report["breakdown"] = breakdown(during, total)
         minute_2 = min(during, key=lambda x: abs(x["t"] - published_at - min(120, published_s / 5)))
         report["engine_memory_mb"] = {
@@ -829,16 +839,55 @@ def settled(measure: Callable[[], int], quiet_s: float) -> Callable[[], bool]:
     return check
 
 
+RECOVERED_FOR_S = 15.0
+"""How long the watermark must stay on time for a fault to count as recovered from."""
+
+
+def recovery(
+    struck: list[tuple[str, float]],
+    samples: list[dict[str, Any]],
+    on_time_s: float,
+    published_at: float,
+    start_ms: int,
+    streams: set[str],
+) -> list[dict[str, Any]]:
+    """For each fault, how long after it the slowest stream's watermark was back within
+    `on_time_s` (the slack + 2 s of the p99 target) of the simulators' clock and stayed
+    there for `RECOVERED_FOR_S` (None: not before the end), and its worst lag meanwhile."""
+    lags = [(x["t"], behind_s(x, published_at, start_ms, streams)) for x in samples]
+    found = []
+    for fault, at in struck:
+        after = [(t, lag) for t, lag in lags if t >= at]
+        back = None
+        for i, (t, _) in enumerate(after):
+            held = [lag for u, lag in after[i:] if u <= t + RECOVERED_FOR_S]
+            if after[-1][0] >= t + RECOVERED_FOR_S and all(
+                lag is not None and lag <= on_time_s for lag in held
+            ):
+                back = t - at
+                break
+        until = [lag for t, lag in after if lag is not None and (back is None or t <= at + back)]
+        found.append({"fault": fault, "at_s": round(at - published_at, 1),
+                      "on_time_after_s": None if back is None else round(back, 1),
+                      "worst_lag_s": max(until, default=None)})  # fmt: skip
+    return found
+
+
 def progress(
     samples: list[dict[str, Any]], published_at: float, start_ms: int, streams: set[str]
 ) -> str:
     """A line on the run so far: the watermark's lag, engine memory, checkpoints, files."""
     last = samples[-1]
     disk: dict[str, float] = next((x["disk"] for x in reversed(samples) if "disk" in x), {})
+    parts = ", ".join(
+        f"{process} {memory_mb(last, process):,.0f}"
+        for process in sorted(label_values(last, RESIDENT, "process"))
+    )
     return (
         f"{(last['t'] - published_at) / 60:5.1f} min  watermark "
         f"{behind_s(last, published_at, start_ms, streams)} s behind, engine "
-        f"{memory_mb(last):,.0f} MB, checkpoints {disk.get('checkpoints_mb', 0):,.0f} MB, "
+        f"{memory_mb(last):,.0f} MB ({parts}), "
+        f"checkpoints {disk.get('checkpoints_mb', 0):,.0f} MB, "
         f"{disk.get('table_files', 0):,} files in the tables ({disk.get('files_on_disk', 0):,} "
         "on disk)"
     )
