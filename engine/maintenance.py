@@ -13,9 +13,9 @@ compaction's removes: the 80,000-file table then opened in 25 ms and took append
 Compaction commits concurrently with the engine's appends (it removes only files it
 read, which an append never touches). The files it replaces stay on disk, and their
 removes in the checkpoints, for the table's retention (``delta.deletedFileRetentionDuration``,
-7 days by default): a reader holding an older version may still read them. After that
-each round's ``VACUUM`` deletes them (delta-rs's lite vacuum: only files the log removed,
-never one an append is writing).
+1 hour on the tables Lookout makes: ``engine.tables``): a reader holding an older version
+may still read them. After that each round's ``VACUUM`` deletes them (delta-rs's lite
+vacuum: only files the log removed, never one an append is writing).
 
 The log itself grows by a commit file per append, and every reader lists the
 ``_delta_log`` folder; Delta's own cleanup keeps 30 days of commits. So each round also

@@ -114,7 +114,7 @@ def test_a_broken_table_is_reported_and_the_others_compacted(tmp_path: Path) -> 
 
 
 def test_replaced_files_are_vacuumed_after_the_tables_retention(tmp_path: Path) -> None:
-    # The engine's tables keep the default 7 days; this one keeps removed files 1 s.
+    # The engine's tables keep removed files an hour; this one keeps them 1 s.
     path = str(tmp_path / "station_speed")
     retention = {"delta.deletedFileRetentionDuration": "interval 1 seconds"}
     write_deltalake(path, SCHEMA.empty_table(), mode="append", configuration=retention)

@@ -27,17 +27,33 @@ def test_a_missing_table_is_created_and_an_existing_one_kept(tmp_path):
     assert [f.name for f in DeltaTable(path).schema().fields] == schema.names
 
 
-def test_tables_checkpoint_every_ten_commits_an_older_one_too(tmp_path):
-    # A commit reads the commits since the last checkpoint: the engine's appends stay
-    # cheap when checkpoints come often. A table made with Delta's default (100) gets
-    # the same interval when Lookout opens it.
+def test_tables_checkpoint_every_ten_commits_and_keep_removes_an_hour_an_older_one_too(
+    tmp_path,
+):
+    # A commit reads the commits since the last checkpoint, and the checkpoint with the
+    # removes it still keeps: the engine's appends stay cheap when checkpoints come often
+    # and replaced files are forgotten after an hour. A table made with Delta's defaults
+    # (100 commits, 7 days) gets the same properties when Lookout opens it.
     schema = tables.readings_schema(TRAFFIC)
     new, older = str(tmp_path / "new"), str(tmp_path / "older")
     tables.ensure_table(new, schema)
     write_deltalake(older, schema.empty_table())
     tables.ensure_table(older, schema)
     for path in (new, older):
-        assert DeltaTable(path).metadata().configuration["delta.checkpointInterval"] == "10"
+        configuration = DeltaTable(path).metadata().configuration
+        assert configuration["delta.checkpointInterval"] == "10"
+        assert configuration["delta.deletedFileRetentionDuration"] == "interval 1 hours"
+    # A retention someone chose is theirs.
+    chosen = str(tmp_path / "chosen")
+    write_deltalake(
+        chosen,
+        schema.empty_table(),
+        configuration={"delta.deletedFileRetentionDuration": "interval 2 days"},
+    )
+    tables.ensure_table(chosen, schema)
+    configuration = DeltaTable(chosen).metadata().configuration
+    assert configuration["delta.deletedFileRetentionDuration"] == "interval 2 days"
+    assert configuration["delta.checkpointInterval"] == "10"
     plain, path = pa.schema([("x", pa.int64())]), str(tmp_path / "appended")
     tables.ensure_table(path, plain)
     for batch in range(12):
