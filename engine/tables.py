@@ -251,10 +251,10 @@ def ensure_table(path: str, schema: pa.Schema, options: dict[str, str] | None = 
         )
     # A table an earlier Lookout made: its checkpoints as often as a new table's, and its
     # removes kept an hour unless someone chose how long.
-    have = table.metadata().configuration
-    changed = {key: _TABLE_PROPERTIES[key] for key in _MAINTAINED if key not in have}
+    properties = table.metadata().configuration
+    changed = {key: _TABLE_PROPERTIES[key] for key in _MAINTAINED if key not in properties}
     interval = "delta.checkpointInterval"
-    if have.get(interval) != _TABLE_PROPERTIES[interval]:
+    if properties.get(interval) != _TABLE_PROPERTIES[interval]:
         changed[interval] = _TABLE_PROPERTIES[interval]
     if changed:
         table.alter.set_table_properties(changed)
