@@ -95,7 +95,7 @@ def test_racing_commits_both_land(s3: S3Server) -> None:
 def test_maintenance_compacts_and_vacuums_tables_in_the_bucket(s3: S3Server) -> None:
     path = s3.url("lake/station_speed")
     options = delta_options(path, s3.settings())
-    # The engine's tables keep removed files 7 days; this one 1 s.
+    # The engine's tables keep removed files an hour; this one 1 s.
     retention = {"delta.deletedFileRetentionDuration": "interval 1 seconds"}
     write_deltalake(
         path, SCHEMA.empty_table(), mode="append", configuration=retention, storage_options=options
