@@ -155,10 +155,6 @@ _TABLE_PROPERTIES = {
 }
 
 
-_MAINTAINED = ("delta.checkpointInterval", "delta.deletedFileRetentionDuration")
-"""The properties a table an earlier Lookout made is given when opened, if it has none."""
-
-
 def readings_table(stream: str) -> str:
     """Name of the table holding the accepted readings of a source stream."""
     return f"readings_{stream}"
@@ -251,11 +247,13 @@ def ensure_table(path: str, schema: pa.Schema, options: dict[str, str] | None = 
         )
     # A table an earlier Lookout made: its checkpoints as often as a new table's, and its
     # removes kept an hour unless someone chose how long.
+    interval, retention = "delta.checkpointInterval", "delta.deletedFileRetentionDuration"
     properties = table.metadata().configuration
-    changed = {key: _TABLE_PROPERTIES[key] for key in _MAINTAINED if key not in properties}
-    interval = "delta.checkpointInterval"
+    changed = {}
     if properties.get(interval) != _TABLE_PROPERTIES[interval]:
         changed[interval] = _TABLE_PROPERTIES[interval]
+    if retention not in properties:
+        changed[retention] = _TABLE_PROPERTIES[retention]
     if changed:
         table.alter.set_table_properties(changed)
 
