@@ -52,6 +52,7 @@ to its rows, and to the readings generated), and the alerts for duplicates only.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import json
 import logging
@@ -606,13 +607,11 @@ def main() -> int:
         started, started_wall = time.monotonic(), time.time()
         published_at = first["t"]
         start_ms = int(datetime.fromisoformat(START).timestamp() * 1000)
-        last_fault_at = None
         struck: list[tuple[str, float]] = []  # each fault and its wall time
         for at, fault in schedule:
             time.sleep(max(0.0, started + at - time.monotonic()))
             print(f"{time.monotonic() - started:6.1f} s  fault: {fault}", flush=True)
-            last_fault_at = time.time()
-            struck.append((fault, last_fault_at))
+            struck.append((fault, time.time()))
             if fault == "broker":
                 broker.restart()
             else:
@@ -711,8 +710,8 @@ def main() -> int:
         if committed:
             report["committed_p50_s"] = percentile(committed, 0.5)
             report["committed_p99_s"] = percentile(committed, 0.99)
-        if last_fault_at is not None:
-            recovered = [x for at, x in timed if at > last_fault_at + 30]
+        if struck:
+            recovered = [x for at, x in timed if at > struck[-1][1] + 30]
             if recovered:
                 report["latency_30s_after_last_fault"] = {
                     "alerts": len(recovered),
@@ -853,16 +852,19 @@ def recovery(
     was within `on_time_s` (the p99 target; None: not before the end), and the worst
     latency of the alerts written before that."""
     timed = sorted(timed)
+    times = [t for t, _ in timed]
     found = []
     for fault, at in struck:
-        after = [(t, latency) for t, latency in timed if t >= at]
         back = None
-        for i, (t, _) in enumerate(after):
-            window = [latency for u, latency in after[i:] if u <= t + RECOVERED_FOR_S]
-            if after[-1][0] >= t + RECOVERED_FOR_S and max(window) <= on_time_s:
+        for i in range(bisect.bisect_left(times, at), len(timed)):
+            t = times[i]
+            if times[-1] < t + RECOVERED_FOR_S:
+                break
+            window = timed[i : bisect.bisect_right(times, t + RECOVERED_FOR_S)]
+            if max(latency for _, latency in window) <= on_time_s:
                 back = t - at
                 break
-        before = [latency for t, latency in after if back is None or t < at + back]
+        before = [latency for t, latency in timed if at <= t and (back is None or t < at + back)]
         found.append({"fault": fault, "at_s": round(at - started_wall, 1),
                       "on_time_after_s": None if back is None else round(back, 1),
                       "worst_latency_s": round(max(before), 2) if before else None})  # fmt: skip
