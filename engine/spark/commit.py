@@ -76,6 +76,20 @@ def merge_figures(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def rebuilt(part: Mapping[str, Any]) -> str:
+    """What a component's batch that rebuilt its pipeline from the state store (a
+    restart, or the task moved to another worker) says about it: how long the rebuild
+    took against the whole step, and how much it took up."""
+    keys = sum(part.get("keys", {}).values())
+    readings = sum(s.get("readings", 0) for s in part.get("streams", {}).values())
+    step_ms = sum(part.get(name, 0.0) for name in _TIMINGS)
+    return (
+        f"part {part['component']} rebuilt from the state store in "
+        f"{part.get('restore_ms', 0) / 1000:.1f} s ({keys:,} keys); its step took "
+        f"{step_ms / 1000:.1f} s for {readings:,} readings"
+    )
+
+
 class Committer:
     """`foreachBatch` of one engine query (see the module docstring)."""
 
@@ -142,6 +156,9 @@ class Committer:
                     ):
                         self.totals[f"{what}.{stream}"] += counts.get(what, 0)
                 self.totals["quarantined"] += figures.get("quarantined", 0)
+                for part in parts:
+                    if part.get("reused") is False:
+                        log.info("%s: batch %d: %s", self.name, batch_id, rebuilt(part))
                 for said in figures.get("warmed", []):
                     log.info("%s: %s", self.name, said)
                 for name in figures.get("dropped", []):

@@ -252,22 +252,21 @@ class EngineProcessor(StatefulProcessor):
     def handleInputRows(
         self, key: Any, rows: Iterator[Row], timerValues: TimerValues
     ) -> Iterator[Row]:
-        started = time.perf_counter()
+        phases = _Phases()
         component = self.components[key[0]]
         memo_id = f"{self.memo_id}#{component.name}"
         with collector_paused():
             arrivals, quarantine = _arrivals(rows)
-            read_s = time.perf_counter() - started
+            phases.end("read")
             store = SparkStore(self.entries, self.pieces)
             pipeline, journal, reused = self._pipeline(component, memo_id, store)
             warm = self._warm_start(pipeline)
-            restore_s = time.perf_counter() - started - read_s
+            phases.end("restore")
             result = pipeline.process(arrivals)
-            saving = time.perf_counter()
+            phases.end("evaluate")
             pipeline.save()
             journal.commit()
-            save_s = time.perf_counter() - saving
-            evaluated_s = time.perf_counter() - started - read_s
+            phases.end("save")
             written = self._write(component.plan, component.alerts, result, quarantine)
             if warm is not None:
                 written += self._write(warm.plan, component.alerts, warm.past)
@@ -275,6 +274,7 @@ class EngineProcessor(StatefulProcessor):
             store.set_token(token)
             _PIPELINES[memo_id] = (token, pipeline)
             freeze_batch_survivors()
+            phases.end("write")
         figures = {
             "component": component.name,
             "streams": {
@@ -298,11 +298,7 @@ class EngineProcessor(StatefulProcessor):
             "dropped": pipeline.dropped if not reused else [],
             "warmed": warm.describe() if warm is not None else None,
             "reused": reused,
-            "restore_ms": round(restore_s * 1000, 1),
-            "read_ms": round(read_s * 1000, 1),
-            "evaluate_ms": round(evaluated_s * 1000, 1),
-            "save_ms": round(save_s * 1000, 1),
-            "write_ms": round((time.perf_counter() - started - read_s - evaluated_s) * 1000, 1),
+            **phases.figures(),
         }
         yield from written
         yield Row(
@@ -380,6 +376,24 @@ class EngineProcessor(StatefulProcessor):
 
     def close(self) -> None:
         pass
+
+
+class _Phases:
+    """The stateful step's phases, one after another: each one's time in ms, as the
+    health figures name them (``read_ms``, ``restore_ms``, ...)."""
+
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+        self._ms: dict[str, float] = {}
+
+    def end(self, phase: str) -> None:
+        """The phase running since the last ended (or since the step began) ends now."""
+        now = time.perf_counter()
+        self._ms[f"{phase}_ms"] = round((now - self._last) * 1000, 1)
+        self._last = now
+
+    def figures(self) -> dict[str, float]:
+        return dict(self._ms)
 
 
 def _batch_id() -> int | None:

@@ -9,6 +9,7 @@ one: its state writes are dropped and the batch runs again.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +27,7 @@ from pyspark.sql.streaming.tws_tester import TwsTester
 from engine import tables
 from engine.landed_files import QUARANTINE_FOLDER
 from engine.spark import processor as processor_module
-from engine.spark.commit import table_schemas
+from engine.spark.commit import rebuilt, table_schemas
 from engine.spark.landing_source import (
     FilesPartition,
     LandingReader,
@@ -165,6 +166,8 @@ def test_the_health_row_counts_what_the_batch_did(tmp_path: Path) -> None:
     assert traffic["max_event_ms"] == T0 + 110_000
     assert traffic["watermark_ms"] == T0 + 110_000 - 2_000  # SLACK 2 SECONDS
     assert figures["reused"] is False and figures["quarantined"] == 0
+    assert "part traffic rebuilt from the state store" in rebuilt(figures)
+    assert "for 12 readings" in rebuilt(figures)
     again = reading(50_000, 5, 20.0 + 5)  # the sixth reading, landed again
     conflict = reading(60_000, 6, 99.0)  # the seventh's id, another speed
     late = reading(100_000, 40)  # 10 s behind the newest, slack 2 s
@@ -175,6 +178,20 @@ def test_the_health_row_counts_what_the_batch_did(tmp_path: Path) -> None:
     assert (traffic["duplicates"], traffic["conflicts"]) == (1, 1)
     assert figures["reused"] is True and figures["quarantined"] == 1
     assert len(written["quarantine"]) == 1
+
+
+def test_the_steps_phases_are_timed_one_after_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clock that moves 1 s each time it is read: a phase timed inside another, or
+    one left untimed, would not take exactly 1 s."""
+    ticks = itertools.count()
+    monkeypatch.setattr(processor_module.time, "perf_counter", lambda: float(next(ticks)))
+    figures, _ = Step(tmp_path / "lake").run(Landing(tmp_path).land(minutes(0, 3)))
+    phases = ("read_ms", "restore_ms", "evaluate_ms", "save_ms", "write_ms")
+    assert {p: figures[p] for p in phases} == dict.fromkeys(phases, 1000.0)
+    assert "rebuilt from the state store in 1.0 s" in rebuilt(figures)
+    assert "its step took 5.0 s" in rebuilt(figures)
 
 
 def test_a_pipeline_is_reused_only_by_the_worker_that_saved_the_state(tmp_path: Path) -> None:
