@@ -31,7 +31,6 @@ half-changed behind.
 from __future__ import annotations
 
 import hashlib
-import struct
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -43,7 +42,6 @@ import pyarrow as pa
 from pyspark import TaskContext, cloudpickle
 from pyspark.sql import Row
 from pyspark.sql import types as T
-from pyspark.sql.streaming.proto import StateMessage_pb2 as proto
 from pyspark.sql.streaming.stateful_processor import (
     MapState,
     StatefulProcessor,
@@ -60,6 +58,8 @@ from engine.core.state import JournaledStore, StateKey
 from engine.ipc import read_ipc
 from engine.landed_files import QUARANTINE_FOLDER
 from engine.outputs import batch_tables
+from engine.spark import state_client
+from engine.spark.state_client import PIPELINED, send_pipelined
 from engine.spark.worker_gc import (
     collect_frozen,
     collector_paused,
@@ -84,6 +84,8 @@ _KEY = T.StructType(
     ]
 )
 _VALUE = T.StructType([T.StructField("data", T.BinaryType())])
+# Listed as plain tuples (`engine.spark.state_client`): no field may need conversion.
+assert state_client.plain_schema(_KEY) and state_client.plain_schema(_VALUE)
 ENTRIES, PIECES = "entries", "pieces"
 """The group's two state variables. Each one a task registers costs a round trip to
 the JVM that creates it, every batch (~25 ms here), so kinds share them: ``pieces``
@@ -154,23 +156,27 @@ class SparkStore:
         for state in (self.entries, self.pieces):
             mine = [(k, v) for k, v in changes if self._map(k[0]) is state]
             for start in range(0, len(mine), PIPELINED):
-                _send_pipelined(state, mine[start : start + PIPELINED])
+                send_pipelined(state, mine[start : start + PIPELINED], pack_value)
+
+    def _iterate(self, state: MapState) -> Iterator[tuple[Any, Any]]:
+        return state_client.iterate(state) if self._socket else state.iterator()
 
     def scan(self, kind: str) -> Iterator[tuple[StateKey, bytes]]:
         if kind in STAGE_PIECE_KINDS:
-            for key, value in self.pieces.iterator():
+            for key, value in self._iterate(self.pieces):
                 if key[0] == kind:
                     yield tuple(key), unpack_value(value[0])
             return
         if self._listed is None:
             listed: dict[str, list[tuple[StateKey, bytes]]] = {}
-            for key, value in self.entries.iterator():
+            for key, value in self._iterate(self.entries):
                 listed.setdefault(key[0], []).append((tuple(key), unpack_value(value[0])))
             self._listed = listed
         yield from self._listed.get(kind, [])
 
     def keys(self, kind: str) -> Iterator[StateKey]:
-        for key in self._map(kind).keys():  # noqa: SIM118 (a MapState: it lists its keys)
+        state = self._map(kind)
+        for key in state_client.keys(state) if self._socket else state.keys():
             if key[0] == kind:
                 yield tuple(key)
 
@@ -182,43 +188,6 @@ class SparkStore:
     def set_token(self, token: str) -> None:
         """Store this batch's token (not through a journal: it is read every batch)."""
         self.put(_TOKEN, token.encode())
-
-
-PIPELINED = 256
-"""Writes sent to Spark's state server before their answers are read: each answer is a
-few bytes, so a socket's buffers hold them all whoever is slower."""
-
-
-def _send_pipelined(state: MapState, changes: Sequence[tuple[StateKey, bytes | None]]) -> None:
-    """Put or remove (value None) each key of one map state, as `updateValue` and
-    `removeKey` do, but sending every request before reading any answer: one wait on
-    the JVM instead of one per key (PySpark's client waits for each). The messages are
-    PySpark's own (its state server's protocol), built through its client."""
-    client = state._mapStateClient
-    api = client._stateful_processor_api_client
-    for key, value in changes:
-        user_key = api._serialize_to_bytes(client.user_key_schema, key)
-        if value is None:
-            call = proto.MapStateCall(
-                stateName=state._stateName, removeKey=proto.RemoveKey(userKey=user_key)
-            )
-        else:
-            stored = api._serialize_to_bytes(client.value_schema, (pack_value(value),))
-            call = proto.MapStateCall(
-                stateName=state._stateName,
-                updateValue=proto.UpdateValue(userKey=user_key, value=stored),
-            )
-        message = proto.StateRequest(
-            stateVariableRequest=proto.StateVariableRequest(mapStateCall=call)
-        ).SerializeToString()
-        # The protocol's version (0) and the length, as PySpark's `write_int` writes them.
-        api.sockfile.write(struct.pack(">ii", 0, len(message)) + message)
-    api.sockfile.flush()
-    for key, value in changes:
-        status, error, _ = api._receive_proto_message()
-        if status != 0:
-            what = "removing" if value is None else "writing"
-            raise RuntimeError(f"the state store failed {what} {key}: {error}")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,147 @@
+"""Spark's state server, spoken to faster than PySpark's client does for the engine's
+two map states: writes sent as one pipeline, listings read without PySpark's per-row
+cost. The messages are PySpark's own (its state server's protocol), built and read
+through its client; only the waiting and the unpickling differ.
+
+* **Writes** (:func:`send_pipelined`): PySpark waits for the JVM's answer to each
+  `updateValue` or `removeKey`; here every request of a run is sent before any answer
+  is read, one wait instead of one per key.
+* **Listings** (:func:`iterate`, :func:`keys`): the state server pickles each key and
+  value as a row that carries its schema as JSON, and PySpark parses that JSON anew for
+  every row, then builds a `Row`: about 33 µs an entry, 6.5 s to list the 200,000 RFID
+  tags a restarted engine rebuilds. :class:`_PlainRows` reads the same pickles as plain
+  tuples (the engine's key and value schemas are strings, longs and bytes, which need
+  no conversion).
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from io import BytesIO
+from typing import Any
+
+from pyspark.sql import types as T
+from pyspark.sql.streaming.proto import StateMessage_pb2 as proto
+from pyspark.sql.streaming.stateful_processor import MapState
+
+Entry = tuple[Any, ...]
+
+PIPELINED = 256
+"""Writes sent to Spark's state server before their answers are read: each answer is a
+few bytes, so a socket's buffers hold them all whoever is slower."""
+
+
+def plain_schema(schema: T.StructType) -> bool:
+    """Whether rows of ``schema`` read as the same values without PySpark's conversion
+    (no field is a timestamp, date, decimal, struct or other converted type)."""
+    return all(not field.dataType.needConversion() for field in schema.fields)
+
+
+def _schema_json(text: str) -> str:
+    return text  # the schema is not needed: the values are taken as they are
+
+
+def _row_maker(_schema: str) -> Callable[..., Entry]:
+    return _values
+
+
+def _values(*values: Any) -> Entry:
+    return values
+
+
+class _PlainRows(pickle.Unpickler):
+    """Rows pickled by the state server (Pyrolite: ``_parse_datatype_json_string(json)``
+    gives the schema, ``_create_row_inbound_converter(schema)`` the row maker, called
+    with the row's values) read as tuples of the values."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "pyspark.sql.types":
+            if name == "_parse_datatype_json_string":
+                return _schema_json
+            if name == "_create_row_inbound_converter":
+                return _row_maker
+        return super().find_class(module, name)
+
+
+def plain_row(data: bytes) -> Entry:
+    """A row the state server pickled, as a tuple of its values."""
+    return tuple(_PlainRows(BytesIO(data)).load())
+
+
+def _send(api: Any, request: proto.StateRequest) -> None:
+    message = request.SerializeToString()
+    # The protocol's version (0) and the length, as PySpark's `write_int` writes them.
+    api.sockfile.write(struct.pack(">ii", 0, len(message)) + message)
+
+
+def _map_call(state: MapState, **call: Any) -> proto.StateRequest:
+    return proto.StateRequest(
+        stateVariableRequest=proto.StateVariableRequest(
+            mapStateCall=proto.MapStateCall(stateName=state._stateName, **call)
+        )
+    )
+
+
+def send_pipelined(
+    state: MapState, changes: Sequence[tuple[Entry, bytes | None]], pack: Callable[[bytes], bytes]
+) -> None:
+    """Put (the value packed by ``pack``) or remove (value None) each key of one map
+    state, as `updateValue` and `removeKey` do, sending every request before reading any
+    answer."""
+    client = state._mapStateClient
+    api = client._stateful_processor_api_client
+    for key, value in changes:
+        user_key = api._serialize_to_bytes(client.user_key_schema, key)
+        if value is None:
+            request = _map_call(state, removeKey=proto.RemoveKey(userKey=user_key))
+        else:
+            stored = api._serialize_to_bytes(client.value_schema, (pack(value),))
+            request = _map_call(
+                state, updateValue=proto.UpdateValue(userKey=user_key, value=stored)
+            )
+        _send(api, request)
+    api.sockfile.flush()
+    for key, value in changes:
+        status, error, _ = api._receive_proto_message()
+        if status != 0:
+            what = "removing" if value is None else "writing"
+            raise RuntimeError(f"the state store failed {what} {key}: {error}")
+
+
+def iterate(state: MapState) -> Iterator[tuple[Entry, Entry]]:
+    """Every (key, value) of one map state, as `MapState.iterator` lists them: the
+    server's batches fetched in turn under one iterator id, until it says there are no
+    more (a status other than 0 ends the listing, as in PySpark's client)."""
+    client = state._mapStateClient
+    api = client._stateful_processor_api_client
+    iterator_id = str(uuid.uuid4())
+    while True:
+        _send(api, _map_call(state, iterator=proto.Iterator(iteratorId=iterator_id)))
+        api.sockfile.flush()
+        status, _, pairs, more = api._receive_proto_message_with_map_pairs()
+        if status != 0:
+            return
+        for pair in pairs:
+            yield plain_row(pair.key), plain_row(pair.value)
+        if not more:
+            return
+
+
+def keys(state: MapState) -> Iterator[Entry]:
+    """Every key of one map state, as `MapState.keys` lists them (as :func:`iterate`)."""
+    client = state._mapStateClient
+    api = client._stateful_processor_api_client
+    iterator_id = str(uuid.uuid4())
+    while True:
+        _send(api, _map_call(state, keys=proto.Keys(iteratorId=iterator_id)))
+        api.sockfile.flush()
+        status, _, found, more = api._receive_proto_message_with_map_keys_values()
+        if status != 0:
+            return
+        for data in found:
+            yield plain_row(data)
+        if not more:
+            return
