@@ -31,7 +31,6 @@ unprocessed row keeps none.
 
 from __future__ import annotations
 
-import heapq
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from engine.core.columnar import ops
 from engine.core.plan import Incidents, compile_ops
 from engine.core.runners import KEY, SEQ, SOURCE, TS, Saved, key_json
 from engine.core.state import StateKey, StateStore
+from engine.core.wakeups import WakeupSchedule
 
 IDLE, PENDING, FIRING, RECOVERING = 0, 1, 2, 3
 """A key's phase: no incident; the condition holds, FOR not yet over; an incident is
@@ -111,8 +111,7 @@ class IncidentTracker:
         self.keys: dict[str, KeyState] = {}
         self._clear = compile_ops(spec.clear) if spec.clear else None
         self._vector = bool(spec.clear) and ops.vectorised(spec.clear)
-        self._heap: list[tuple[int, str]] = []
-        self._wakeups: dict[str, int] = {}
+        self._wakeups: WakeupSchedule[str] = WakeupSchedule(str)
         self._fed: set[str] = set()
         self._touched: set[str] = set()
         self._gone: set[str] = set()
@@ -200,11 +199,7 @@ class IncidentTracker:
         timer; the incidents that changed, in their final state."""
         due = self._fed
         self._fed = set()
-        while self._heap and self._heap[0][0] <= watermark:
-            wakeup, key = heapq.heappop(self._heap)
-            if self._wakeups.get(key) == wakeup:
-                del self._wakeups[key]
-                due.add(key)
+        due.update(self._wakeups.due(watermark))
         changed: dict[tuple[str, int], IncidentUpdate] = {}
         for key in sorted(due):
             state = self.keys[key]
@@ -215,9 +210,9 @@ class IncidentTracker:
             if state.idle():
                 del self.keys[key]
                 self._gone.add(key)
-                self._wakeups.pop(key, None)
+                self._wakeups.discard(key)
             else:
-                self._schedule(key, self._wakeup(state))
+                self._wakeups.set(key, self._wakeup(state), key)
         return list(changed.values())
 
     def _timer(self, state: KeyState) -> int | None:
@@ -238,13 +233,6 @@ class IncidentTracker:
         found += [min(state.observed) + 1] if state.observed else []
         found += [min(w[0] for w in state.waiting) + 1] if state.waiting else []
         return min(found, default=None)
-
-    def _schedule(self, key: str, wakeup: int | None) -> None:
-        if wakeup is None:
-            self._wakeups.pop(key, None)
-        elif self._wakeups.get(key) != wakeup:
-            self._wakeups[key] = wakeup
-            heapq.heappush(self._heap, (wakeup, key))
 
     def _run(
         self,
@@ -339,7 +327,7 @@ class IncidentTracker:
 
     def restore(self, saved: Saved) -> list[StateKey]:
         """Take up the saved keys; returns the entries of another definition or kind."""
-        stale = []
+        stale, scheduled = [], []
         for entry, data in saved.get("head", []):
             definition, kind, wakeup, state = pickle.loads(data)
             if definition != self.spec.definition or kind != self.kind:
@@ -347,7 +335,8 @@ class IncidentTracker:
                 continue
             self.keys[entry[2]] = state
             self._open += state.phase in OPEN
-            self._schedule(entry[2], wakeup)
+            scheduled.append((entry[2], entry[2], wakeup))
+        self._wakeups.load(scheduled)
         others = [e for kind, entries in saved.items() if kind != "head" for e, _ in entries]
         return stale + others
 

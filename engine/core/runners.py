@@ -36,7 +36,6 @@ in proportion to their saved state, not to the evaluator objects.
 
 from __future__ import annotations
 
-import heapq
 import pickle
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -51,6 +50,7 @@ from engine.core.evaluator import KeyedEvaluator, Output, OutputColumns
 from engine.core.plan import END_OF_TIME, Stage
 from engine.core.planner.operators import EvaluatorPieces, evaluator_pieces
 from engine.core.state import StateKey, StateStore
+from engine.core.wakeups import WakeupSchedule
 
 Key = tuple[Any, ...]
 
@@ -314,8 +314,7 @@ class RowRunner:
         # of that save: what a spilled evaluator leaves in `_stored`.
         self._heads: OrderedDict[Key, tuple[int, bytes]] = OrderedDict()
         self._saves = 0  # the number of the last save
-        self._heap: list[tuple[int, str, Key]] = []
-        self._wakeups: dict[Key, int] = {}
+        self._wakeups: WakeupSchedule[Key] = WakeupSchedule(key_json)
         self._fed: set[Key] = set()
         self._touched: set[Key] = set()
         # Eviction (module docstring): an unkeyed stage has one key, kept.
@@ -371,7 +370,7 @@ class RowRunner:
     def advance(self, watermark: int) -> list[SinkRows]:
         due = self._fed
         self._fed = set()
-        due.update(self._due(watermark))
+        due.update(self._wakeups.due(watermark))
         by_sink: dict[str, SinkColumns] = {}
         for text, key in sorted((key_json(key), key) for key in due):
             evaluator = self._evaluator(key)
@@ -388,31 +387,15 @@ class RowRunner:
             if self.evicts and evaluator.idle(watermark):
                 self._evict(key, evaluator)
             else:
-                self._schedule(key, earliest(evaluator.next_wakeup(), evaluator.idle_wakeup()))
+                wakeup = earliest(evaluator.next_wakeup(), evaluator.idle_wakeup())
+                self._wakeups.set(key, wakeup, text)
         return [SinkRows(self.index, sink, built.table()) for sink, built in by_sink.items()]
-
-    def _due(self, watermark: int) -> list[Key]:
-        heap, current = self._heap, self._wakeups
-        due = []
-        while heap and heap[0][0] <= watermark:
-            wakeup, _, key = heapq.heappop(heap)
-            if current.get(key) == wakeup:
-                del current[key]
-                due.append(key)
-        return due
-
-    def _schedule(self, key: Key, wakeup: int | None) -> None:
-        if wakeup is None:
-            self._wakeups.pop(key, None)
-        elif self._wakeups.get(key) != wakeup:
-            self._wakeups[key] = wakeup
-            heapq.heappush(self._heap, (wakeup, key_json(key), key))
 
     def _evict(self, key: Key, evaluator: KeyedEvaluator) -> None:
         """Drop an idle key: its residue is kept, its stored state deleted at save."""
         del self.evaluators[key]
         self._heads.pop(key, None)
-        self._wakeups.pop(key, None)
+        self._wakeups.discard(key)
         self._touched.discard(key)
         self.rests.put(key, evaluator.residue())
         if key in self._saved:
@@ -490,6 +473,7 @@ class RowRunner:
     def restore(self, saved: Saved) -> list[StateKey]:
         # A columnar runner's keys (the stage ran per column): another kind's state.
         stale = {text for (_, _, text, _), _ in saved.get("cstate", [])}
+        scheduled = []
         for (_, _, text, _), data in saved.get("head", []):
             definition, kind, wakeup, head, *since = pickle.loads(data)
             if definition != self.stage.query.definition or kind != self.kind:
@@ -502,7 +486,8 @@ class RowRunner:
                 # Saved before eviction: its wakeup does not say when it turns idle, so
                 # it is looked at in the next advance.
                 wakeup = -END_OF_TIME
-            self._schedule(key, wakeup)
+            scheduled.append((key, text, wakeup))
+        self._wakeups.load(scheduled)
         doomed = self.rests.restore(saved)
         doomed += [e for kind, found in saved.items() if kind != RESTS for e, _ in found
                    if e[2] in stale]  # fmt: skip

@@ -26,7 +26,6 @@ count and the window's :meth:`ColumnarRunner.residue` stay behind
 
 from __future__ import annotations
 
-import heapq
 import pickle
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +53,7 @@ from engine.core.runners import (
     key_json,
 )
 from engine.core.state import StateKey, StateStore, dumps
+from engine.core.wakeups import WakeupSchedule
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
 
@@ -102,8 +102,7 @@ class ColumnarRunner:
         self.states: dict[Key, Any] = {}
         self.emitted: dict[Key, int] = {}  # each key's outputs so far: the next _seq
         self._touched: set[Key] = set()
-        self._heap: list[tuple[int, str, Key]] = []
-        self._wakeups: dict[Key, int] = {}
+        self._wakeups: WakeupSchedule[Key] = WakeupSchedule(key_json)
         self._consumers: dict[str, list[Query]] = {}
         for query in stage.downstream:
             self._consumers.setdefault(query.input, []).append(query)
@@ -193,11 +192,12 @@ class ColumnarRunner:
                 key = tuple(part.column(k)[0].as_py() for k in key_names)
                 batches.append((key, part, (start, end)))
         seen = {key for key, _, _ in batches}
-        batches += [(key, None, (0, 0)) for key in self._due(watermark) if key not in seen]
+        batches += [(key, None, (0, 0)) for key in self._wakeups.due(watermark) if key not in seen]
         keys: list[Key] = []
         windows = _Windows()
         idle: list[Key] = []
-        for key, part, span in sorted(batches, key=lambda b: key_json(b[0])):
+        texts = {key: key_json(key) for key, _, _ in batches}
+        for key, part, span in sorted(batches, key=lambda b: texts[b[0]]):
             if key in self.states:
                 state = self.states[key]
             else:
@@ -209,7 +209,8 @@ class ColumnarRunner:
             if self.evicts and self.idle(state, watermark):
                 idle.append(key)  # once its rows are numbered
             else:
-                self._schedule(key, earliest(self.wakeup(state), self.idle_wakeup(state)))
+                wakeup = earliest(self.wakeup(state), self.idle_wakeup(state))
+                self._wakeups.set(key, wakeup, texts[key])
             if windows.add(len(keys), out):
                 keys.append(key)
         emitted = []
@@ -237,7 +238,7 @@ class ColumnarRunner:
         state = self.states.pop(key)
         emitted, kept = self.emitted.pop(key, 0), self.residue(state)
         self.rests.put(key, None if not emitted and kept is None else (emitted, kept))
-        self._wakeups.pop(key, None)
+        self._wakeups.discard(key)
         self._touched.discard(key)
         doomed = self.forget(key, state)
         if key in self._saved:
@@ -312,24 +313,6 @@ class ColumnarRunner:
                 child.parents, weights=child.size, minlength=len(offset)
             ).astype(np.int64)
 
-    # -- wakeups ------------------------------------------------------------------------
-    def _due(self, watermark: int) -> list[Key]:
-        heap, current = self._heap, self._wakeups
-        due = []
-        while heap and heap[0][0] <= watermark:
-            wakeup, _, key = heapq.heappop(heap)
-            if current.get(key) == wakeup:
-                del current[key]
-                due.append(key)
-        return due
-
-    def _schedule(self, key: Key, wakeup: int | None) -> None:
-        if wakeup is None:
-            self._wakeups.pop(key, None)
-        elif self._wakeups.get(key) != wakeup:
-            self._wakeups[key] = wakeup
-            heapq.heappush(self._heap, (wakeup, key_json(key), key))
-
     # -- state ----------------------------------------------------------------------------
     def save(self, store: StateStore) -> None:
         name, definition = self.stage.name, self.stage.query.definition
@@ -366,6 +349,7 @@ class ColumnarRunner:
     def restore(self, saved: Saved) -> list[StateKey]:
         # The per-row runner's keys (the stage ran per row): another kind's state.
         stale: list[StateKey] = [entry for entry, _ in saved.get("head", [])]
+        scheduled = []
         # The stage's own record (number -1: pending rows, what is shared) first.
         for entry, data in sorted(saved.get("cstate", []), key=lambda found: found[0][3]):
             definition, kind, *rest = pickle.loads(data)
@@ -385,7 +369,8 @@ class ColumnarRunner:
             wakeup = earliest(self.wakeup(state), self.idle_wakeup(state))
             if self.evicts and self.idle(state, -END_OF_TIME):
                 wakeup = -END_OF_TIME  # saved idle (before eviction): evicted next advance
-            self._schedule(key, wakeup)
+            scheduled.append((key, entry[2], wakeup))
+        self._wakeups.load(scheduled)
         doomed = {e[2] for e in stale}
         stale += [e for kind, found in saved.items() if kind not in ("cstate", "head", RESTS)
                   for e, _ in found if e[2] in doomed]  # fmt: skip
