@@ -119,12 +119,14 @@ class SparkStore:
     values LZ4-compressed.
 
     Listing a kind of ``entries`` reads the whole map once and keeps it, grouped by
-    kind, until the next write: rebuilding a pipeline lists every kind in turn."""
+    kind, until the next write: rebuilding a pipeline lists every kind in turn. Listing
+    the keys of a kind of ``pieces`` reads all the map's keys once, the same way."""
 
     def __init__(self, entries: MapState, pieces: MapState) -> None:
         self.entries = entries
         self.pieces = pieces
         self._listed: dict[str, list[tuple[StateKey, bytes]]] | None = None
+        self._piece_keys: dict[str, list[StateKey]] | None = None
         # Spark's state server, over a socket (PySpark's `TwsTester` keeps its state
         # in memory: no socket to send a pipeline of writes down).
         self._socket = hasattr(entries, "_mapStateClient")
@@ -136,16 +138,19 @@ class SparkStore:
         found = self._map(key[0]).getValue(key)
         return None if found is None else unpack_value(found[0])
 
+    def _changed(self) -> None:
+        self._listed = self._piece_keys = None
+
     def put(self, key: StateKey, value: bytes) -> None:
-        self._listed = None
+        self._changed()
         self._map(key[0]).updateValue(key, (pack_value(value),))
 
     def delete(self, key: StateKey) -> None:
-        self._listed = None
+        self._changed()
         self._map(key[0]).removeKey(key)
 
     def write(self, changes: Sequence[tuple[StateKey, bytes | None]]) -> None:
-        self._listed = None
+        self._changed()
         if not self._socket:
             for key, value in changes:
                 if value is None:
@@ -175,10 +180,16 @@ class SparkStore:
         yield from self._listed.get(kind, [])
 
     def keys(self, kind: str) -> Iterator[StateKey]:
-        state = self._map(kind)
-        for key in state_client.keys(state) if self._socket else state.keys():
-            if key[0] == kind:
-                yield tuple(key)
+        if kind not in STAGE_PIECE_KINDS:
+            yield from (key for key, _ in self.scan(kind))
+            return
+        if self._piece_keys is None:
+            found: dict[str, list[StateKey]] = {}
+            listing = state_client.keys(self.pieces) if self._socket else self.pieces.keys()
+            for key in listing:
+                found.setdefault(key[0], []).append(tuple(key))
+            self._piece_keys = found
+        yield from self._piece_keys.get(kind, [])
 
     def token(self) -> str | None:
         """The token the last batch stored beside the state."""

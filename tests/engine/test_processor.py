@@ -148,6 +148,10 @@ operations = st.lists(
         st.tuples(st.just("put"), state_keys, st.binary(max_size=3)),
         st.tuples(st.just("delete"), state_keys),
         st.tuples(st.just("get"), state_keys),
+        st.tuples(
+            st.just("write"),
+            st.lists(st.tuples(state_keys, st.one_of(st.none(), st.binary(max_size=3)))),
+        ),
         st.tuples(st.sampled_from(["scan", "keys"]), st.sampled_from(KINDS)),
     ),
     max_size=40,
@@ -162,7 +166,7 @@ def test_the_spark_store_answers_as_a_dict_does(ops: list[tuple]) -> None:
     maps = tester.handle.map_states
     store, model = SparkStore(maps[ENTRIES], maps[PIECES]), MemoryStore()
     for op, *args in ops:
-        if op in ("put", "delete"):
+        if op in ("put", "delete", "write"):
             getattr(store, op)(*args)
             getattr(model, op)(*args)
         elif op == "get":
