@@ -90,6 +90,35 @@ _SPARK_PHASES = {
 _STEP_PHASES = ("read", "restore", "evaluate", "save", "write")
 
 
+SLOW_BATCH_MS = 5_000
+"""A batch at least this long is logged with Spark's phases (a restart's first batch,
+a backlog, a stall): the 30-second progress line shows only its length."""
+
+
+def slow_batch(progress: Mapping[str, Any]) -> str:
+    """A slow batch's line: its length and Spark's phases of it, longest first (the
+    stateful step and the driver's Delta commits are inside `addBatch`; the engine logs
+    a part's rebuild apart)."""
+    durations = progress.get("durationMs") or {}
+    phases = {
+        phase: durations[key]
+        for key, phase in _SPARK_PHASES.items()
+        if key in durations and phase != "trigger"
+    }
+    phases["state_commit"] = sum(
+        op.get("commitTimeMs", 0) for op in progress.get("stateOperators") or ()
+    )
+    said = ", ".join(
+        f"{phase} {ms / 1000:.1f} s" for phase, ms in sorted(phases.items(), key=lambda p: -p[1])
+        if ms >= 100
+    )  # fmt: skip
+    return (
+        f"{progress.get('name')}: batch {progress.get('batchId')} took "
+        f"{durations.get('triggerExecution', 0) / 1000:.1f} s for "
+        f"{progress.get('numInputRows') or 0:,} landing files: {said or 'no phase over 0.1 s'}"
+    )
+
+
 def serve(address: str, port: int) -> None:
     """Serve /metrics on `address:port` (a thread of this process)."""
     start_http_server(port, addr=address)
@@ -208,6 +237,8 @@ class ProgressListener(StreamingQueryListener):
             )
         rows = progress.get("numInputRows") or 0
         INPUT_FILES.labels(name).inc(rows)
+        if durations.get("triggerExecution", 0) >= SLOW_BATCH_MS:
+            log.info("%s", slow_batch(progress))
         if "triggerExecution" in durations and rows:
             with self._lock:
                 self._durations.setdefault(name, []).append(durations["triggerExecution"] / 1000)

@@ -4,17 +4,19 @@ of the rules (merged as the driver merges them)."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from pathlib import Path
 
 import orjson
 import pyarrow.parquet as pq
+import pytest
 from prometheus_client import REGISTRY
 from pyspark.sql.streaming.tws_tester import TwsTester
 
 from engine import tables
 from engine.spark.commit import merge_figures, table_schemas
-from engine.spark.metrics import observe_step
+from engine.spark.metrics import ProgressListener, observe_step
 from engine.spark.processor import EngineProcessor
 from lookout.config import Config
 from tests.e2e.helpers import arrival_order, make_readings
@@ -94,3 +96,29 @@ def test_the_stateful_step_reports_the_incidents_it_left_open(tmp_path: Path) ->
         assert {"congestion", "speeding"} <= health["firing"].keys()  # 0s too
         opened = max(opened, health["firing"]["congestion"])
     assert opened, "some batch left a congestion incident open"
+
+
+def test_a_slow_batch_is_logged_with_its_phases_longest_first(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    listener = ProgressListener({"engine"})
+    progress = {
+        "name": "engine",
+        "batchId": 573,
+        "numInputRows": 180,
+        "durationMs": {
+            "triggerExecution": 18_200,
+            "queryPlanning": 2_100,
+            "addBatch": 15_000,
+            "getBatch": 40,
+            "walCommit": 300,
+        },
+        "stateOperators": [{"commitTimeMs": 700}],
+    }
+    with caplog.at_level(logging.INFO, logger="lookout.engine"):
+        listener.take_progress(progress)
+        listener.take_progress({**progress, "durationMs": {"triggerExecution": 600}})
+    assert [r.getMessage() for r in caplog.records] == [
+        "engine: batch 573 took 18.2 s for 180 landing files: add_batch 15.0 s, plan 2.1 s, "
+        "state_commit 0.7 s, wal 0.3 s"
+    ]
