@@ -77,9 +77,9 @@ def merge_figures(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def rebuilt(part: Mapping[str, Any]) -> str:
-    """What a component's batch that rebuilt its pipeline from the state store (a
-    restart, or the task moved to another worker) says about it: how long the rebuild
-    took against the whole step, and how much it took up."""
+    """The log's line on a component's batch that rebuilt its pipeline from the state
+    store (a restart, or the task moved to another worker): how long the rebuild took,
+    the keys it took up, and the whole step's time and readings."""
     keys = sum(part.get("keys", {}).values())
     readings = sum(s.get("readings", 0) for s in part.get("streams", {}).values())
     step_ms = sum(part.get(name, 0.0) for name in _TIMINGS)
