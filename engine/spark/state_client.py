@@ -111,37 +111,43 @@ def send_pipelined(
             raise RuntimeError(f"the state store failed {what} {key}: {error}")
 
 
-def iterate(state: MapState) -> Iterator[tuple[Entry, Entry]]:
-    """Every (key, value) of one map state, as `MapState.iterator` lists them: the
-    server's batches fetched in turn under one iterator id, until it says there are no
-    more (a status other than 0 ends the listing, as in PySpark's client)."""
-    client = state._mapStateClient
-    api = client._stateful_processor_api_client
+def _listing(
+    state: MapState,
+    request: Callable[[str], dict[str, Any]],
+    receive: Callable[[Any], tuple[int, str, Any, bool]],
+) -> Iterator[Any]:
+    """The items of one listing of a map state: the server's batches fetched in turn
+    under one iterator id until it says there are no more (a status other than 0 ends
+    the listing, as in PySpark's client). ``request`` gives the call's fields for the
+    iterator id; ``receive`` reads an answer as PySpark's client does."""
+    api = state._mapStateClient._stateful_processor_api_client
     iterator_id = str(uuid.uuid4())
     while True:
-        _send(api, _map_call(state, iterator=proto.Iterator(iteratorId=iterator_id)))
+        _send(api, _map_call(state, **request(iterator_id)))
         api.sockfile.flush()
-        status, _, pairs, more = api._receive_proto_message_with_map_pairs()
+        status, _, found, more = receive(api)
         if status != 0:
             return
-        for pair in pairs:
-            yield plain_row(pair.key), plain_row(pair.value)
+        yield from found
         if not more:
             return
+
+
+def iterate(state: MapState) -> Iterator[tuple[Entry, Entry]]:
+    """Every (key, value) of one map state, as `MapState.iterator` lists them."""
+    for pair in _listing(
+        state,
+        lambda iterator_id: {"iterator": proto.Iterator(iteratorId=iterator_id)},
+        lambda api: api._receive_proto_message_with_map_pairs(),
+    ):
+        yield plain_row(pair.key), plain_row(pair.value)
 
 
 def keys(state: MapState) -> Iterator[Entry]:
-    """Every key of one map state, as `MapState.keys` lists them (as :func:`iterate`)."""
-    client = state._mapStateClient
-    api = client._stateful_processor_api_client
-    iterator_id = str(uuid.uuid4())
-    while True:
-        _send(api, _map_call(state, keys=proto.Keys(iteratorId=iterator_id)))
-        api.sockfile.flush()
-        status, _, found, more = api._receive_proto_message_with_map_keys_values()
-        if status != 0:
-            return
-        for data in found:
-            yield plain_row(data)
-        if not more:
-            return
+    """Every key of one map state, as `MapState.keys` lists them."""
+    for data in _listing(
+        state,
+        lambda iterator_id: {"keys": proto.Keys(iteratorId=iterator_id)},
+        lambda api: api._receive_proto_message_with_map_keys_values(),
+    ):
+        yield plain_row(data)

@@ -1,17 +1,22 @@
-"""The state server's rows read as plain tuples (`engine.spark.state_client`), against
-PySpark's own unpickling of the same bytes. The bytes are laid out as Spark's Pyrolite
-pickler writes a row: the row maker's global, the schema from its JSON, the values."""
+"""`engine.spark.state_client`: the state server's rows read as plain tuples, against
+PySpark's own unpickling of the same bytes (laid out as Spark's Pyrolite pickler writes
+a row: the row maker's global, the schema from its JSON, the values); and a listing's
+requests and answers, against a scripted server."""
 
 from __future__ import annotations
 
 import pickle
+import struct
+from io import BytesIO
+from types import SimpleNamespace
 
 from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import types as T
+from pyspark.sql.streaming.proto import StateMessage_pb2 as proto
 
 from engine.spark.processor import _KEY, _VALUE
-from engine.spark.state_client import plain_row, plain_schema
+from engine.spark.state_client import iterate, keys, plain_row, plain_schema
 
 
 def _opcodes(value: object) -> bytes:
@@ -53,3 +58,55 @@ def test_only_schemas_without_conversion_are_plain() -> None:
     assert plain_schema(_KEY) and plain_schema(_VALUE)
     stamped = T.StructType([T.StructField("ts", T.TimestampType())])
     assert not plain_schema(stamped)
+
+
+class _Server:
+    """PySpark's client as `state_client` uses it, the state server's answers scripted:
+    each answer (status, pairs, more) is read once, every request is kept."""
+
+    def __init__(self, answers: list[tuple[int, list, bool]]) -> None:
+        self.answers = answers
+        self.sockfile = BytesIO()
+        self.requests: list[proto.StateRequest] = []
+
+    def _receive_proto_message_with_map_pairs(self) -> tuple[int, str, list, bool]:
+        self._take_requests()
+        status, found, more = self.answers.pop(0)
+        return status, "", found, more
+
+    _receive_proto_message_with_map_keys_values = _receive_proto_message_with_map_pairs
+
+    def _take_requests(self) -> None:
+        data, self.sockfile = self.sockfile.getvalue(), BytesIO()
+        while data:
+            version, size = struct.unpack(">ii", data[:8])
+            assert version == 0
+            self.requests.append(proto.StateRequest.FromString(data[8 : 8 + size]))
+            data = data[8 + size :]
+
+
+def _state(server: _Server) -> SimpleNamespace:
+    client = SimpleNamespace(_stateful_processor_api_client=server)
+    return SimpleNamespace(_mapStateClient=client, _stateName="entries")
+
+
+def _pair(n: int) -> SimpleNamespace:
+    key = pyrolite_row(_KEY, ("cstate", "rule", f"[{n}]", 0))
+    return SimpleNamespace(key=key, value=pyrolite_row(_VALUE, (b"v%d" % n,)))
+
+
+def test_a_listing_fetches_batches_under_one_iterator_until_the_server_says_no_more() -> None:
+    server = _Server([(0, [_pair(0), _pair(1)], True), (0, [_pair(2)], False)])
+    listed = list(iterate(_state(server)))  # type: ignore[arg-type]
+    assert listed == [(("cstate", "rule", f"[{n}]", 0), (b"v%d" % n,)) for n in range(3)]
+    calls = [r.stateVariableRequest.mapStateCall for r in server.requests]
+    assert len(calls) == 2 and len({c.iterator.iteratorId for c in calls}) == 1
+    assert all(c.stateName == "entries" for c in calls)
+
+
+def test_a_status_other_than_0_ends_a_listing() -> None:
+    server = _Server([(0, [_pair(0)], True), (1, [], False)])
+    assert [key[2] for key, _ in iterate(_state(server))] == ["[0]"]  # type: ignore[arg-type]
+    keys_server = _Server([(0, [_pair(5).key], False)])
+    assert list(keys(_state(keys_server))) == [("cstate", "rule", "[5]", 0)]  # type: ignore[arg-type]
+    assert keys_server.requests[0].stateVariableRequest.mapStateCall.HasField("keys")
