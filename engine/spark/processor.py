@@ -159,9 +159,13 @@ class SparkStore:
                     self.put(key, value)
             return
         for state in (self.entries, self.pieces):
-            mine = [(k, v) for k, v in changes if self._map(k[0]) is state]
+            mine = [
+                (k, None if v is None else pack_value(v))
+                for k, v in changes
+                if self._map(k[0]) is state
+            ]
             for start in range(0, len(mine), PIPELINED):
-                send_pipelined(state, mine[start : start + PIPELINED], pack_value)
+                send_pipelined(state, mine[start : start + PIPELINED])
 
     def _iterate(self, state: MapState) -> Iterator[tuple[Any, Any]]:
         return state_client.iterate(state) if self._socket else state.iterator()

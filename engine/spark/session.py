@@ -170,8 +170,8 @@ def build_session(
         packages.append(f"org.apache.hadoop:hadoop-aws:{hadoop_version()}")
         for key, value in s3a_settings(s3).items():
             builder = builder.config(key, value)
-    # Delta's helper names the Maven coordinates (Delta's for this pyspark, and ours) in
-    # the options of the builder it is given: a spare one, to read them from.
+    # Delta's helper sets only `spark.jars.packages`: the Maven coordinates (Delta's for
+    # this pyspark, and ours), read here from a spare builder's options.
     coordinates = configure_spark_with_delta_pip(SparkSession.builder, packages)._options[
         "spark.jars.packages"
     ]
@@ -179,7 +179,7 @@ def build_session(
     if jars is not None:
         builder = builder.config("spark.jars", ",".join(jars))
     else:
-        builder = configure_spark_with_delta_pip(builder, extra_packages=packages)
+        builder = builder.config("spark.jars.packages", coordinates)
     spark = builder.getOrCreate()
     if jars is None:
         remember_jars(coordinates, spark.conf.get("spark.jars", "") or "")

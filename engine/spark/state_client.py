@@ -85,12 +85,9 @@ def _map_call(state: MapState, **call: Any) -> proto.StateRequest:
     )
 
 
-def send_pipelined(
-    state: MapState, changes: Sequence[tuple[Entry, bytes | None]], pack: Callable[[bytes], bytes]
-) -> None:
-    """Put (the value packed by ``pack``) or remove (value None) each key of one map
-    state, as `updateValue` and `removeKey` do, sending every request before reading any
-    answer."""
+def send_pipelined(state: MapState, changes: Sequence[tuple[Entry, bytes | None]]) -> None:
+    """Put (the value as given) or remove (value None) each key of one map state, as
+    `updateValue` and `removeKey` do, sending every request before reading any answer."""
     client = state._mapStateClient
     api = client._stateful_processor_api_client
     for key, value in changes:
@@ -98,7 +95,7 @@ def send_pipelined(
         if value is None:
             request = _map_call(state, removeKey=proto.RemoveKey(userKey=user_key))
         else:
-            stored = api._serialize_to_bytes(client.value_schema, (pack(value),))
+            stored = api._serialize_to_bytes(client.value_schema, (value,))
             request = _map_call(
                 state, updateValue=proto.UpdateValue(userKey=user_key, value=stored)
             )

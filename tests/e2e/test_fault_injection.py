@@ -35,7 +35,7 @@ def test_every_fault_loses_nothing_and_duplicates_no_alert(tmp_path: Path) -> No
     assert report["late_equal"] and report["late_sent"] > 0, "late capture: all, and only, late"
     assert report["alerts_equal"], "the alerts of an undisturbed run: same ids, each once"
     assert report["alerts"] > 0
-    # Each fault's recovery is reported: when the watermark was on time again after it.
+    # Each fault's recovery is reported: when the alerts were on time again after it.
     assert sorted(r["fault"] for r in report["recovery"]) == sorted(report["faults"])
     # The engine's /metrics was scraped (Prometheus text format) for the batch phases.
     assert report["breakdown"]["batch_phases"]["trigger"]["batches"] > 0
