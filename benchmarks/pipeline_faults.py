@@ -10,7 +10,10 @@ the rest.
 At random moments of the run (seeded) each fault in `--faults` strikes once:
 
 * `ingest`: kill -9 of `lookout ingest`, restarted 1 s later;
-* `engine`: kill -9 of `lookout engine` (the Spark driver), restarted at once;
+* `engine`: kill -9 of `lookout engine` (the Spark driver), restarted at once; with
+  `--standby`, two `lookout engine --standby` run, and the one holding the lakehouse's
+  engine lock is killed: the other takes over with its Spark already up, and the killed
+  one is started again `STANDBY_BACK_S` later, as a supervisor with a back-off would;
 * `broker`: mosquitto restarted (SIGTERM, which saves its persistence, then start);
 * `dashboard`: kill -9 of the Streamlit server, restarted; it must answer again.
 
@@ -98,6 +101,8 @@ from rules.language.loader import RULES_DIR, RuleSet, load_rules
 
 START = "2026-03-02T06:00:00+00:00"
 FAULTS = ("ingest", "engine", "broker", "dashboard")
+STANDBY_BACK_S = 60.0
+"""With `--standby`: when a killed engine starts again, as the new standby."""
 
 
 def columns_of(lakehouse: Path, table: str, columns: list[str]) -> pa.Table | None:
@@ -477,6 +482,11 @@ def main() -> int:
         help="a long soak: check readings by count, not id sets, and alerts for "
         "duplicates, without replay's alerts to compare",
     )
+    parser.add_argument(
+        "--standby",
+        action="store_true",
+        help="run a standby engine beside the engine (both `lookout engine --standby`)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     parser.add_argument("--json", default=None, help="also write the report to this file")
     args = parser.parse_args()
@@ -538,11 +548,17 @@ def main() -> int:
         cluster = LocalCluster(work / "cluster", workers=args.cluster, cores=1, memory="2g")
         env["LOOKOUT_ENGINE_MASTER"] = cluster.start().url
     logs = work / "logs"
+    engine_args = ["engine", "--standby"] if args.standby else ["engine"]
     parts = {
         "ingest": Part("ingest", lookout_argv("ingest"), logs / "ingest.log"),
-        "engine": Part("engine", lookout_argv("engine"), logs / "engine.log"),
+        "engine": Part("engine", lookout_argv(*engine_args), logs / "engine.log"),
         "dashboard": Part("dashboard", lookout_argv("dashboard"), logs / "dashboard.log"),
     }
+    if args.standby:
+        parts["engine-b"] = Part("engine-b", lookout_argv(*engine_args), logs / "engine-b.log")
+    # The engine holding the lock (a one-item list, swapped by a takeover).
+    running = [parts["engine"]]
+    restarts: list[threading.Timer] = []
     publishers = [
         Part(f"simulator-{sim.argv[0]}",
              lookout_argv("simulate", *sim.argv, "--port", str(broker.port),
@@ -568,6 +584,7 @@ def main() -> int:
         lakehouse,
     )  # fmt: skip
     report: dict = {"rate": args.rate, "duration": args.duration, "faults": faults,
+                    "standby": args.standby,
                     "cluster": args.cluster, "rules": args.rules, "streams": expected,
                     "oracle": not args.no_oracle}  # fmt: skip
     commits = CommitWatcher(lakehouse / "alerts")
@@ -594,6 +611,10 @@ def main() -> int:
         warm_up_heartbeats(rule_set, broker)
         wait_for_parts(lambda: engine_warm(lakehouse), "the engine's first batches",
                        [parts["engine"]], 300)  # fmt: skip
+        if args.standby:
+            parts["engine-b"].start(env)
+            wait_for_parts(lambda: "standby: Spark is up" in parts["engine-b"].log.read_text(),
+                           "the standby engine", [parts["engine-b"]], 300)  # fmt: skip
         parts["dashboard"].start(env)
         wait_for_parts(lambda: dashboard_up(dash_port), "the dashboard", [parts["dashboard"]], 120)
 
@@ -614,6 +635,14 @@ def main() -> int:
             struck.append((fault, time.time()))
             if fault == "broker":
                 broker.restart()
+            elif fault == "engine" and args.standby:
+                killed = running[0]
+                kill9(killed)
+                running[0] = parts["engine-b" if killed is parts["engine"] else "engine"]
+                back = threading.Timer(STANDBY_BACK_S, killed.start, (env,))
+                back.daemon = True
+                back.start()
+                restarts.append(back)
             else:
                 kill9(parts[fault])
                 if fault == "ingest":
@@ -653,16 +682,21 @@ def main() -> int:
         report["drain_s"] = wait_for_parts(
             lambda: stored() >= total,
             "every reading stored",
-            [parts["engine"], parts["ingest"]],
+            [running[0], parts["ingest"]],
             900,
         )
         if want_ids is None:  # the alerts the closing heartbeat brings: until none comes
             wait_for_parts(settled(lambda: count(lakehouse, "alerts"), 30), "the alerts",
-                           [parts["engine"]], 600)  # fmt: skip
+                           [running[0]], 600)  # fmt: skip
         else:
             wait_for_parts(lambda: count(lakehouse, "alerts") >= len(want_ids), "the alerts",
-                           [parts["engine"]], 600)  # fmt: skip
+                           [running[0]], 600)  # fmt: skip
         time.sleep(5)  # anything more (a duplicate) would show up now
+        report["takeovers"] = sum(
+            p.log.read_text(errors="replace").count("standby: taking over")
+            for n, p in parts.items()
+            if n.startswith("engine") and p.log.exists()
+        )
         sampler.stopped.set()
 
         late = rows(lakehouse, "late_readings", ["stream", "source", "seq"])
@@ -755,6 +789,8 @@ def main() -> int:
     finally:
         sampler.stopped.set()
         commits.stopped.set()
+        for back in restarts:
+            back.cancel()
         for part in (*publishers, *parts.values()):
             part.stop()
         broker.stop()

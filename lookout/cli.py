@@ -14,7 +14,7 @@ from lookout.config import ConfigError, load_config
 def _engine(args: argparse.Namespace) -> int:
     from lookout.services import run_engine
 
-    return run_engine(load_config(args.config), args.rules)
+    return run_engine(load_config(args.config), args.rules, standby=args.standby)
 
 
 def _ingest(args: argparse.Namespace) -> int:
@@ -148,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     engine = commands.add_parser("engine", help="run the Spark job over the rules")
     engine.add_argument("--rules", nargs="*", default=None, help="rule files or folders")
+    engine.add_argument(
+        "--standby",
+        action="store_true",
+        help="start Spark now and take over when the engine running on the lakehouse stops",
+    )
     engine.set_defaults(func=_engine)
 
     ingest = commands.add_parser("ingest", help="subscribe to MQTT and land readings")

@@ -82,10 +82,11 @@ class RuleWatch:
         for file, text in sorted(self.running.texts.items()):
             log.info("rules: %s (version %s) loaded", file, version(text))
 
-    def poll(self, apply: Apply) -> None:
-        """When due and the files changed: check them, and apply them if they pass."""
+    def poll(self, apply: Apply, at_once: bool = False) -> None:
+        """When due (or `at_once`) and the files changed: check them, and apply them if
+        they pass."""
         every = self.config.engine.rules_poll_seconds
-        if not every or time.monotonic() < self._next:
+        if not at_once and (not every or time.monotonic() < self._next):
             return
         self._next = time.monotonic() + every
         paths = self.paths()

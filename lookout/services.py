@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -47,8 +48,12 @@ def _stop_on_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def run_engine(config: Config, rule_paths: Sequence[str] | None) -> int:
-    """Run the Spark job until a signal arrives."""
+def run_engine(config: Config, rule_paths: Sequence[str] | None, standby: bool = False) -> int:
+    """Run the Spark job until a signal arrives. It holds the lakehouse's engine lock
+    (`engine.engine_lock`) while it runs; another engine holding it is an error, unless
+    `standby`: then Spark starts at once and the job waits for the lock, to take over
+    when that engine stops or dies."""
+    from engine.engine_lock import EngineLock
     from engine.spark.checkpoint_layout import CheckpointLayoutError
     from engine.spark.job import EngineJob
     from engine.spark.jvm_output import filter_output
@@ -62,8 +67,35 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None) -> int:
         for error in err.errors:
             print(error.format(), file=sys.stderr)
         return 2
+    lock = None if is_object_store(config.lakehouse) else EngineLock(config.lakehouse)
+    if lock is None and standby:
+        print(
+            f"lookout engine: --standby needs the engine lock, a file lock, and the "
+            f"lakehouse {config.lakehouse} is in an object store",
+            file=sys.stderr,
+        )
+        return 2
+    if lock is not None and not standby and not lock.take():
+        print(
+            f"lookout engine: another engine runs on {config.lakehouse} ({lock.holder()}, "
+            f"{lock.path}); stop it first, or start this one with --standby to take over "
+            "when it stops",
+            file=sys.stderr,
+        )
+        return 2
     stop = threading.Event()
     _stop_on_signals(stop)
+    job = EngineJob(config, rules.running.plan, alert_specs(rules.running))
+    if standby:
+        assert lock is not None
+        waiting = time.monotonic()
+        log.info("standby: Spark is up; waiting for the engine on %s to stop (%s)",
+                 config.lakehouse, lock.holder() or "none runs")  # fmt: skip
+        if not lock.wait(stop):
+            return 0
+        log.info("standby: taking over after %.0f s", time.monotonic() - waiting)
+        rules.poll(job.use, at_once=True)  # the files may have changed while it waited
+        job.started_at_ms = int(time.time() * 1000)
     if config.engine.metrics_port:
         from engine.spark.metrics import serve
 
@@ -72,13 +104,15 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None) -> int:
         except OSError as err:  # the engine runs on; only its metrics are missing
             log.warning("no metrics: %s:%d: %s", config.engine.metrics_address,
                         config.engine.metrics_port, err)  # fmt: skip
-    job = EngineJob(config, rules.running.plan, alert_specs(rules.running))
     job.rules_status = rules.status
     try:
         job.run_until(stop, tick=lambda: rules.poll(job.apply))
     except (TableSchemaError, CheckpointLayoutError) as err:
         print(f"lookout engine: {err}", file=sys.stderr)
         return 2
+    finally:
+        if lock is not None:
+            lock.release()
     return 0
 
 

@@ -105,3 +105,14 @@ def test_polling_off_and_an_engine_that_cannot_start(folder: Path) -> None:
     (folder / "traffic.sql").write_text("CREATE STREAM nope;")
     with pytest.raises(RuleCheckError):
         watch_rules(Config(), [str(folder)], alert_specs)
+
+
+def test_a_poll_at_once_reads_a_change_before_the_interval(folder: Path) -> None:
+    """A standby taking over reads the files the moment it runs, not a poll later."""
+    watch = watching(folder, 3600.0)
+    engine = Engine()
+    (folder / "alerts.sql").write_text(SLOW)
+    watch.poll(engine.apply)
+    assert engine.applied == [], "not due for an hour"
+    watch.poll(engine.apply, at_once=True)
+    assert engine.applied == [{"speed", "slow!incidents"}]

@@ -162,12 +162,10 @@ class EngineJob:
         began = time.monotonic()
         self.stop_queries()
         stopped = time.monotonic()
-        self.plan = plan
-        self.components = engine_components(plan, alerts)
+        self.use(plan, alerts)
         for change in record_rule_changes(self.config, plan):
             log.info(change)
         self.ensure_tables()
-        self.maintenance.paths = [self.config.table(name) for name in tables.engine_tables(plan)]
         if self.fault is None:
             self._start_queries()
         self._log_parts()
@@ -176,6 +174,12 @@ class EngineJob:
             stopped - began,
             time.monotonic() - stopped,
         )
+
+    def use(self, plan: Plan, alerts: Mapping[str, AlertSpec]) -> None:
+        """Take `plan` as the rules to run; the query runs them from its next start."""
+        self.plan = plan
+        self.components = engine_components(plan, alerts)
+        self.maintenance.paths = [self.config.table(name) for name in tables.engine_tables(plan)]
 
     def stop_queries(self) -> None:
         """Stop the queries, keeping their committers (and counts) for the next start."""

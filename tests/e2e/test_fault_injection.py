@@ -1,6 +1,7 @@
 """Fault injection on the whole pipeline, every part a real process: while
 the simulator publishes, ingest and the engine are killed with SIGKILL, mosquitto is
-restarted and the dashboard is killed, each at a seeded random moment and restarted.
+restarted and the dashboard is killed, each at a seeded random moment and restarted;
+the engine runs with a standby, which takes over when it is killed.
 Afterwards every generated reading must be stored exactly once and the alerts must be
 those of an undisturbed run (replay of the same seed): same ids, none twice, none
 missing. The harness is `benchmarks/pipeline_faults.py`, which also runs it at load.
@@ -24,7 +25,8 @@ def test_every_fault_loses_nothing_and_duplicates_no_alert(tmp_path: Path) -> No
     report_file = tmp_path / "report.json"
     run = subprocess.run(
         [sys.executable, str(HARNESS), "--rate", "500", "--duration", "30", "--seed", "3",
-         "--faults", "ingest,engine,broker,dashboard", "--json", str(report_file)],
+         "--faults", "ingest,engine,broker,dashboard", "--standby",
+         "--json", str(report_file)],
         capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert report_file.exists(), run.stdout[-3000:] + run.stderr[-3000:]
@@ -35,6 +37,7 @@ def test_every_fault_loses_nothing_and_duplicates_no_alert(tmp_path: Path) -> No
     assert report["late_equal"] and report["late_sent"] > 0, "late capture: all, and only, late"
     assert report["alerts_equal"], "the alerts of an undisturbed run: same ids, each once"
     assert report["alerts"] > 0
+    assert report["takeovers"] == 1, "the standby took over from the killed engine"
     # Each fault's recovery is reported: when the alerts were on time again after it.
     assert sorted(r["fault"] for r in report["recovery"]) == sorted(report["faults"])
     # The engine's /metrics was scraped (Prometheus text format) for the batch phases.
