@@ -96,6 +96,9 @@ class SqliteStore:
         ).fetchone()
         return None if found is None else bytes(found[0])
 
+    def get_many(self, keys: Sequence[StateKey]) -> list[bytes | None]:
+        return [self.get(key) for key in keys]
+
     def put(self, key: StateKey, value: bytes) -> None:
         self.writes[key] = value
 

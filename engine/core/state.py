@@ -69,6 +69,11 @@ class StateStore(Protocol):
         """The value stored under ``key``, or None."""
         ...
 
+    def get_many(self, keys: Sequence[StateKey]) -> list[bytes | None]:
+        """The values stored under ``keys``, in order (a store reached over a socket
+        sends every request before it waits for any answer)."""
+        ...
+
     def put(self, key: StateKey, value: bytes) -> None:
         """Store ``value`` under ``key``."""
         ...
@@ -100,6 +105,9 @@ class MemoryStore:
 
     def get(self, key: StateKey) -> bytes | None:
         return self.entries.get(key)
+
+    def get_many(self, keys: Sequence[StateKey]) -> list[bytes | None]:
+        return [self.entries.get(key) for key in keys]
 
     def put(self, key: StateKey, value: bytes) -> None:
         self.entries[key] = value
@@ -173,6 +181,11 @@ class JournaledStore:
         if key in self.latest:
             return self.latest[key]
         return self.inner.get(key)
+
+    def get_many(self, keys: Sequence[StateKey]) -> list[bytes | None]:
+        beneath = [key for key in keys if key not in self.latest]
+        found = dict(zip(beneath, self.inner.get_many(beneath), strict=True))
+        return [self.latest[key] if key in self.latest else found[key] for key in keys]
 
     def put(self, key: StateKey, value: bytes) -> None:
         self.latest[key] = self._batch[key] = value

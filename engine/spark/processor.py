@@ -138,6 +138,18 @@ class SparkStore:
         found = self._map(key[0]).getValue(key)
         return None if found is None else unpack_value(found[0])
 
+    def get_many(self, keys: Sequence[StateKey]) -> list[bytes | None]:
+        if not self._socket:
+            return [self.get(key) for key in keys]
+        found: dict[StateKey, bytes | None] = {}
+        for state in (self.entries, self.pieces):
+            mine = [key for key in keys if self._map(key[0]) is state]
+            for start in range(0, len(mine), PIPELINED):
+                run = mine[start : start + PIPELINED]
+                for key, value in zip(run, state_client.get_pipelined(state, run), strict=True):
+                    found[key] = None if value is None else unpack_value(value)
+        return [found[key] for key in keys]
+
     def _changed(self) -> None:
         self._listed = self._piece_keys = None
 

@@ -53,8 +53,10 @@ def test_reads_and_reopening_match_a_dict(ops, fold_after) -> None:
             model = dict(durable)
         for kind in ("head", "slice"):
             assert view(store, kind) == {k: v for k, v in model.items() if k[0] == kind}
-        for key in {k for _, k, _ in ops if k is not None}:
+        keys = sorted({k for _, k, _ in ops if k is not None})
+        for key in keys:
             assert store.get(key) == model.get(key)
+        assert store.get_many(keys) == [model.get(key) for key in keys]
 
 
 class CountingStore(MemoryStore):

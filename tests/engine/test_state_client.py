@@ -10,13 +10,14 @@ import struct
 from io import BytesIO
 from types import SimpleNamespace
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import types as T
 from pyspark.sql.streaming.proto import StateMessage_pb2 as proto
 
 from engine.spark.processor import _KEY, _VALUE
-from engine.spark.state_client import iterate, keys, plain_row, plain_schema
+from engine.spark.state_client import get_pipelined, iterate, keys, plain_row, plain_schema
 
 
 def _opcodes(value: object) -> bytes:
@@ -110,3 +111,41 @@ def test_a_status_other_than_0_ends_a_listing() -> None:
     keys_server = _Server([(0, [_pair(5).key], False)])
     assert list(keys(_state(keys_server))) == [("cstate", "rule", "[5]", 0)]  # type: ignore[arg-type]
     assert keys_server.requests[0].stateVariableRequest.mapStateCall.HasField("keys")
+
+
+class _Reads(_Server):
+    """The scripted server for reads of single keys: each answer (status, value bytes)."""
+
+    def __init__(self, answers: list[tuple[int, bytes]]) -> None:
+        super().__init__([])
+        self.values = answers
+        self.sent_before_first_answer: int | None = None
+
+    def _serialize_to_bytes(self, _schema: T.StructType, data: tuple) -> bytes:
+        return repr(data).encode()
+
+    def _receive_proto_message(self) -> tuple[int, str, bytes]:
+        self._take_requests()
+        if self.sent_before_first_answer is None:
+            self.sent_before_first_answer = len(self.requests)
+        status, data = self.values.pop(0)
+        return status, "no such state" if status else "", data
+
+
+def _reading(server: _Reads) -> SimpleNamespace:
+    client = SimpleNamespace(_stateful_processor_api_client=server, user_key_schema=_KEY)
+    return SimpleNamespace(_mapStateClient=client, _stateName="entries")
+
+
+def test_reads_of_many_keys_are_sent_before_any_answer_is_read() -> None:
+    wanted = [("rest", "rule", f"[{n}]", 0) for n in range(3)]
+    server = _Reads(
+        [(0, pyrolite_row(_VALUE, (b"a",))), (0, b""), (0, pyrolite_row(_VALUE, (b"c",)))]
+    )
+    assert get_pipelined(_reading(server), wanted) == [b"a", None, b"c"]  # type: ignore[arg-type]
+    assert server.sent_before_first_answer == 3
+    calls = [r.stateVariableRequest.mapStateCall for r in server.requests]
+    assert [c.getValue.userKey for c in calls] == [repr(k).encode() for k in wanted]
+    failing = _Reads([(0, b""), (1, b"")])
+    with pytest.raises(RuntimeError, match=r"failed reading \('rest', 'rule', '\[1\]', 0\)"):
+        get_pipelined(_reading(failing), wanted[:2])  # type: ignore[arg-type]

@@ -193,6 +193,8 @@ class ColumnarRunner:
                 batches.append((key, part, (start, end)))
         seen = {key for key, _, _ in batches}
         batches += [(key, None, (0, 0)) for key in self._wakeups.due(watermark) if key not in seen]
+        if self.evicts:
+            self.rests.prefetch(key for key, _, _ in batches if key not in self.states)
         keys: list[Key] = []
         windows = _Windows()
         idle: list[Key] = []
