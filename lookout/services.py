@@ -89,13 +89,16 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None, standby: bool =
     if standby:
         assert lock is not None
         waiting = time.monotonic()
-        log.info("standby: Spark is up; waiting for the engine on %s to stop (%s)",
-                 config.lakehouse, lock.holder() or "none runs")  # fmt: skip
-        if not lock.wait(stop):
-            return 0
-        log.info("standby: taking over after %.0f s", time.monotonic() - waiting)
-        rules.poll(job.use, at_once=True)  # the files may have changed while it waited
-        job.started_at_ms = int(time.time() * 1000)
+        if lock.take():
+            log.info("standby: no engine runs on %s; this one runs", config.lakehouse)
+        else:
+            log.info("standby: Spark is up; waiting for the engine on %s to stop (%s)",
+                     config.lakehouse, lock.holder())  # fmt: skip
+            if not lock.wait(stop):
+                return 0
+            log.info("standby: taking over after %.0f s", time.monotonic() - waiting)
+            rules.poll(job.use, at_once=True)  # the files may have changed while it waited
+            job.started_at_ms = int(time.time() * 1000)
     if config.engine.metrics_port:
         from engine.spark.metrics import serve
 
