@@ -342,6 +342,18 @@ def test_evaluators_spilled_from_memory_change_no_output(rule, items, seed, afte
     assert spilled == kept, rule
 
 
+def fed(pipeline: Pipeline, rows: list[dict[str, Any]], beat_at: int) -> list[tuple]:
+    """Traffic ``rows`` and a heartbeat at ``beat_at`` through ``pipeline``, saved: each
+    output as (key, output)."""
+    beat = {"station": 0, "lane": 0, "speed": None, "name": "", "ts": beat_at}
+    table = arrival_table(pipeline.plan.streams["traffic"], [*rows, beat])
+    flags = pa.array([False] * len(rows) + [True], pa.bool_())
+    table = table.set_column(table.column_names.index(HEARTBEAT), HEARTBEAT, flags)
+    result = pipeline.process({"traffic": table})
+    pipeline.save()
+    return [(key, o) for e in result.outputs for key, o in emitted_outputs(e)]
+
+
 def test_idle_keys_leave_memory_and_store_and_come_back_numbered_on() -> None:
     """Fifty keys seen once, then a heartbeat past every window: the RANGE frame's keys
     and the extents' keys are gone from memory and store, each leaving one residue; the
@@ -354,18 +366,11 @@ def test_idle_keys_leave_memory_and_store_and_come_back_numbered_on() -> None:
         "CREATE STREAM extents AS SELECT station, window_end, count(*) AS n FROM traffic "
         "[RANGE 2 SECONDS SLIDE 1 SECONDS] GROUP BY station;\n"
     )
-    schema = plan.streams["traffic"]
     store = MemoryStore()
     pipeline = Pipeline(plan, store=store)
 
     def feed(rows: list[dict[str, Any]], beat_at: int) -> list[tuple]:
-        beat = {"station": 0, "lane": 0, "speed": None, "name": "", "ts": beat_at}
-        table = arrival_table(schema, [*rows, beat])
-        flags = pa.array([False] * len(rows) + [True], pa.bool_())
-        table = table.set_column(table.column_names.index(HEARTBEAT), HEARTBEAT, flags)
-        result = pipeline.process({"traffic": table})
-        pipeline.save()
-        return [(o.sink, key, o.ts, o.seq) for e in result.outputs for key, o in emitted_outputs(e)]
+        return [(o.sink, key, o.ts, o.seq) for key, o in fed(pipeline, rows, beat_at)]
 
     row = {"lane": 1, "speed": 1.0, "name": "a", "source": "s"}
     feed([{**row, "station": k, "ts": 10_000 + k, "seq": k} for k in range(50)], 20_000)
@@ -438,18 +443,11 @@ def test_new_keys_read_their_residues_in_one_call(rows_only: bool) -> None:
         pipeline = Pipeline(plan, store=store)
     kinds = {runner.kind for runner in pipeline.runners.values()}
     assert kinds == ({"rows"} if rows_only else {"columnar-over"})
-    schema = plan.streams["traffic"]
     row = {"lane": 1, "speed": 1.0, "name": "a", "source": "s"}
 
     def feed(stations: range, at: int, beat_at: int) -> list[tuple]:
         rows = [{**row, "station": k, "ts": at + k, "seq": at + k} for k in stations]
-        beat = {"station": 0, "lane": 0, "speed": None, "name": "", "ts": beat_at}
-        table = arrival_table(schema, [*rows, beat])
-        flags = pa.array([False] * len(rows) + [True], pa.bool_())
-        table = table.set_column(table.column_names.index(HEARTBEAT), HEARTBEAT, flags)
-        result = pipeline.process({"traffic": table})
-        pipeline.save()
-        return [(key, o.seq) for e in result.outputs for key, o in emitted_outputs(e)]
+        return [(key, o.seq) for key, o in fed(pipeline, rows, beat_at)]
 
     feed(range(5), 10_000, 20_000)  # five keys, evicted: five residues stored
     assert sum(k[0] == REST for k in store.entries) == 5
