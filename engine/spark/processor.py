@@ -33,9 +33,9 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import pyarrow as pa
@@ -114,6 +114,9 @@ def unpack_value(stored: bytes) -> bytes:
     return _CODEC.decompress(stored[8:], decompressed_size=size, asbytes=True)
 
 
+_Item = TypeVar("_Item")
+
+
 class SparkStore:
     """A :class:`~engine.core.state.StateStore` over the group's two `MapState` s, its
     values LZ4-compressed.
@@ -142,13 +145,20 @@ class SparkStore:
         if not self._socket:
             return [self.get(key) for key in keys]
         found: dict[StateKey, bytes | None] = {}
-        for state in (self.entries, self.pieces):
-            mine = [key for key in keys if self._map(key[0]) is state]
-            for start in range(0, len(mine), PIPELINED):
-                run = mine[start : start + PIPELINED]
-                for key, value in zip(run, state_client.get_pipelined(state, run), strict=True):
-                    found[key] = None if value is None else unpack_value(value)
+        for state, run in self._runs(keys, lambda key: key):
+            for key, value in zip(run, state_client.get_pipelined(state, run), strict=True):
+                found[key] = None if value is None else unpack_value(value)
         return [found[key] for key in keys]
+
+    def _runs(
+        self, items: Sequence[_Item], key_of: Callable[[_Item], StateKey]
+    ) -> Iterator[tuple[MapState, list[_Item]]]:
+        """``items`` grouped by the map state their key is in, in runs of at most
+        ``PIPELINED`` (one pipeline each)."""
+        for state in (self.entries, self.pieces):
+            mine = [item for item in items if self._map(key_of(item)[0]) is state]
+            for start in range(0, len(mine), PIPELINED):
+                yield state, mine[start : start + PIPELINED]
 
     def _changed(self) -> None:
         self._listed = self._piece_keys = None
@@ -170,14 +180,9 @@ class SparkStore:
                 else:
                     self.put(key, value)
             return
-        for state in (self.entries, self.pieces):
-            mine = [
-                (k, None if v is None else pack_value(v))
-                for k, v in changes
-                if self._map(k[0]) is state
-            ]
-            for start in range(0, len(mine), PIPELINED):
-                send_pipelined(state, mine[start : start + PIPELINED])
+        packed = [(k, None if v is None else pack_value(v)) for k, v in changes]
+        for state, run in self._runs(packed, lambda change: change[0]):
+            send_pipelined(state, run)
 
     def _iterate(self, state: MapState) -> Iterator[tuple[Any, Any]]:
         return state_client.iterate(state) if self._socket else state.iterator()
