@@ -37,15 +37,16 @@ class EngineLock:
         if self._fd is not None:
             return True
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        # Held read-only: a file held open for writing would keep the lakehouse's
+        # filesystem from being remounted read-only (or unmounted) under the engine.
+        fd = os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             return False
-        os.ftruncate(fd, 0)
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {started}\n".encode())
+        self.path.write_text(f"pid {os.getpid()} on {socket.gethostname()} since {started}\n")
         self._fd = fd
         return True
 

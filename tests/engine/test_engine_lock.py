@@ -52,6 +52,22 @@ def test_a_killed_holder_releases_the_lock_and_a_waiter_takes_it(tmp_path: Path)
         holder.wait()
 
 
+def test_the_holder_keeps_no_file_open_for_writing(tmp_path: Path) -> None:
+    """A file held open for writing would keep the lakehouse's filesystem from being
+    remounted read-only under the engine (the disk-full fault)."""
+    lock = EngineLock(str(tmp_path))
+    assert lock.take()
+    try:
+        lock_file = str((tmp_path / LOCK_NAME).resolve())
+        held = [fd.name for fd in Path("/proc/self/fd").iterdir() if os.path.realpath(fd) == lock_file]
+        assert len(held) == 1
+        info = Path(f"/proc/self/fdinfo/{held[0]}").read_text()
+        flags = int(info.split("flags:")[1].split()[0], 8)
+        assert flags & os.O_ACCMODE == os.O_RDONLY
+    finally:
+        lock.release()
+
+
 def test_a_waiter_gives_up_when_told_to_stop(tmp_path: Path) -> None:
     held = EngineLock(str(tmp_path))
     assert held.take()
