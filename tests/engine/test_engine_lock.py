@@ -59,7 +59,9 @@ def test_the_holder_keeps_no_file_open_for_writing(tmp_path: Path) -> None:
     assert lock.take()
     try:
         lock_file = str((tmp_path / LOCK_NAME).resolve())
-        held = [fd.name for fd in Path("/proc/self/fd").iterdir() if os.path.realpath(fd) == lock_file]
+        held = [
+            fd.name for fd in Path("/proc/self/fd").iterdir() if os.path.realpath(fd) == lock_file
+        ]
         assert len(held) == 1
         info = Path(f"/proc/self/fdinfo/{held[0]}").read_text()
         flags = int(info.split("flags:")[1].split()[0], 8)
