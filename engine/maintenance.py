@@ -17,6 +17,11 @@ removes in the checkpoints, for the table's retention (``delta.deletedFileRetent
 may still read them. After that each round's ``VACUUM`` deletes them (delta-rs's lite
 vacuum: only files the log removed, never one an append is writing).
 
+A round's work (reading and rewriting minutes of readings) runs in a child process
+at the lowest CPU priority (:class:`MaintenanceProcess`), not in the engine's driver:
+it then takes only the CPU the engine's batches leave, instead of stalling them for
+seconds every round.
+
 The log itself grows by a commit file per append, and every reader lists the
 ``_delta_log`` folder; Delta's own cleanup keeps 30 days of commits. So each round also
 deletes the commit and checkpoint files below the newest settled checkpoint
@@ -27,10 +32,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import pickle
 import re
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -120,9 +129,110 @@ def clean_log(table: DeltaTable, settle_s: float, s3: S3Config = DEFAULT_S3) -> 
     return len(doomed)
 
 
+@dataclass(frozen=True)
+class Round:
+    """What one round did to one table (:func:`maintain_table`)."""
+
+    missing: bool = False  # the table does not exist (yet)
+    compaction: Compaction | None = None
+    vacuumed: int = 0
+    log_cleaned: int = 0
+    error: str = ""  # why the round failed ("": it did not)
+
+
+def maintain_table(path: str, min_files: int, settle_s: float, s3: S3Config) -> Round:
+    """One round over the table at ``path``: compact, vacuum, clean the log. Every
+    failure is returned as text (this runs in another process: an exception of
+    delta-rs's need not survive the trip back)."""
+    try:
+        table = DeltaTable(path, storage_options=delta_options(path, s3))
+        result = compact(table, min_files)
+        deleted = vacuum(table)
+        cleaned = clean_log(table, settle_s, s3)
+    except TableNotFoundError:
+        return Round(missing=True)
+    except Exception as err:  # any failure: reported, retried next round
+        return Round(error=f"{type(err).__name__}: {err}")
+    return Round(compaction=result, vacuumed=deleted, log_cleaned=cleaned)
+
+
+RoundRunner = Callable[[str, int, float, S3Config], Round]
+"""Runs one table's round: :func:`maintain_table` or a :class:`MaintenanceProcess`."""
+
+LOWEST_PRIORITY = 19
+"""The nice value of the maintenance process: it runs on what the engine leaves."""
+
+
+class MaintenanceProcess:
+    """Runs :func:`maintain_table` in a child process (:func:`serve`) at the lowest CPU
+    priority: started at the first round, and again at the round after
+    it died. A round it dies in returns the death as its error."""
+
+    def __init__(self) -> None:
+        self._child: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None: none started yet)."""
+        child = self._child
+        return None if child is None else child.pid
+
+    def __call__(self, path: str, min_files: int, settle_s: float, s3: S3Config) -> Round:
+        with self._lock:
+            if self._child is None or self._child.poll() is not None:
+                self._child = subprocess.Popen(
+                    [sys.executable, "-c", "from engine.maintenance import serve; serve()"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                )
+            child = self._child
+            assert child.stdin is not None and child.stdout is not None
+            try:
+                pickle.dump((path, min_files, settle_s, s3), child.stdin)
+                child.stdin.flush()
+                done: Round = pickle.load(child.stdout)
+                return done
+            except (EOFError, OSError, pickle.UnpicklingError):  # it died (killed, OOM)
+                child.kill()  # should it live on, its pipes are broken
+                return Round(error=f"the maintenance process died (exit {child.wait()})")
+
+    def close(self) -> None:
+        """Let the child end (it ends at the end of its input), or kill it after 10 s."""
+        with self._lock:
+            child, self._child = self._child, None
+        if child is None:
+            return
+        assert child.stdin is not None
+        child.stdin.close()
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def serve() -> None:
+    """The maintenance process: rounds asked on stdin, their results on stdout
+    (pickled), until stdin ends. Anything else written to stdout goes to stderr."""
+    os.nice(LOWEST_PRIORITY)
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    requests = sys.stdin.buffer
+    while True:
+        try:
+            path, min_files, settle_s, s3 = pickle.load(requests)
+        except EOFError:
+            return
+        pickle.dump(maintain_table(path, min_files, settle_s, s3), replies)
+        replies.flush()
+
+
 class TableMaintenance:
     """A daemon thread compacting and vacuuming ``paths`` (on S3: reached as ``s3``
-    says) every ``every_s`` seconds (never when 0), and cleaning their logs.
+    says) every ``every_s`` seconds (never when 0), and cleaning their logs. Each
+    table's round runs through ``run_round`` (the engine's: a
+    :class:`MaintenanceProcess`; by default in the rounds' thread).
 
     A table that fails to compact (a commit conflict, storage trouble) is logged with
     its path and the error and tried again next round; its last error is in ``health``.
@@ -135,6 +245,7 @@ class TableMaintenance:
         min_files: int,
         s3: S3Config = DEFAULT_S3,
         settle_s: float = 30.0,
+        run_round: RoundRunner = maintain_table,
     ) -> None:
         self.paths = list(paths)
         self.s3 = s3  # how to reach tables on S3 (delta-rs's options, pyarrow's filesystem)
@@ -148,6 +259,7 @@ class TableMaintenance:
         self._stop = threading.Event()
         self._paused = threading.Event()
         self._thread: threading.Thread | None = None
+        self._run_round = run_round
 
     def start(self) -> None:
         """Start the rounds (a no-op when ``every_s`` is 0)."""
@@ -173,31 +285,25 @@ class TableMaintenance:
         self._paused.clear()
 
     def run_once(self) -> list[tuple[str, Compaction]]:
-        """One round over every table (each opened once, and skipped while it does not
-        exist yet); returns the compactions it made, by table path."""
+        """One round over every table (skipped while it does not exist yet); returns the
+        compactions it made, by table path."""
         done = []
         for path in self.paths:
-            try:
-                table = DeltaTable(path, storage_options=delta_options(path, self.s3))
-            except TableNotFoundError:
+            outcome = self._run_round(path, self.min_files, self.settle_s, self.s3)
+            if outcome.missing:
                 continue
-            except Exception as err:  # any failure: reported, retried next round
-                self._failed(path, err)
-                continue
-            try:
-                result = compact(table, self.min_files)
-                deleted = vacuum(table)
-                cleaned = clean_log(table, self.settle_s, self.s3)
-                self.log_cleaned[path] = self.log_cleaned.get(path, 0) + cleaned
-                if cleaned:
-                    log.info("cleaned %s's log: %d files deleted", path, cleaned)
-            except Exception as err:  # any failure: reported, retried next round
-                self._failed(path, err)
+            if outcome.error:
+                self._failed(path, outcome.error)
                 continue
             self.errors.pop(path, None)
-            if deleted:
-                self.vacuumed[path] = self.vacuumed.get(path, 0) + deleted
-                log.info("vacuumed %s: %d files past their retention deleted", path, deleted)
+            if outcome.log_cleaned:
+                self.log_cleaned[path] = self.log_cleaned.get(path, 0) + outcome.log_cleaned
+                log.info("cleaned %s's log: %d files deleted", path, outcome.log_cleaned)
+            if outcome.vacuumed:
+                self.vacuumed[path] = self.vacuumed.get(path, 0) + outcome.vacuumed
+                log.info("vacuumed %s: %d files past their retention deleted", path,
+                         outcome.vacuumed)  # fmt: skip
+            result = outcome.compaction
             if result is not None:
                 self.last[path] = result
                 done.append((path, result))
@@ -212,9 +318,9 @@ class TableMaintenance:
                 )
         return done
 
-    def _failed(self, path: str, err: Exception) -> None:
-        self.errors[path] = f"{type(err).__name__}: {err}"
-        log.warning("maintenance of %s failed (retried next round): %s", path, err)
+    def _failed(self, path: str, error: str) -> None:
+        self.errors[path] = error
+        log.warning("maintenance of %s failed (retried next round): %s", path, error)
 
     def health(self) -> dict[str, Any]:
         """Each table's last compaction, files vacuumed, log files deleted and last error,

@@ -39,7 +39,7 @@ from engine import tables
 from engine.alerts import AlertSpec
 from engine.core.pipeline import fed_stages
 from engine.core.plan import Plan
-from engine.maintenance import TableMaintenance
+from engine.maintenance import MaintenanceProcess, TableMaintenance
 from engine.spark.checkpoint_layout import check_checkpoint_layout
 from engine.spark.commit import Committer, table_schemas, writer_id
 from engine.spark.metrics import ProgressListener, refresh
@@ -102,11 +102,13 @@ class EngineJob:
         self.listener = ProgressListener({QUERY_NAME})
         self._logged: tuple[float, dict[str, int]] = (time.monotonic(), {})
         self.recent = RecentFigures(int(config.health.window_seconds * 1000))
+        self.maintenance_process = MaintenanceProcess()
         self.maintenance = TableMaintenance(
             [config.table(name) for name in tables.engine_tables(plan)],
             config.engine.compact_every_seconds,
             config.engine.compact_min_files,
             s3=config.s3,
+            run_round=self.maintenance_process,
         )
 
     def ensure_tables(self) -> None:
@@ -203,6 +205,7 @@ class EngineJob:
         error py4j would log with two stack traces: the batch is abandoned, and runs
         again at the next start (its commits are idempotent), which is one line too."""
         self.maintenance.stop()
+        self.maintenance_process.close()
         logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
         with contextlib.suppress(Py4JError):
             self.spark.streams.removeListener(self.listener)

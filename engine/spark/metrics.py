@@ -22,7 +22,7 @@ the dashboard's Health page:
   batch of its part of the rules; `lookout_stream_live_keys{stream}` (the most any rule
   reading the stream holds) and `lookout_stream_max_live_keys{stream}` (its cap, 0: none);
 * `lookout_engine_resident_bytes{process}` (the driver's Python, its JVM, the Python
-  workers);
+  workers, the table maintenance's process);
 * `lookout_incidents_firing{rule}`: the alert rule's incidents open now (firing, or
   within KEEP FIRING FOR), as of the last batch of the rule's part of the rules.
 
@@ -175,14 +175,18 @@ def _samples(gauge: Gauge) -> list[tuple[tuple[str, ...], float]]:
 
 
 def resident_memory() -> dict[str, int]:
-    """Resident bytes of this process (the driver's Python), its JVM and the Python
-    workers Spark started (the JVM's descendants)."""
+    """Resident bytes of this process (the driver's Python), its JVM, the Python
+    workers Spark started (the JVM's descendants) and the table maintenance's process
+    (the driver's other child)."""
     me = psutil.Process()
-    sizes = {"driver": me.memory_info().rss, "jvm": 0, "python_workers": 0}
+    sizes = {"driver": me.memory_info().rss, "jvm": 0, "python_workers": 0, "maintenance": 0}
     for child in me.children(recursive=True):
         try:
             rss = child.memory_info().rss
-            kind = "jvm" if child.name() == "java" else "python_workers"
+            if child.name() == "java":
+                kind = "jvm"
+            else:
+                kind = "maintenance" if child.ppid() == me.pid else "python_workers"
         except psutil.Error:  # it ended meanwhile
             continue
         sizes[kind] += rss

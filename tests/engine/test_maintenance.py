@@ -10,18 +10,27 @@ newest settled checkpoint on, exactly as it was, while it removes the commits be
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import orjson
+import psutil
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.maintenance import TableMaintenance, clean_log, compact
+from engine.maintenance import (
+    LOWEST_PRIORITY,
+    MaintenanceProcess,
+    TableMaintenance,
+    clean_log,
+    compact,
+)
 from engine.tables import append_once, ensure_table
 from tests.examples import examples
 
@@ -111,6 +120,40 @@ def test_a_broken_table_is_reported_and_the_others_compacted(tmp_path: Path) -> 
     assert str(broken) in maintenance.errors
     health = maintenance.health()
     assert health["errors"][str(broken)] and health["compactions"][0]["table"] == good
+
+
+def test_rounds_run_in_a_lowest_priority_process_started_again_after_it_died(
+    tmp_path: Path,
+) -> None:
+    """The engine's rounds run in a child process at nice 19, so that they take only
+    the CPU the engine's batches leave. A child killed during a round fails that round
+    (the table's error says so), and the next round runs in a new child."""
+    path = str(tmp_path / "readings_traffic")
+    append_batches(path, range(4))
+    process = MaintenanceProcess()
+    maintenance = TableMaintenance([path], every_s=0, min_files=2, run_round=process)
+    try:
+        assert [p for p, _ in maintenance.run_once()] == [path]
+        first = process.pid
+        assert first is not None and psutil.Process(first).nice() == LOWEST_PRIORITY
+
+        append_batches(path, range(4, 8))
+        os.kill(first, signal.SIGSTOP)  # it takes the next round's request, never answers
+        during = threading.Thread(target=maintenance.run_once)
+        during.start()
+        time.sleep(1.0)  # the request is in its pipe
+        os.kill(first, signal.SIGKILL)
+        during.join(timeout=30)
+        assert not during.is_alive()
+        assert maintenance.errors == {
+            path: f"the maintenance process died (exit {-signal.SIGKILL})"
+        }
+
+        assert [p for p, _ in maintenance.run_once()] == [path] and maintenance.errors == {}
+        assert process.pid not in (None, first)
+        assert bag(path) == Counter((b, v) for b in range(8) for v in (b / 2, b / 3))
+    finally:
+        process.close()
 
 
 def test_replaced_files_are_vacuumed_after_the_tables_retention(tmp_path: Path) -> None:
