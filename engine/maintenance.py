@@ -165,8 +165,8 @@ LOWEST_PRIORITY = 19
 
 class MaintenanceProcess:
     """Runs :func:`maintain_table` in a child process (:func:`serve`) at the lowest CPU
-    priority: started at the first round, and again at the round after
-    it died. A round it dies in returns the death as its error."""
+    priority: started at the first round, and again at the round after it died. A round
+    it dies in returns the death as its error."""
 
     def __init__(self) -> None:
         self._child: subprocess.Popen[bytes] | None = None
