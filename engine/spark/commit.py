@@ -79,15 +79,19 @@ def merge_figures(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 def rebuilt(part: Mapping[str, Any]) -> str:
     """The log's line on a component's batch that rebuilt its pipeline from the state
     store (a restart, or the task moved to another worker): how long the rebuild took,
-    the keys it took up, and the whole step's time and readings."""
+    the keys it took up, the whole step's time and readings, and (`waited_ms`) how
+    long after the batch's job started the step began."""
     keys = sum(part.get("keys", {}).values())
     readings = sum(s.get("readings", 0) for s in part.get("streams", {}).values())
     step_ms = sum(part.get(name, 0.0) for name in _TIMINGS)
-    return (
+    said = (
         f"part {part['component']} rebuilt from the state store in "
         f"{part.get('restore_ms', 0) / 1000:.1f} s ({keys:,} keys); its step took "
         f"{step_ms / 1000:.1f} s for {readings:,} readings"
     )
+    if "waited_ms" in part:  # the task's start, the state store's load, the input read
+        said += f", and began {part['waited_ms'] / 1000:.1f} s into the batch's job"
+    return said
 
 
 class Committer:
@@ -109,14 +113,16 @@ class Committer:
         self._tables = tables.OpenTables(config.s3)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        started = time.perf_counter()
+        started, started_ms = time.perf_counter(), time.time() * 1000
         rows = batch.toArrow().to_pylist()  # runs the batch's job: read, evaluate, write
         collected = time.perf_counter()
         files: dict[str, list[tables.DataFile]] = {}
         parts: list[dict[str, Any]] = []  # each component's figures
         for row in rows:
             if row["kind"] == "health":
-                parts.append(orjson.loads(row["stats"]))
+                part = orjson.loads(row["stats"])
+                part["waited_ms"] = round(part.pop("began_ms") - started_ms)
+                parts.append(part)
                 continue
             file = tables.DataFile(
                 row["table"],

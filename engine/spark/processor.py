@@ -253,6 +253,7 @@ class EngineProcessor(StatefulProcessor):
     def handleInputRows(
         self, key: Any, rows: Iterator[Row], timerValues: TimerValues
     ) -> Iterator[Row]:
+        began_ms = int(time.time() * 1000)  # after the task's start, state load and input
         phases = _Phases()
         component = self.components[key[0]]
         memo_id = f"{self.memo_id}#{component.name}"
@@ -299,6 +300,7 @@ class EngineProcessor(StatefulProcessor):
             "dropped": pipeline.dropped if not reused else [],
             "warmed": warm.describe() if warm is not None else None,
             "reused": reused,
+            "began_ms": began_ms,
             **phases.figures(),
         }
         yield from written

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
@@ -27,7 +30,7 @@ from pyspark.sql.streaming.tws_tester import TwsTester
 from engine import tables
 from engine.landed_files import QUARANTINE_FOLDER
 from engine.spark import processor as processor_module
-from engine.spark.commit import rebuilt, table_schemas
+from engine.spark.commit import Committer, rebuilt, table_schemas
 from engine.spark.landing_source import (
     FilesPartition,
     LandingReader,
@@ -192,6 +195,33 @@ def test_the_steps_phases_are_timed_one_after_another(
     assert {p: figures[p] for p in phases} == dict.fromkeys(phases, 1000.0)
     assert "rebuilt from the state store in 1.0 s" in rebuilt(figures)
     assert "its step took 5.0 s" in rebuilt(figures)
+
+
+def test_the_step_says_when_it_began_and_the_log_how_long_into_the_job(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rebuild batch's log line says how long the job ran before the step began: a
+    cold start's worker, state store load and input read, apart from the step's own."""
+    before = int(time.time() * 1000)
+    figures, _ = Step(tmp_path / "lake").run(Landing(tmp_path).land(minutes(0, 3)))
+    assert before <= figures["began_ms"] <= int(time.time() * 1000)
+    assert "began" not in rebuilt(figures)
+    assert rebuilt({**figures, "waited_ms": 9_140}).endswith(
+        ", and began 9.1 s into the batch's job"
+    )
+
+    class Batch:  # the query's batch as the committer runs it: the step's rows back
+        def toArrow(self) -> pa.Table:
+            stats = {**figures, "began_ms": int(time.time() * 1000) + 2_000}
+            return pa.Table.from_pylist([{"kind": "health", "stats": orjson.dumps(stats).decode()}])
+
+    committer = Committer(Config(lakehouse=str(tmp_path / "lake")), "engine", {})
+    with caplog.at_level(logging.INFO, "lookout.engine"):
+        committer(Batch(), 7)  # type: ignore[arg-type]
+    committer.close()
+    said = [r.message for r in caplog.records if "batch 7: part traffic rebuilt" in r.message]
+    assert len(said) == 1 and said[0].endswith(" s into the batch's job")
+    assert 1.5 <= float(said[0].split("began ")[1].split(" s")[0]) <= 2.0
 
 
 def test_a_pipeline_is_reused_only_by_the_worker_that_saved_the_state(tmp_path: Path) -> None:
