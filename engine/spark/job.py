@@ -82,8 +82,6 @@ class EngineJob:
                 f"(known: {', '.join(sources)})"
             )
         self.config = config
-        self.plan = plan
-        self.components = engine_components(plan, alerts)
         self.spark = spark or build_session(
             config.engine, s3=config.s3 if uses_object_store(config) else None
         )
@@ -104,12 +102,13 @@ class EngineJob:
         self.recent = RecentFigures(int(config.health.window_seconds * 1000))
         self.maintenance_process = MaintenanceProcess()
         self.maintenance = TableMaintenance(
-            [config.table(name) for name in tables.engine_tables(plan)],
+            [],
             config.engine.compact_every_seconds,
             config.engine.compact_min_files,
             s3=config.s3,
             run_round=self.maintenance_process,
         )
+        self.use(plan, alerts)
 
     def ensure_tables(self) -> None:
         """Create every table the queries append to, so readers can start at once."""
@@ -178,7 +177,8 @@ class EngineJob:
         )
 
     def use(self, plan: Plan, alerts: Mapping[str, AlertSpec]) -> None:
-        """Take `plan` as the rules to run; the query runs them from its next start."""
+        """Take `plan` as the rules to run (its parts, the tables to maintain); the
+        query runs them from its next start."""
         self.plan = plan
         self.components = engine_components(plan, alerts)
         self.maintenance.paths = [self.config.table(name) for name in tables.engine_tables(plan)]
