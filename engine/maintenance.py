@@ -296,8 +296,8 @@ class TableMaintenance:
                 self._failed(path, outcome.error)
                 continue
             self.errors.pop(path, None)
+            self.log_cleaned[path] = self.log_cleaned.get(path, 0) + outcome.log_cleaned
             if outcome.log_cleaned:
-                self.log_cleaned[path] = self.log_cleaned.get(path, 0) + outcome.log_cleaned
                 log.info("cleaned %s's log: %d files deleted", path, outcome.log_cleaned)
             if outcome.vacuumed:
                 self.vacuumed[path] = self.vacuumed.get(path, 0) + outcome.vacuumed

@@ -87,6 +87,9 @@ def test_a_table_with_few_files_or_none_is_left_alone(tmp_path: Path) -> None:
     assert DeltaTable(path).version() == version
     never = TableMaintenance([str(tmp_path / "never_written")], every_s=0, min_files=1)
     assert never.run_once() == [] and never.errors == {}
+    # A table visited counts on the health record, with nothing cleaned yet.
+    few = TableMaintenance([path], every_s=0, min_files=8)
+    assert few.run_once() == [] and few.health()["log_cleaned"] == {path: 0}
 
 
 def test_compaction_rounds_while_another_thread_appends(tmp_path: Path) -> None:
