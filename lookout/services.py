@@ -57,6 +57,7 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None, standby: bool =
     from engine.spark.checkpoint_layout import CheckpointLayoutError
     from engine.spark.job import EngineJob
     from engine.spark.jvm_output import filter_output
+    from engine.spark.rehearsal import Rehearsal
     from engine.tables import TableSchemaError
     from lookout.rule_watch import watch_rules
 
@@ -94,8 +95,13 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None, standby: bool =
         else:
             log.info("standby: Spark is up; waiting for the engine on %s to stop (%s)",
                      config.lakehouse, lock.holder())  # fmt: skip
-            if not lock.wait(stop):
-                return 0
+            rehearsal = Rehearsal(job.spark, config, job.plan, alert_specs(rules.running))
+            rehearsal.start()
+            try:
+                if not lock.wait(stop):
+                    return 0
+            finally:
+                rehearsal.stop()
             log.info("standby: taking over after %.0f s", time.monotonic() - waiting)
             rules.poll(job.use, at_once=True)  # the files may have changed while it waited
             job.started_at_ms = int(time.time() * 1000)
