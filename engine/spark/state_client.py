@@ -12,12 +12,15 @@ through its client; only the waiting and the unpickling differ.
   every row, then builds a `Row`: about 33 µs an entry, 6.5 s to list the 200,000 RFID
   tags a restarted engine rebuilds. :class:`_PlainRows` reads the same pickles as plain
   tuples (the engine's key and value schemas are strings, longs and bytes, which need
-  no conversion).
+  no conversion). :class:`RowReader` reads them faster still: the part of a row's
+  pickle before its values is the same for every row of a schema, so only the values'
+  opcodes are unpickled, with the C unpickler and no Python call per row.
 """
 
 from __future__ import annotations
 
 import pickle
+import pickletools
 import struct
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -72,6 +75,60 @@ def plain_row(data: bytes) -> Entry:
     return tuple(_PlainRows(BytesIO(data)).load())
 
 
+_PROTOCOL_2 = b"\x80\x02"
+_MEMO_OPS = ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE")
+
+
+def _header(data: bytes) -> bytes | None:
+    """The opcodes of a row's pickle before its values, up to and including the MARK
+    that opens them (the row maker, the schema, their two calls), or None for a pickle
+    not laid out that way."""
+    calls = 0
+    for op, _, at in pickletools.genops(data):
+        if op.name == "REDUCE":
+            calls += 1
+        elif calls == 2 and op.name == "MARK":
+            return data[: at + 1] if at is not None else None
+        elif calls == 2 and op.name not in _MEMO_OPS:
+            return None
+    return None
+
+
+def _values_end(data: bytes) -> int | None:
+    """Where a row's values end (after their TUPLE), before the row maker's call, its
+    memo op and the STOP; None for another ending."""
+    for tail in (2, 4, 7):  # REDUCE STOP; with BINPUT n; with LONG_BINPUT nnnn
+        end = len(data) - tail
+        memo = tail == 2 or data[end + 1] == (0x71 if tail == 4 else 0x72)  # b"q", b"r"
+        if end > 0 and data[end] == 0x52 and data[end - 1] == 0x74 and memo:  # b"R", b"t"
+            return end
+    return None
+
+
+class RowReader:
+    """Reads the state server's rows of one schema as :func:`plain_row` does, only
+    faster: the header of the first row (:func:`_header`) is kept, and a row that starts
+    with it has just its values unpickled. A row laid out otherwise, or whose values do
+    not unpickle on their own, is read by :func:`plain_row`."""
+
+    def __init__(self) -> None:
+        self._header: bytes | None = None
+
+    def __call__(self, data: bytes) -> Entry:
+        header = self._header
+        if header is None or not data.startswith(header):
+            header = self._header = _header(data)
+        end = _values_end(data) if header is not None else None
+        if header is not None and end is not None:
+            try:
+                found = pickle.loads(_PROTOCOL_2 + data[len(header) - 1 : end] + b".")
+            except Exception:  # read the slower, general way below
+                found = None
+            if isinstance(found, tuple):
+                return found
+        return plain_row(data)
+
+
 def _send(api: Any, request: proto.StateRequest) -> None:
     message = request.SerializeToString()
     # The protocol's version (0) and the length, as PySpark's `write_int` writes them.
@@ -119,11 +176,12 @@ def get_pipelined(state: MapState, keys: Sequence[Entry]) -> list[bytes | None]:
         _send(api, _map_call(state, getValue=proto.GetValue(userKey=user_key)))
     api.sockfile.flush()
     found: list[bytes | None] = []
+    row = RowReader()
     for key in keys:
         status, error, data = api._receive_proto_message()
         if status != 0:
             raise RuntimeError(f"the state store failed reading {key}: {error}")
-        found.append(plain_row(data)[0] if data else None)
+        found.append(row(data)[0] if data else None)
     return found
 
 
@@ -151,19 +209,21 @@ def _listing(
 
 def iterate(state: MapState) -> Iterator[tuple[Entry, Entry]]:
     """Every (key, value) of one map state, as `MapState.iterator` lists them."""
+    key, value = RowReader(), RowReader()
     for pair in _listing(
         state,
         lambda iterator_id: {"iterator": proto.Iterator(iteratorId=iterator_id)},
         lambda api: api._receive_proto_message_with_map_pairs(),
     ):
-        yield plain_row(pair.key), plain_row(pair.value)
+        yield key(pair.key), value(pair.value)
 
 
 def keys(state: MapState) -> Iterator[Entry]:
     """Every key of one map state, as `MapState.keys` lists them."""
+    key = RowReader()
     for data in _listing(
         state,
         lambda iterator_id: {"keys": proto.Keys(iteratorId=iterator_id)},
         lambda api: api._receive_proto_message_with_map_keys_values(),
     ):
-        yield plain_row(data)
+        yield key(data)

@@ -5,9 +5,11 @@ requests and answers, against a scripted server."""
 
 from __future__ import annotations
 
+import json
 import pickle
 import struct
 from io import BytesIO
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,8 +18,20 @@ from hypothesis import strategies as st
 from pyspark.sql import types as T
 from pyspark.sql.streaming.proto import StateMessage_pb2 as proto
 
+from engine.spark import state_client
 from engine.spark.processor import _KEY, _VALUE
-from engine.spark.state_client import get_pipelined, iterate, keys, plain_row, plain_schema
+from engine.spark.state_client import (
+    RowReader,
+    get_pipelined,
+    iterate,
+    keys,
+    plain_row,
+    plain_schema,
+)
+
+SPARK_ROWS = Path(__file__).parent / "data" / "state_server_rows.json"
+"""Keys and values as Spark 4.2's state server sent them (a listing of the engine's map
+state), with its memo opcodes between the parts."""
 
 
 def _opcodes(value: object) -> bytes:
@@ -53,6 +67,42 @@ def test_a_key_reads_as_pyspark_reads_it(kind: str, name: str, key: str, number:
 def test_a_value_reads_as_pyspark_reads_it(value: bytes) -> None:
     data = pyrolite_row(_VALUE, (value,))
     assert plain_row(data) == tuple(pickle.loads(data)) == (value,)
+
+
+def test_the_row_reader_reads_spark_s_own_rows_as_pyspark_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rows = [bytes.fromhex(h) for h in json.loads(SPARK_ROWS.read_text())["rows"]]
+    expected = [tuple(pickle.loads(data)) for data in rows * 2]
+    assert [plain_row(data) for data in rows * 2] == expected
+
+    def general_way(data: bytes) -> tuple:
+        raise AssertionError("Spark's rows are read the fast way")
+
+    monkeypatch.setattr(state_client, "plain_row", general_way)
+    read = RowReader()
+    # The header kept from the first row of each schema, and the rows again.
+    assert [read(data) for data in rows * 2] == expected
+
+
+@given(st.lists(st.tuples(texts, texts, texts, st.integers(-(2**63), 2**63 - 1)), max_size=5),
+       st.lists(st.binary(max_size=600), max_size=5), st.randoms())  # fmt: skip
+def test_the_row_reader_reads_any_mix_of_rows_as_plain_row_does(
+    entries: list[tuple], values: list[bytes], order: object
+) -> None:
+    spark_rows = [bytes.fromhex(h) for h in json.loads(SPARK_ROWS.read_text())["rows"]]
+    rows = [pyrolite_row(_KEY, e) for e in entries] + [pyrolite_row(_VALUE, (v,)) for v in values]
+    rows += spark_rows
+    order.shuffle(rows)  # type: ignore[attr-defined]
+    read = RowReader()
+    assert [read(data) for data in rows] == [plain_row(data) for data in rows]
+
+
+def test_a_row_laid_out_otherwise_is_read_the_general_way() -> None:
+    data = pyrolite_row(_KEY, ("cstate", "r", "[1]", 0))
+    odd = data.replace(b"tR.", b"tRq\x09\x94.")  # an ending the reader does not know
+    read = RowReader()
+    assert read(data) == read(odd) == ("cstate", "r", "[1]", 0)
 
 
 def test_only_schemas_without_conversion_are_plain() -> None:
