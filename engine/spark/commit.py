@@ -60,7 +60,7 @@ def _timings(figures: Mapping[str, Any]) -> dict[str, Any]:
 def merge_figures(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """The figures of several components' steps as one: streams, keys and open
     incidents per alert side by side, counts and durations summed (the steps' work),
-    `reused` only if every part's was."""
+    `reused` only if every part's was, `waited_ms` the least (when the first began)."""
     merged: dict[str, Any] = {"streams": {}, "keys": {}, "firing": {}, "quarantined": 0}
     merged["dropped"], merged["warmed"] = [], []
     for part in parts:
@@ -73,6 +73,8 @@ def merge_figures(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         for name in _TIMINGS:
             if name in part:
                 merged[name] = round(merged.get(name, 0.0) + part[name], 1)
+        if "waited_ms" in part:  # the first step's start: the parts' steps follow it
+            merged["waited_ms"] = min(merged.get("waited_ms", part["waited_ms"]), part["waited_ms"])
     return merged
 
 

@@ -127,10 +127,14 @@ def serve(address: str, port: int) -> None:
 
 def observe_step(query: str, figures: Mapping[str, Any], job_s: float, commit_s: float) -> None:
     """Count one batch's figures (from the stateful step), the time its job took (the
-    source, the shuffle, the stateful step), and its commit time."""
+    source, the shuffle, the stateful step), and its commit time. ``before_step`` is how
+    long into the job the first stateful step began (`waited_ms`: the tasks' start, the
+    source's read and the shuffle, the state store's load)."""
     for phase in _STEP_PHASES:
         if (ms := figures.get(f"{phase}_ms")) is not None:
             BATCH_SECONDS.labels(query, phase).observe(ms / 1000)
+    if (waited := figures.get("waited_ms")) is not None:  # hosts' clocks may differ a little
+        BATCH_SECONDS.labels(query, "before_step").observe(max(waited, 0) / 1000)
     BATCH_SECONDS.labels(query, "job").observe(job_s)
     BATCH_SECONDS.labels(query, "commit").observe(commit_s)
     for stream, counts in (figures.get("streams") or {}).items():

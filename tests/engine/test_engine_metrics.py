@@ -44,6 +44,26 @@ def test_incidents_firing_per_rule_as_the_parts_that_ran_last_reported() -> None
     assert firing() == {"congestion": 1, "accident": 0, "larceny": 1, "missed_shipping": 3}
 
 
+def test_the_time_before_the_first_step_is_a_phase_of_the_batch() -> None:
+    """The parts' steps run one after another in the batch's job: the first began after
+    the job's start, the source's read and the state store's load."""
+
+    def before_step() -> tuple[float, float]:
+        labels = {"query": "engine", "phase": "before_step"}
+        return (
+            REGISTRY.get_sample_value("lookout_engine_batch_seconds_count", labels) or 0.0,
+            REGISTRY.get_sample_value("lookout_engine_batch_seconds_sum", labels) or 0.0,
+        )
+
+    count, total = before_step()
+    traffic = {"component": "traffic", "waited_ms": 900}
+    rfid = {"component": "rfid", "waited_ms": 300}
+    observe_step("engine", merge_figures([traffic, rfid]), 1.0, 0.01)
+    observe_step("engine", merge_figures([{"component": "traffic", "waited_ms": -20}]), 1.0, 0.0)
+    after = before_step()
+    assert (after[0] - count, round(after[1] - total, 6)) == (2, 0.3)
+
+
 def test_live_keys_per_rule_and_per_stream_as_the_parts_that_ran_last_reported() -> None:
     """Each rule's keys stand until its part reports again: one gauge per query once
     summed only the parts of the last batch, undercounting the others."""
