@@ -6,7 +6,9 @@ through its client; only the waiting and the unpickling differ.
 * **Writes and reads of many keys** (:func:`send_pipelined`, :func:`get_pipelined`):
   PySpark waits for the JVM's answer to each `updateValue`, `removeKey` or `getValue`;
   here every request of a run is sent before any answer is read, one wait instead of
-  one per key.
+  one per key. Keys and values are serialised as PySpark's client serialises a row of
+  a plain schema, without its per-value conversions (:func:`row_bytes`: 1.5 µs a key
+  and value instead of 19 µs).
 * **Listings** (:func:`iterate`, :func:`keys`): the state server pickles each key and
   value as a row that carries its schema as JSON, and PySpark parses that JSON anew for
   every row, then builds a `Row`: about 33 µs an entry, 6.5 s to list the 200,000 RFID
@@ -27,6 +29,8 @@ from collections.abc import Callable, Iterator, Sequence
 from io import BytesIO
 from typing import Any
 
+import numpy as np
+from pyspark.serializers import pickle_protocol
 from pyspark.sql import types as T
 from pyspark.sql.streaming.proto import StateMessage_pb2 as proto
 from pyspark.sql.streaming.stateful_processor import MapState
@@ -129,6 +133,15 @@ class RowReader:
         return plain_row(data)
 
 
+def row_bytes(values: Entry) -> bytes:
+    """A row of a plain schema (:func:`plain_schema`) serialised as PySpark's client
+    serialises it for the state server (`_serialize_to_bytes`, whose conversions leave
+    a plain row's strings, bytes and ints as they are), once numbers are Python ints."""
+    return pickle.dumps(
+        tuple(int(v) if isinstance(v, np.integer) else v for v in values), pickle_protocol
+    )
+
+
 def _send(api: Any, request: proto.StateRequest) -> None:
     message = request.SerializeToString()
     # The protocol's version (0) and the length, as PySpark's `write_int` writes them.
@@ -145,15 +158,15 @@ def _map_call(state: MapState, **call: Any) -> proto.StateRequest:
 
 def send_pipelined(state: MapState, changes: Sequence[tuple[Entry, bytes | None]]) -> None:
     """Put (the value as given) or remove (value None) each key of one map state, as
-    `updateValue` and `removeKey` do, sending every request before reading any answer."""
-    client = state._mapStateClient
-    api = client._stateful_processor_api_client
+    `updateValue` and `removeKey` do, sending every request before reading any answer
+    (the map's key and value schemas plain: :func:`row_bytes`)."""
+    api = state._mapStateClient._stateful_processor_api_client
     for key, value in changes:
-        user_key = api._serialize_to_bytes(client.user_key_schema, key)
+        user_key = row_bytes(key)
         if value is None:
             request = _map_call(state, removeKey=proto.RemoveKey(userKey=user_key))
         else:
-            stored = api._serialize_to_bytes(client.value_schema, (value,))
+            stored = row_bytes((value,))
             request = _map_call(
                 state, updateValue=proto.UpdateValue(userKey=user_key, value=stored)
             )
@@ -169,11 +182,9 @@ def send_pipelined(state: MapState, changes: Sequence[tuple[Entry, bytes | None]
 def get_pipelined(state: MapState, keys: Sequence[Entry]) -> list[bytes | None]:
     """The value (its first field, as stored) of each key of one map state, as
     `getValue` reads them, sending every request before reading any answer."""
-    client = state._mapStateClient
-    api = client._stateful_processor_api_client
+    api = state._mapStateClient._stateful_processor_api_client
     for key in keys:
-        user_key = api._serialize_to_bytes(client.user_key_schema, key)
-        _send(api, _map_call(state, getValue=proto.GetValue(userKey=user_key)))
+        _send(api, _map_call(state, getValue=proto.GetValue(userKey=row_bytes(key))))
     api.sockfile.flush()
     found: list[bytes | None] = []
     row = RowReader()

@@ -11,12 +11,16 @@ import struct
 from io import BytesIO
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pyspark.serializers import CPickleSerializer
 from pyspark.sql import types as T
 from pyspark.sql.streaming.proto import StateMessage_pb2 as proto
+from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcessorApiClient
 
 from engine.spark import state_client
 from engine.spark.processor import _KEY, _VALUE
@@ -27,6 +31,7 @@ from engine.spark.state_client import (
     keys,
     plain_row,
     plain_schema,
+    row_bytes,
 )
 
 SPARK_ROWS = Path(__file__).parent / "data" / "state_server_rows.json"
@@ -105,6 +110,20 @@ def test_a_row_laid_out_otherwise_is_read_the_general_way() -> None:
     assert read(data) == read(odd) == ("cstate", "r", "[1]", 0)
 
 
+@given(
+    texts, texts, texts, st.integers(-(2**63), 2**63 - 1), st.booleans(), st.binary(max_size=600)
+)
+def test_rows_are_serialised_as_pyspark_s_client_serialises_them(
+    kind: str, name: str, key: str, number: int, numpy_number: bool, value: bytes
+) -> None:
+    client: Any = SimpleNamespace(pickleSer=CPickleSerializer())  # what the method uses
+    pyspark = StatefulProcessorApiClient._serialize_to_bytes
+    entry = (kind, name, key, np.int64(number) if numpy_number else number)
+    assert row_bytes(entry) == pyspark(client, _KEY, entry)
+    assert row_bytes((value,)) == pyspark(client, _VALUE, (value,))
+    assert pickle.loads(row_bytes(entry)) == (kind, name, key, number)
+
+
 def test_only_schemas_without_conversion_are_plain() -> None:
     assert plain_schema(_KEY) and plain_schema(_VALUE)
     stamped = T.StructType([T.StructField("ts", T.TimestampType())])
@@ -171,9 +190,6 @@ class _Reads(_Server):
         self.values = answers
         self.sent_before_first_answer: int | None = None
 
-    def _serialize_to_bytes(self, _schema: T.StructType, data: tuple) -> bytes:
-        return repr(data).encode()
-
     def _receive_proto_message(self) -> tuple[int, str, bytes]:
         self._take_requests()
         if self.sent_before_first_answer is None:
@@ -195,7 +211,7 @@ def test_reads_of_many_keys_are_sent_before_any_answer_is_read() -> None:
     assert get_pipelined(_reading(server), wanted) == [b"a", None, b"c"]  # type: ignore[arg-type]
     assert server.sent_before_first_answer == 3
     calls = [r.stateVariableRequest.mapStateCall for r in server.requests]
-    assert [c.getValue.userKey for c in calls] == [repr(k).encode() for k in wanted]
+    assert [c.getValue.userKey for c in calls] == [row_bytes(k) for k in wanted]
     failing = _Reads([(0, b""), (1, b"")])
     with pytest.raises(RuntimeError, match=r"failed reading \('rest', 'rule', '\[1\]', 0\)"):
         get_pipelined(_reading(failing), wanted[:2])  # type: ignore[arg-type]
