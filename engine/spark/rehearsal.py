@@ -17,13 +17,16 @@ stops and its folder is deleted.
 Nothing of the real lakehouse is read or written. The rehearsal's own engine log lines
 (its parts, its batches) are left out of the log below warnings, as nothing else of the
 engine runs in the process meanwhile; its batches are counted in the process's metrics
-like any other (one every ``every_s`` seconds).
+like any other (one every ``every_s`` seconds). A standby killed while it waits leaves
+its folder behind; the next rehearsal on the machine deletes the folders of standbys no
+longer running (the process id is in the folder's name).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -41,6 +44,9 @@ from lookout.config import Config
 
 log = logging.getLogger("lookout")
 ENGINE_LOG = logging.getLogger("lookout.engine")
+
+PREFIX = "lookout-rehearsal-"
+"""The scratch folders' names: this, the standby's process id, a dash, a random part."""
 
 SOURCE = "standby-rehearsal"
 """The ``source`` of the rehearsal's readings and heartbeats."""
@@ -104,7 +110,8 @@ class Rehearsal:
     def start(self) -> None:
         """Start the rehearsal in a thread of its own: the query, its first readings, and a
         heartbeat every ``every_s`` seconds."""
-        self._folder = tempfile.mkdtemp(prefix="lookout-rehearsal-")
+        remove_abandoned(tempfile.gettempdir())
+        self._folder = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
         ENGINE_LOG.addFilter(self._quiet)
         self._thread = threading.Thread(
             target=self._run, args=(self._folder,), name="standby-rehearsal", daemon=True
@@ -151,6 +158,29 @@ class Rehearsal:
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
         ENGINE_LOG.removeFilter(self._quiet)
+
+
+def remove_abandoned(folder: str) -> list[str]:
+    """Delete the scratch folders in ``folder`` of rehearsals whose process no longer
+    runs; return their paths."""
+    removed = []
+    for entry in os.scandir(folder):
+        owner = entry.name.removeprefix(PREFIX).split("-")[0]
+        if not entry.name.startswith(PREFIX) or not owner.isdigit() or _running(int(owner)):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 class _BelowWarning(logging.Filter):

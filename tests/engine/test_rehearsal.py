@@ -5,13 +5,16 @@ lakehouse, keeps its engine log lines out, and leaves nothing behind."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
 from engine.landed_files import read_stream_file
-from engine.spark.rehearsal import SOURCE, Rehearsal, rehearsal_reading
+from engine.spark.rehearsal import PREFIX, SOURCE, Rehearsal, rehearsal_reading, remove_abandoned
 from ingest.landing import LandingWriter
 from lookout.config import Config
 from lookout.services import alert_specs
@@ -34,6 +37,18 @@ def test_every_source_streams_rehearsal_reading_is_a_landed_record(tmp_path: Pat
         assert row[stream.timestamp] == 1_767_225_600_000
         assert (row["source"], row["seq"], row["heartbeat"]) == (SOURCE, 7, False)
         assert all(row[c.name] is not None for c in stream.columns), row
+
+
+def test_the_folders_of_rehearsals_whose_process_died_are_removed(tmp_path: Path) -> None:
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    dead = tmp_path / f"{PREFIX}{ended.stdout.strip()}-abc"
+    alive = tmp_path / f"{PREFIX}{os.getpid()}-def"
+    other = tmp_path / "lookout-faults-123"
+    for folder in (dead, alive, other):
+        (folder / "lakehouse").mkdir(parents=True)
+    assert remove_abandoned(str(tmp_path)) == [str(dead)]
+    assert not dead.exists() and alive.exists() and other.exists()
 
 
 @pytest.mark.spark
