@@ -165,8 +165,10 @@ def remove_abandoned(folder: str) -> list[str]:
     runs; return their paths."""
     removed = []
     for entry in os.scandir(folder):
+        if not entry.name.startswith(PREFIX):
+            continue
         owner = entry.name.removeprefix(PREFIX).split("-")[0]
-        if not entry.name.startswith(PREFIX) or not owner.isdigit() or _running(int(owner)):
+        if not owner.isdigit() or _running(int(owner)):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         removed.append(entry.path)
@@ -174,12 +176,13 @@ def remove_abandoned(folder: str) -> list[str]:
 
 
 def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's included)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
-        return True
+    except PermissionError:  # it exists, and is another user's
+        pass
     return True
 
 

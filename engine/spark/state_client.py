@@ -101,10 +101,11 @@ def _header(data: bytes) -> bytes | None:
 def _values_end(data: bytes) -> int | None:
     """Where a row's values end (after their TUPLE), before the row maker's call, its
     memo op and the STOP; None for another ending."""
-    for tail in (2, 4, 7):  # REDUCE STOP; with BINPUT n; with LONG_BINPUT nnnn
+    for tail, memo in ((2, None), (4, 0x71), (7, 0x72)):  # STOP; BINPUT n; LONG_BINPUT n
         end = len(data) - tail
-        memo = tail == 2 or data[end + 1] == (0x71 if tail == 4 else 0x72)  # b"q", b"r"
-        if end > 0 and data[end] == 0x52 and data[end - 1] == 0x74 and memo:  # b"R", b"t"
+        if end < 1 or data[end] != 0x52 or data[end - 1] != 0x74:  # b"R" after b"t"
+            continue
+        if memo is None or data[end + 1] == memo:  # b"q", b"r"
             return end
     return None
 
