@@ -59,6 +59,7 @@ from engine.core.batch import (
 from engine.core.held import KIND as HELD
 from engine.core.held import HeldRows
 from engine.core.incidents import IncidentTracker
+from engine.core.key_index import KEY_INDEX, recorded_states
 from engine.core.keycap import KIND as KEYCAP
 from engine.core.keycap import CappedReading, CappedStage, KeyCap
 from engine.core.plan import END_OF_TIME, Plan, Stage, StreamSchema
@@ -150,6 +151,30 @@ def fed_stages(plan: Plan, sources: Collection[str]) -> list[tuple[int, Stage]]:
             mine.append((i, stage))
             fed.update(stage_sinks(stage))
     return mine
+
+
+def _stale_pieces(
+    store: StateStore,
+    stale: list[StateKey],
+    saved: Mapping[str, Mapping[str, list[tuple[StateKey, bytes]]]],
+    owners: Collection[str],
+) -> list[StateKey]:
+    """The pieces of stale state (entries a runner reads only when it needs them): those
+    of the stale entries' keys and of stages no rule has any more, found by listing the
+    store's pieces, and the key states stale indexes name."""
+    keys = {(entry[1], entry[2]) for entry in stale}
+    found = [
+        entry
+        for kind in LISTED_PIECE_KINDS
+        for entry in store.keys(kind)
+        if (entry[1], entry[2]) in keys or entry[1] not in owners
+    ]
+    doomed = set(stale)
+    for kinds in saved.values():
+        for entry, data in kinds.get(KEY_INDEX, []):
+            if entry in doomed:
+                found += recorded_states(entry, data)
+    return found
 
 
 class Pipeline:
@@ -503,9 +528,8 @@ class Pipeline:
         saved: dict[str, dict[str, list[tuple[StateKey, bytes]]]] = {}
         for entry, data in entries:
             store.put(entry, data)
-            listed = b"" if entry[0] in LISTED_PIECE_KINDS else data
-            if entry[0] in (*STAGE_STATE_KINDS, *LISTED_PIECE_KINDS):
-                saved.setdefault(entry[1], {}).setdefault(entry[0], []).append((entry, listed))
+            if entry[0] in STAGE_STATE_KINDS:
+                saved.setdefault(entry[1], {}).setdefault(entry[0], []).append((entry, data))
         runners = {stage.name: self.runners[i] for i, stage in self.stages}
         for name, found in saved.items():
             stale = runners[name].restore(found)
@@ -546,9 +570,6 @@ class Pipeline:
         for kind in STAGE_STATE_KINDS:
             for entry, data in store.scan(kind):
                 saved.setdefault(entry[1], {}).setdefault(kind, []).append((entry, data))
-        for kind in LISTED_PIECE_KINDS:
-            for entry in store.keys(kind):
-                saved.setdefault(entry[1], {}).setdefault(kind, []).append((entry, b""))
         owners: dict[str, StageRunner | IncidentTracker] = {
             stage.name: self.runners[i] for i, stage in self.stages
         }
@@ -565,6 +586,8 @@ class Pipeline:
             if stale:
                 dropped.add(name)
                 doomed += stale
+        if doomed:
+            doomed += _stale_pieces(store, doomed, saved, owners)
         for entry in doomed:
             store.delete(entry)
         self.dropped = sorted(dropped)

@@ -47,6 +47,7 @@ import pyarrow as pa
 
 from engine.core.columnar import ops
 from engine.core.evaluator import KeyedEvaluator, Output, OutputColumns
+from engine.core.key_index import KEY_INDEX, KEY_STATE
 from engine.core.plan import END_OF_TIME, Stage
 from engine.core.planner.operators import EvaluatorPieces, evaluator_pieces
 from engine.core.state import StateKey, StateStore
@@ -532,15 +533,15 @@ class RowRunner:
 _WAKEUPS = 1
 """Marks a head saved with its eviction wakeup (a fifth field; older heads have four)."""
 
-STAGE_STATE_KINDS = ("head", "cstate", RESTS)
+STAGE_STATE_KINDS = ("head", "cstate", RESTS, KEY_INDEX)
 """The kinds of store entries a stage runner restores from (each entry names its stage)."""
 SLICE_PAGE = "slicepage"
 """The kind of a page of a RANGE or long ROWS frame's slice descriptions:
 (slicepage, stage, key, page number)."""
-STAGE_PIECE_KINDS = ("chunk", "slice", SLICE_PAGE, REST)
+STAGE_PIECE_KINDS = ("chunk", "slice", SLICE_PAGE, REST, KEY_STATE)
 """The kinds of entries a runner reads only when it needs them (a window's stored
-pieces, an evicted key's residue)."""
+pieces, an evicted key's residue, an indexed key's state)."""
 LISTED_PIECE_KINDS = ("chunk", "slice", SLICE_PAGE)
-"""The piece kinds whose keys are listed at restore, to drop those of stale state. A
-stale residue is dropped when its key comes back instead: there may be one per key
-ever evicted, too many to list at every rebuild."""
+"""The piece kinds whose keys are listed when a restore finds stale state, to drop
+those of the stale keys. A stale residue is dropped when its key comes back instead
+(there may be one per key ever evicted), and a stale index names its keys' states."""

@@ -34,6 +34,7 @@ import engine.core.columnar.short_rows as short_rows
 import engine.core.planner.runners as planner
 from engine.core.columnar import ops
 from engine.core.columnar.stage import ColumnarRunner
+from engine.core.key_index import KEY_STATE
 from engine.core.pipeline import HEARTBEAT, Pipeline
 from engine.core.plan import Plan
 from engine.core.replay import arrival_table
@@ -566,8 +567,8 @@ def test_slice_descriptions_in_pages_across_many_restarts_give_the_per_row_rows(
     pages = {(e[1], e[2], e[3]) for e in store.entries if e[0] == SLICE_PAGE}
     held = set()
     for entry in store.entries:
-        if entry[0] == "cstate" and entry[3] == 0:
-            kept = pickle.loads(store.entries[entry])[3][1]
+        if entry[0] == KEY_STATE:
+            kept = pickle.loads(store.entries[entry])[1][1]
             if isinstance(kept, tuple) and kept[0] == "paged":
                 held |= {(entry[1], entry[2], p) for p in range(*kept[2])}
     assert pages == held, rule

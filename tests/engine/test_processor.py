@@ -25,6 +25,7 @@ from pyspark.sql import Row
 from pyspark.sql.streaming.tws_tester import TwsTester
 
 from engine import tables
+from engine.core.key_index import KEY_INDEX, KEY_STATE
 from engine.core.state import MemoryStore
 from engine.spark import processor as processor_module
 from engine.spark.commit import table_schemas
@@ -138,7 +139,10 @@ def test_the_processor_keeps_its_state_in_two_variables(tmp_path: Path) -> None:
     assert not tester.handle.value_states and not tester.handle.list_states
 
 
-KINDS = ("sequencer", "head", "cstate", "journal", "chunk", "slice", "rest", "rests", "keycap")
+KINDS = (
+    "sequencer", "head", "cstate", "journal", "chunk", "slice", "rest", "rests", "keycap",
+    KEY_INDEX, KEY_STATE,
+)  # fmt: skip
 state_keys = st.tuples(
     st.sampled_from(KINDS), st.sampled_from(["a", "b"]), st.sampled_from(["", "[1]"]),
     st.integers(0, 2),

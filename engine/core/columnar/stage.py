@@ -16,8 +16,10 @@ at once, and it may say when a key must run again without new rows
   number first, then its consumers' rows and theirs, in plan order (the order in which
   :class:`~engine.core.evaluator.KeyedEvaluator` delivers them).
 
-State per key is one pickled record (``cstate``), written when the key changed; the
-stage's own record holds the rows not yet final and what a window keeps for all keys
+State per key is one pickled record, written when the key changed, and read back only
+when a batch touches or wakes the key: the stage's :class:`~engine.core.key_index.KeyIndex`
+says which keys have one and when each wakes. The stage's own record (``cstate``) holds
+the rows not yet final and what a window keeps for all keys
 (:meth:`ColumnarRunner.shared`). A key whose window says it is idle
 (:meth:`ColumnarRunner.idle`) is evicted after the advance that made it so; its output
 count and the window's :meth:`ColumnarRunner.residue` stay behind
@@ -37,10 +39,10 @@ import pyarrow.compute as pc
 
 from engine.core.columnar import ops
 from engine.core.evaluator import derived_source
+from engine.core.key_index import KEY_INDEX, KeyIndex
 from engine.core.plan import END_OF_TIME, Query, Stage
 from engine.core.runners import (
     KEY,
-    RESTS,
     SEQ,
     SOURCE,
     TS,
@@ -109,7 +111,8 @@ class ColumnarRunner:
         # Eviction (module docstring): an unkeyed stage has one key, kept.
         self.evicts = bool(stage.key) and owner.evict
         self.rests = Rests(stage, self.kind, owner)
-        self._saved: set[Key] = set()  # keys with a record in the store
+        self.key_index: KeyIndex[Key] = self._new_index()
+        self._stored: set[Key] = set()  # indexed keys whose state is not loaded yet
         self._gone: dict[Key, list[StateKey]] = {}  # evicted keys' entries, to delete
         self._evicted: list[Key] = []
 
@@ -193,6 +196,7 @@ class ColumnarRunner:
                 batches.append((key, part, (start, end)))
         seen = {key for key, _, _ in batches}
         batches += [(key, None, (0, 0)) for key in self._wakeups.due(watermark) if key not in seen]
+        self._load([key for key, _, _ in batches if key in self._stored])
         if self.evicts:
             self.rests.prefetch(key for key, _, _ in batches if key not in self.states)
         keys: list[Key] = []
@@ -224,6 +228,26 @@ class ColumnarRunner:
             self._evict(key)
         return emitted
 
+    def _new_index(self) -> KeyIndex[Key]:
+        return KeyIndex(self.stage.name, self.query.definition, self.kind, key_json, _key_of)
+
+    def _load(self, keys: list[Key]) -> None:
+        """Read the stored states of ``keys`` (indexed, not loaded) in one call."""
+        if not keys:
+            return
+        store = self.owner.store
+        assert store is not None, "indexed keys without a store"
+        texts = [key_json(key) for key in keys]
+        found = store.get_many([self.key_index.state_entry(text) for text in texts])
+        for key, text, data in zip(keys, texts, found, strict=True):
+            if data is None:
+                raise KeyError(f"stored state of {self.stage.name} {text} missing")
+            emitted, saved = pickle.loads(data)
+            if emitted:
+                self.emitted[key] = emitted
+            self.states[key] = self.load(key, saved)
+            self._stored.discard(key)
+
     def _new_state(self, key: Key) -> Any:
         """A key's state: a new one, given back what the key left if it was evicted."""
         state = self.new_state(key)
@@ -243,9 +267,8 @@ class ColumnarRunner:
         self._wakeups.discard(key)
         self._touched.discard(key)
         doomed = self.forget(key, state)
-        if key in self._saved:
-            self._saved.discard(key)
-            doomed.append(("cstate", self.stage.name, key_json(key), 0))
+        if key in self.key_index:
+            doomed.append(self.key_index.state_entry(key_json(key)))
         if doomed:
             self._gone.setdefault(key, []).extend(doomed)
         self._evicted.append(key)
@@ -322,15 +345,17 @@ class ColumnarRunner:
             self.pending = [pa.concat_tables(self.pending, promote_options="permissive")]
         pending = self.pending[0] if self.pending else None
         # The evicted first: a key back in the same batch writes its state afresh.
-        for key in sorted(self._gone, key=key_json):
+        gone = [(key, key_json(key)) for key in sorted(self._gone, key=key_json)]
+        for key, _ in gone:
             for entry in self._gone[key]:
                 store.delete(entry)
         self._gone.clear()
         self.rests.save(store)
-        for key in sorted(self._touched, key=key_json):
-            record = (definition, self.kind, self.emitted.get(key, 0), self.dump(key, store))
-            store.put(("cstate", name, key_json(key), 0), dumps(record))
-            self._saved.add(key)
+        changed = [(key, key_json(key)) for key in sorted(self._touched, key=key_json)]
+        for key, text in changed:
+            record = (self.emitted.get(key, 0), self.dump(key, store))
+            store.put(self.key_index.state_entry(text), dumps(record))
+        self.key_index.save(store, gone, changed, self._wakeups.get, self.evicts)
         shared = self.shared()
         # None, and none stored, and nothing new shared: no write.
         if pending is not None or self._pending_saved or shared is not self._shared_saved:
@@ -351,38 +376,40 @@ class ColumnarRunner:
     def restore(self, saved: Saved) -> list[StateKey]:
         # The per-row runner's keys (the stage ran per row): another kind's state.
         stale: list[StateKey] = [entry for entry, _ in saved.get("head", [])]
-        scheduled = []
-        # The stage's own record (number -1: pending rows, what is shared) first.
-        for entry, data in sorted(saved.get("cstate", []), key=lambda found: found[0][3]):
-            definition, kind, *rest = pickle.loads(data)
-            if definition != self.stage.query.definition or kind != self.kind:
-                stale.append(entry)
-                continue
-            if entry[3] == -1:
-                self.pending = [rest[0]] if rest[0] is not None else []
-                if len(rest) > 1:
-                    self.load_shared(rest[1])
-                    self._shared_saved = self.shared()
-                continue
-            key = tuple(orjson.loads(entry[2]))
-            self.emitted[key] = rest[0]
-            state = self.states[key] = self.load(key, rest[1])
-            self._saved.add(key)
-            wakeup = earliest(self.wakeup(state), self.idle_wakeup(state))
-            if self.evicts and self.idle(state, -END_OF_TIME):
-                wakeup = -END_OF_TIME  # saved idle (before eviction): evicted next advance
-            scheduled.append((key, entry[2], wakeup))
+        own = [(entry, pickle.loads(data)) for entry, data in saved.get("cstate", [])]
+        indexed = self.key_index.restore(saved.get(KEY_INDEX, []))
+        definition = self.stage.query.definition
+        # Only the stage's own record (number -1) is a cstate entry: any other is a key's
+        # state as an earlier layout stored it.
+        if indexed is None or any(
+            entry[3] != -1 or record[:2] != (definition, self.kind) for entry, record in own
+        ):
+            self.key_index = self._new_index()
+            stale += [entry for entry, _ in own]
+            stale += [entry for entry, _ in saved.get(KEY_INDEX, [])]
+            return stale + self.rests.restore(saved)
+        for _, (_, _, pending, *shared) in own:
+            self.pending = [pending] if pending is not None else []
+            if shared:
+                self.load_shared(shared[0])
+                self._shared_saved = self.shared()
+        self._stored.update(key for key, _, _ in indexed.keys)
+        scheduled = indexed.keys
+        if self.evicts and not indexed.evicting:
+            # Saved by a stage that kept idle keys: those are evicted in the next advance.
+            self._load([key for key, _, _ in scheduled])
+            scheduled = [
+                (key, text, -END_OF_TIME if self.idle(self.states[key], -END_OF_TIME) else at)
+                for key, text, at in scheduled
+            ]
         self._wakeups.load(scheduled)
-        doomed = {e[2] for e in stale}
-        stale += [e for kind, found in saved.items() if kind not in ("cstate", "head", RESTS)
-                  for e, _ in found if e[2] in doomed]  # fmt: skip
         return stale + self.rests.restore(saved)
 
     def live_keys(self) -> int:
-        return len(self.states)
+        return len(self.states) + len(self._stored)
 
     def is_live(self, key: Key) -> bool:
-        return key in self.states
+        return key in self.states or key in self._stored
 
     def take_evicted(self) -> list[Key]:
         evicted, self._evicted = self._evicted, []
@@ -430,6 +457,11 @@ class _Windows:
                 next_at[picked] += n
             rows = rows.take(pa.array(np.concatenate(order), pa.int64()))
         return rows, key_of
+
+
+def _key_of(text: str) -> Key:
+    """A key from its stored text (:func:`~engine.core.runners.key_json`)."""
+    return tuple(orjson.loads(text))
 
 
 def _exclusive_cumsum_by(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
