@@ -12,6 +12,7 @@ Delta table as the engine does, then resumes the same store with the new rules.
 from __future__ import annotations
 
 import math
+import pickle
 import random
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 
 import engine.core.planner.runners as planner
 from engine.core.columnar.expiry import NewestExpiryRunner
+from engine.core.key_index import KEY_INDEX, KEY_STATE
 from engine.core.pipeline import EDITED, NEW, Pipeline
 from engine.core.plan import Plan
 from engine.core.replay import arrival_table
@@ -283,6 +285,31 @@ def test_the_state_another_runner_saved_is_dropped(tmp_path: Path, saved_per_row
     assert resumed.fresh == {name: EDITED for name in EXPIRING}
     assert not [e for e in store.entries if e[1] in EXPIRING], "and it is gone"
     assert resumed.fresh.keys() == set(resumed.dropped)
+
+
+def test_state_saved_per_key_in_cstate_entries_is_dropped(tmp_path: Path) -> None:
+    # A columnar stage kept each key's state in a cstate entry of its own before its
+    # key index: that layout is stale to it, and the stage is filled again.
+    plan = plan_of(tmp_path, "rules", {**BASE, **EXPIRING})
+    store = MemoryStore()
+    live = a_pipeline(plan, store)
+    live.process(arrivals(plan, batches(1, 4, 4)[0]))
+    live.save()
+    moved = 0
+    for entry in [e for e in store.entries if e[0] in (KEY_STATE, KEY_INDEX)]:
+        if entry[1] not in EXPIRING:
+            continue
+        data = store.entries.pop(entry)
+        if entry[0] == KEY_STATE:
+            runner = runner_of(live, entry[1])
+            emitted, state = pickle.loads(data)
+            record = (runner.stage.query.definition, runner.kind, emitted, state)
+            store.entries[("cstate", entry[1], entry[2], 0)] = pickle.dumps(record)
+            moved += 1
+    assert moved, "the stages saved keys"
+    resumed = a_pipeline(plan, store)
+    assert resumed.fresh == {name: EDITED for name in EXPIRING}
+    assert not [e for e in store.entries if e[1] in EXPIRING], "and it is gone"
 
 
 def test_time_windows_are_filled_from_their_reach_alone(tmp_path: Path) -> None:
