@@ -20,7 +20,7 @@ entry's live records into its own entry and deletes that one.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -48,8 +48,8 @@ class Indexed(Generic[K]):
 
 
 class KeyIndex(Generic[K]):
-    """A stage's key index (module docstring). ``text`` gives a key's stored text and
-    ``key_of`` takes it back; ``definition`` and ``kind`` mark the entries, so that a
+    """A stage's key index (module docstring). ``key_of`` gives a key from its stored
+    text; ``definition`` and ``kind`` mark the entries, so that a
     stage of another definition or kind finds them stale; ``max_entries`` is
     :data:`MAX_ENTRIES` unless given."""
 
@@ -58,15 +58,15 @@ class KeyIndex(Generic[K]):
         name: str,
         definition: str,
         kind: str,
-        text: Callable[[K], str],
         key_of: Callable[[str], K],
         max_entries: int | None = None,
     ) -> None:
         self.name, self.definition, self.kind = name, definition, kind
-        self._text, self._key_of = text, key_of
+        self._key_of = key_of
         self.max_entries = MAX_ENTRIES if max_entries is None else max_entries
         self._entry_of: dict[K, int] = {}  # each key: the entry of its last record
-        self._members: dict[int, set[K]] = {}  # each entry, oldest first: its live keys
+        # Each entry, oldest first: its live keys with their texts, in the order written.
+        self._members: dict[int, dict[K, str]] = {}
         self._next = 0
 
     def __len__(self) -> int:
@@ -84,36 +84,31 @@ class KeyIndex(Generic[K]):
         store: StateStore,
         gone: Iterable[tuple[K, str]],
         changed: Iterable[tuple[K, str]],
-        wakeup: Callable[[K], int | None],
+        wakeups: Mapping[K, int],
         evicting: bool,
     ) -> None:
         """Write one entry: the keys deleted (``gone``, those indexed), then the keys
-        saved (``changed``), each with its text, and ``wakeup`` each key's wakeup now;
-        then drop the entries the log no longer needs."""
+        saved (``changed``), each with its text, and ``wakeups`` the keys' wakeups now
+        (a key without one is not in it); then drop the entries the log no longer
+        needs."""
         number = self._next
-        texts: list[str] = []
-        wakeups: list[int | None] = []
         deleted = [text for key, text in gone if self._unlink(key)]
-        mine: set[K] = set()
+        mine: dict[K, str] = {}
         for key, text in changed:
             self._unlink(key)
-            mine.add(key)
-            texts.append(text)
-            wakeups.append(wakeup(key))
+            mine[key] = text
         members = self._members
         while members and (len(members) >= self.max_entries or not next(iter(members.values()))):
             oldest = next(iter(members))
-            for key in sorted(members.pop(oldest), key=self._text):
-                mine.add(key)
-                texts.append(self._text(key))
-                wakeups.append(wakeup(key))
+            mine.update(members.pop(oldest))
             store.delete((KEY_INDEX, self.name, "", oldest))
+        texts = list(mine.values())
         if not texts and not deleted:
             return
-        for key in mine:
-            self._entry_of[key] = number
+        self._entry_of.update(dict.fromkeys(mine, number))
         members[number] = mine
-        record = (self.definition, self.kind, evicting, texts, wakeups, deleted)
+        at = [wakeups.get(key) for key in mine]
+        record = (self.definition, self.kind, evicting, texts, at, deleted)
         store.put((KEY_INDEX, self.name, "", number), pickle.dumps(record, _PICKLE))
         self._next = number + 1
 
@@ -122,7 +117,7 @@ class KeyIndex(Generic[K]):
         number = self._entry_of.pop(key, None)
         if number is None:
             return False
-        self._members[number].discard(key)
+        del self._members[number][key]
         return True
 
     def restore(self, found: Sequence[tuple[StateKey, bytes]]) -> Indexed[K] | None:
@@ -143,12 +138,12 @@ class KeyIndex(Generic[K]):
                 last.pop(text, None)
             for text, wakeup in zip(texts, wakeups, strict=True):
                 last[text] = (number, wakeup)
-        self._members = {number: set() for number, _ in records}
+        self._members = {number: {} for number, _ in records}
         keys = []
         for text, (number, wakeup) in last.items():
             key = self._key_of(text)
             self._entry_of[key] = number
-            self._members[number].add(key)
+            self._members[number][key] = text
             keys.append((key, text, wakeup))
         self._next = records[-1][0] + 1 if records else 0
         return Indexed(keys, evicting)

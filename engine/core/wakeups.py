@@ -4,7 +4,7 @@ input: :class:`WakeupSchedule`."""
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -35,6 +35,11 @@ class WakeupSchedule(Generic[K]):
     def get(self, key: K) -> int | None:
         """The key's wakeup (None: none)."""
         return self._at.get(key)
+
+    @property
+    def times(self) -> Mapping[K, int]:
+        """Every scheduled key's wakeup (a view: not to be changed)."""
+        return self._at
 
     def set(self, key: K, wakeup: int | None, text: str | None = None) -> None:
         """Wake the key at ``wakeup`` (None: never, unless set again); ``text`` is the

@@ -254,7 +254,7 @@ def assert_store_holds_live_keys(pipeline: Pipeline, store: MemoryStore) -> None
         # A columnar stage's key index names exactly the keys whose states are stored.
         index = [(k, v) for k, v in store.entries.items() if k[:2] == (KEY_INDEX, stage.name)]
         if index:
-            named = KeyIndex(stage.name, stage.query.definition, runner.kind, str, str)
+            named = KeyIndex(stage.name, stage.query.definition, runner.kind, str)
             indexed = named.restore(index)
             assert indexed is not None
             states = {k[2] for k in store.entries if k[:2] == (KEY_STATE, stage.name)}

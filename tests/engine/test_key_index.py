@@ -18,7 +18,7 @@ saves = st.lists(
 
 
 def index(max_entries: int, definition: str = "rule") -> KeyIndex[str]:
-    return KeyIndex("stage", definition, "columnar", str, str, max_entries)
+    return KeyIndex("stage", definition, "columnar", str, max_entries)
 
 
 def stored(store: MemoryStore) -> list:
@@ -35,7 +35,7 @@ def test_a_restored_index_holds_each_live_keys_last_wakeup(saves, max_entries) -
         now = {key: at for key, at in live.items() if key not in gone} | changed
         keys_index.save(
             store, [(k, k) for k in sorted(gone)], [(k, k) for k in sorted(changed)],
-            now.__getitem__, evicting=True,
+            {k: at for k, at in now.items() if at is not None}, evicting=True,
         )  # fmt: skip
         live = now
         assert len(stored(store)) <= max_entries
@@ -53,7 +53,7 @@ def test_a_stale_index_is_taken_up_not_at_all_and_names_its_keys_states(saves) -
     keys_index = index(2)
     named = set()
     for gone, changed, _ in saves:
-        keys_index.save(store, [(k, k) for k in gone], [(k, k) for k in changed], hash, True)
+        keys_index.save(store, [(k, k) for k in gone], [(k, k) for k in changed], {}, True)
         named |= set(changed)
     assume(stored(store))
     edited = index(2, definition="another rule")

@@ -229,7 +229,7 @@ class ColumnarRunner:
         return emitted
 
     def _new_index(self) -> KeyIndex[Key]:
-        return KeyIndex(self.stage.name, self.query.definition, self.kind, key_json, _key_of)
+        return KeyIndex(self.stage.name, self.query.definition, self.kind, _key_of)
 
     def _load(self, keys: list[Key]) -> None:
         """Read the stored states of ``keys`` (indexed, not loaded) in one call."""
@@ -355,7 +355,7 @@ class ColumnarRunner:
         for key, text in changed:
             record = (self.emitted.get(key, 0), self.dump(key, store))
             store.put(self.key_index.state_entry(text), dumps(record))
-        self.key_index.save(store, gone, changed, self._wakeups.get, self.evicts)
+        self.key_index.save(store, gone, changed, self._wakeups.times, self.evicts)
         shared = self.shared()
         # None, and none stored, and nothing new shared: no write.
         if pending is not None or self._pending_saved or shared is not self._shared_saved:
