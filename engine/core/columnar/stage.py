@@ -190,10 +190,13 @@ class ColumnarRunner:
         if final is not None and final.num_rows:
             final = final.take(ops.sort_order(final, [*key_names, ts_name, "source", "seq"]))
             self.begin(final)
-            for start, end in ops.segments(final, key_names):
-                part = final.slice(start, end - start)
-                key = tuple(part.column(k)[0].as_py() for k in key_names)
-                batches.append((key, part, (start, end)))
+            spans = ops.segments(final, key_names)
+            firsts = pa.array([start for start, _ in spans], pa.int64())
+            # Every key's values at once: a value at a time costs more than the key's rows.
+            values = [final.column(k).take(firsts).to_pylist() for k in key_names]
+            named = zip(*values, strict=True) if values else [()] * len(spans)
+            for (start, end), key in zip(spans, named, strict=True):
+                batches.append((tuple(key), final.slice(start, end - start), (start, end)))
         seen = {key for key, _, _ in batches}
         batches += [(key, None, (0, 0)) for key in self._wakeups.due(watermark) if key not in seen]
         self._load([key for key, _, _ in batches if key in self._stored])
