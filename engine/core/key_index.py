@@ -49,9 +49,9 @@ class Indexed(Generic[K]):
 
 class KeyIndex(Generic[K]):
     """A stage's key index (module docstring). ``key_of`` gives a key from its stored
-    text; ``definition`` and ``kind`` mark the entries, so that a
-    stage of another definition or kind finds them stale; ``max_entries`` is
-    :data:`MAX_ENTRIES` unless given."""
+    text; ``definition`` and ``kind`` mark the entries, so that a stage of another
+    definition or kind finds them stale; ``max_entries`` is :data:`MAX_ENTRIES` unless
+    given."""
 
     def __init__(
         self,
