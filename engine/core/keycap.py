@@ -31,11 +31,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import pyarrow as pa
 
 from engine.core.plan import Stage
-from engine.core.runners import StageRunner, key_json
+from engine.core.runners import StageRunner, key_json, key_of
 from engine.core.state import StateKey, StateStore
 
 Key = tuple[Any, ...]
@@ -184,4 +183,4 @@ class KeyCap:
             self.step, evicted = pickle.loads(data)
             for stage in self.stages:
                 texts = evicted.get(stage.stage.name, ())
-                stage.evicted = {tuple(orjson.loads(t)) for t in texts}
+                stage.evicted = {key_of(t) for t in texts}

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -34,7 +33,7 @@ from engine.core.pipeline import (
     Pipeline,
 )
 from engine.core.plan import END_OF_TIME, Plan, StreamSchema
-from engine.core.runners import KEY, SEQ, TS, SinkRows, emitted_outputs
+from engine.core.runners import KEY, SEQ, TS, SinkRows, emitted_outputs, key_of
 from engine.core.schema import arrival_type
 from engine.core.sequencer import sort_key
 
@@ -213,7 +212,7 @@ def sink_tables(emitted: Iterable[SinkRows]) -> dict[str, pa.Table] | None:
         whole = pa.concat_tables(parts, promote_options="permissive")
         # The key's order is sort_key's: the repr of its values, ranked once per key.
         keys = pc.unique(whole.column(KEY)).to_pylist()
-        ranked = sorted(keys, key=lambda k: sort_key(tuple(orjson.loads(k))))
+        ranked = sorted(keys, key=lambda k: sort_key(key_of(k)))
         rank = pc.index_in(whole.column(KEY), value_set=pa.array(ranked, pa.string()))
         order = pc.sort_indices(
             pa.table([whole.column(TS), whole.column(STAGE), rank, whole.column(SEQ)],

@@ -69,6 +69,11 @@ def key_json(key: Key) -> str:
     return orjson.dumps(list(key)).decode()
 
 
+def key_of(text: str) -> Key:
+    """A key from its stored text (:func:`key_json`)."""
+    return tuple(orjson.loads(text))
+
+
 @dataclass(frozen=True)
 class SinkRows:
     """Rows one stage emitted to one sink (module docstring for the columns)."""
@@ -238,7 +243,7 @@ def emitted_outputs(emitted: SinkRows) -> list[tuple[Key, Output]]:
     rows = table.select(names).to_pylist()
     keys = table.column(KEY).to_pylist()
     return [
-        (tuple(orjson.loads(key)), Output(emitted.sink, ts, row, source, seq))
+        (key_of(key), Output(emitted.sink, ts, row, source, seq))
         for row, key, ts, source, seq in zip(
             rows,
             keys,
@@ -505,7 +510,7 @@ class RowRunner:
             if definition != self.stage.query.definition or kind != self.kind:
                 stale.add(text)
                 continue
-            key = tuple(orjson.loads(text))
+            key = key_of(text)
             self._stored[key] = head
             self._saved.add(key)
             if not since and self.evicts:

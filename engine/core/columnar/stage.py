@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -53,6 +52,7 @@ from engine.core.runners import (
     SinkRows,
     earliest,
     key_json,
+    key_of,
 )
 from engine.core.state import StateKey, StateStore, dumps
 from engine.core.wakeups import WakeupSchedule
@@ -232,7 +232,7 @@ class ColumnarRunner:
         return emitted
 
     def _new_index(self) -> KeyIndex[Key]:
-        return KeyIndex(self.stage.name, self.query.definition, self.kind, _key_of)
+        return KeyIndex(self.stage.name, self.query.definition, self.kind, key_of)
 
     def _load(self, keys: list[Key]) -> None:
         """Read the stored states of ``keys`` (indexed, not loaded) in one call."""
@@ -460,11 +460,6 @@ class _Windows:
                 next_at[picked] += n
             rows = rows.take(pa.array(np.concatenate(order), pa.int64()))
         return rows, key_of
-
-
-def _key_of(text: str) -> Key:
-    """A key from its stored text (:func:`~engine.core.runners.key_json`)."""
-    return tuple(orjson.loads(text))
 
 
 def _exclusive_cumsum_by(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
