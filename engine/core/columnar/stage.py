@@ -29,6 +29,7 @@ count and the window's :meth:`ColumnarRunner.residue` stay behind
 from __future__ import annotations
 
 import pickle
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -348,13 +349,13 @@ class ColumnarRunner:
             self.pending = [pa.concat_tables(self.pending, promote_options="permissive")]
         pending = self.pending[0] if self.pending else None
         # The evicted first: a key back in the same batch writes its state afresh.
-        gone = [(key, key_json(key)) for key in sorted(self._gone, key=key_json)]
+        gone = _by_text(self._gone)
         for key, _ in gone:
             for entry in self._gone[key]:
                 store.delete(entry)
         self._gone.clear()
         self.rests.save(store)
-        changed = [(key, key_json(key)) for key in sorted(self._touched, key=key_json)]
+        changed = _by_text(self._touched)
         for key, text in changed:
             record = (self.emitted.get(key, 0), self.dump(key, store))
             store.put(self.key_index.state_entry(text), dumps(record))
@@ -460,6 +461,11 @@ class _Windows:
                 next_at[picked] += n
             rows = rows.take(pa.array(np.concatenate(order), pa.int64()))
         return rows, key_of
+
+
+def _by_text(keys: Iterable[Key]) -> list[tuple[Key, str]]:
+    """Each key with its text (:func:`~engine.core.runners.key_json`), in order of text."""
+    return sorted(((key, key_json(key)) for key in keys), key=lambda item: item[1])
 
 
 def _exclusive_cumsum_by(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
