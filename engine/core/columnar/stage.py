@@ -226,8 +226,8 @@ class ColumnarRunner:
         emitted = []
         if windows.sizes:
             batch = final if final is not None else self.empty_rows  # none picked then
-            window_rows, key_index = windows.table(lambda picked: self.assemble(batch, picked))
-            emitted = self._emit(keys, window_rows, key_index)
+            window_rows, row_keys = windows.table(lambda picked: self.assemble(batch, picked))
+            emitted = self._emit(keys, window_rows, row_keys)
         for key in idle:
             self._evict(key)
         return emitted
@@ -282,11 +282,11 @@ class ColumnarRunner:
         """No rows (a key run by its wakeup)."""
         return pa.table({self.stage.timestamp: pa.array([], pa.int64())})
 
-    def _emit(self, keys: list[Key], window_rows: pa.Table, key_of: np.ndarray) -> list[SinkRows]:
+    def _emit(self, keys: list[Key], window_rows: pa.Table, row_keys: np.ndarray) -> list[SinkRows]:
         """The query's post steps and the consumers on the window rows, numbered."""
         ts = np.asarray(window_rows.column(TS).to_numpy(zero_copy_only=False), dtype=np.int64)
         rows, parents = ops.apply(self.query.post, window_rows.drop_columns([TS]))
-        root = self._tree(self.query.sink.name, rows, key_of[parents], ts[parents])
+        root = self._tree(self.query.sink.name, rows, row_keys[parents], ts[parents])
         # The root rows of each key are numbered on from the key's count.
         starts = np.array([self.emitted.get(k, 0) for k in keys], dtype=np.int64)
         totals = np.bincount(root.keys, weights=root.size, minlength=len(keys)).astype(np.int64)
@@ -451,7 +451,7 @@ class _Windows:
         """All rows as one table in the keys' order, and each row's key number."""
         parts = [*self.tables, *([assemble(self.picked)] if self.picked else [])]
         rows = pa.concat_tables(parts, promote_options="permissive")
-        key_of = np.concatenate([np.full(n, key, dtype=np.int64) for _, n, key in self.sizes])
+        row_keys = np.concatenate([np.full(n, key, dtype=np.int64) for _, n, key in self.sizes])
         if self.tables and self.picked:
             # The tables' rows come first in ``rows``, the picked rows after them.
             next_at = [0, sum(t.num_rows for t in self.tables)]
@@ -460,7 +460,7 @@ class _Windows:
                 order.append(np.arange(next_at[picked], next_at[picked] + n))
                 next_at[picked] += n
             rows = rows.take(pa.array(np.concatenate(order), pa.int64()))
-        return rows, key_of
+        return rows, row_keys
 
 
 def _by_text(keys: Iterable[Key]) -> list[tuple[Key, str]]:
