@@ -18,6 +18,7 @@ from collections.abc import Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine.core.columnar.ops import sort_order
 from engine.core.state import StateKey, StateStore
 
 KIND = "held"
@@ -42,8 +43,9 @@ class HeldRows:
             self.added.append(rows)
 
     def release(self, watermark: int) -> pa.Table | None:
-        """The held rows the watermark has passed, in the order they came; they are
-        held no more."""
+        """The held rows the watermark has passed, in their tie order (event time,
+        ``source``, ``seq``: every stage's order, so that a stage reading them sorts them
+        by its key alone); they are held no more."""
         if not self.rows:
             return None
         rows = _concat(self.rows)
@@ -58,7 +60,7 @@ class HeldRows:
             added = _concat(self.added)
             added = added.filter(pc.greater_equal(added.column(self.ts), watermark))
             self.added = [added] if added.num_rows else []
-        return passed
+        return passed.take(sort_order(passed, [self.ts, "source", "seq"]))
 
     def save(self, store: StateStore, watermark: int) -> None:
         """Store the rows added since the last save as a chunk, and delete the chunks

@@ -144,26 +144,46 @@ def sort_order(table: pa.Table, names: Sequence[str]) -> pa.Array:
     """The row order of ``table`` sorted by ``names`` ascending, NULLs last, ties kept in
     their order: what ``table.sort_by`` gives. Columns of integers and strings are sorted
     as integer ranks (a string column's distinct values are sorted once, then its rows
-    by their values' ranks) in one stable ``np.lexsort``; a table with another column
-    type among ``names`` goes through Arrow's sort."""
+    by their values' ranks); a table with another column type among ``names`` goes
+    through Arrow's sort. Rows already in order by the last names (a stage's tie order
+    of rows the pipeline released in it) are sorted by the names before those alone."""
     ranks = []
     for name in names:
         rank = _ranks(table.column(name))
         if rank is None:
             return pc.sort_indices(table, [(n, "ascending") for n in names])
         ranks.append(rank)
-    if not ranks or not table.num_rows:
+    leading = ranks[: _ordered_from(ranks)]
+    if not leading:
         return pa.array(np.arange(table.num_rows, dtype=np.int64))
-    # One int64 key, each column's rank offset from its least, when their spans fit.
+    # One integer key, each column's rank offset from its least, when their spans fit:
+    # a stable sort of 16 bits or fewer is a radix sort.
     composite, width = np.zeros(table.num_rows, dtype=np.int64), 1
-    for rank in ranks:
+    for rank in leading:
         least = int(rank.min())
         span = int(rank.max()) - least + 1
         width *= span
         if width >= 1 << 62:
-            return pa.array(np.lexsort(ranks[::-1]).astype(np.int64))
+            return pa.array(np.lexsort(leading[::-1]).astype(np.int64))
         composite = composite * span + (rank - least)
-    return pa.array(np.argsort(composite, kind="stable").astype(np.int64))
+    narrow = np.uint8 if width <= 1 << 8 else np.uint16 if width <= 1 << 16 else np.int64
+    return pa.array(np.argsort(composite.astype(narrow), kind="stable").astype(np.int64))
+
+
+def _ordered_from(ranks: Sequence[np.ndarray]) -> int:
+    """The fewest leading columns of ``ranks`` whose stable sort orders the rows: the
+    start of the longest run of last columns the rows are already in order by."""
+    n = len(ranks[0]) if ranks else 0
+    if n < 2:
+        return 0
+    start = len(ranks)
+    ordered = np.ones(n - 1, dtype=bool)  # row i <= row i + 1 by ranks[j:]
+    for j in range(len(ranks) - 1, -1, -1):
+        step = np.diff(ranks[j])
+        ordered = (step > 0) | ((step == 0) & ordered)
+        if ordered.all():
+            start = j
+    return start
 
 
 def _ranks(column: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
