@@ -251,8 +251,11 @@ class IncidentTracker:
             else:
                 later.append(item)
         state.waiting = later
-        observed = {t for t in state.observed if t < watermark}
-        state.observed -= observed
+        if state.observed and max(state.observed) < watermark:  # the usual case
+            observed, state.observed = state.observed, set()
+        else:
+            observed = {t for t in state.observed if t < watermark}
+            state.observed -= observed
         if state.phase == IDLE and not reports:
             return  # rows that stop a condition that does not hold change nothing
         instants = sorted(reports.keys() | observed)
