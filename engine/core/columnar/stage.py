@@ -31,6 +31,7 @@ from __future__ import annotations
 import pickle
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -277,9 +278,10 @@ class ColumnarRunner:
             self._gone.setdefault(key, []).extend(doomed)
         self._evicted.append(key)
 
-    @property
+    @cached_property
     def empty_rows(self) -> pa.Table:
-        """No rows (a key run by its wakeup)."""
+        """No rows (a key run by its wakeup): one table, made once (a batch may wake
+        hundreds of thousands of keys)."""
         return pa.table({self.stage.timestamp: pa.array([], pa.int64())})
 
     def _emit(self, keys: list[Key], window_rows: pa.Table, row_keys: np.ndarray) -> list[SinkRows]:
