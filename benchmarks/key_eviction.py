@@ -166,7 +166,7 @@ def main() -> None:
           f"{'full gc ms':>10}")  # fmt: skip
     gc.disable()
     gc.collect()
-    gc.freeze()  # what a worker holds before its first task (engine.spark.worker_gc)
+    gc.freeze()  # what a worker holds before its first task (engine.python_gc)
     times: list[float] = []
     commits: list[float] = []
     readings = capped = 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from engine.alerts import alert_id, alert_keys, format_key, incident_record, iso
 from engine.core.evaluator import Output
 from engine.core.plan import END_OF_TIME, Plan, SinkKind, StreamSchema
 from engine.core.replay import ReplayResult, ordered_outputs, run_arrivals, sink_tables
+from engine.python_gc import collector_paused, freeze_batch_survivors, freeze_worker_heap
 from ingest.validate import normalize_reading, parse_timestamp
 from lookout.config import ConfigError, load_config
 from lookout.replay_inputs import (
@@ -130,6 +131,26 @@ def parse_time(text: str) -> int:
     return parse_timestamp(int(text) if text.lstrip("-").isdigit() else text)
 
 
+def _evaluate(
+    plan: Plan,
+    readings: Readings,
+    end_at: int | None,
+    meter: Progress | None,
+    caps: Mapping[str, int],
+) -> ReplayResult:
+    """``run_arrivals`` over the readings with the collector as the engine's workers
+    run it (`engine.python_gc`): paused during a batch, what each batch leaves frozen."""
+
+    def after_batch(count: int) -> None:
+        freeze_batch_survivors()
+        if meter is not None:
+            meter.fed(count)
+
+    freeze_worker_heap()
+    with collector_paused():
+        return run_arrivals(plan, readings.batches(), end_at, after_batch, caps)
+
+
 def run_replay(
     rule_paths: Sequence[str],
     input_specs: Sequence[str],
@@ -158,9 +179,7 @@ def run_replay(
         readings = Readings(parse_inputs(input_specs, plan), window, meter)
         for note in readings.notes:
             print(f"replay: {note}", file=sys.stderr)
-        result = run_arrivals(
-            plan, readings.batches(), end_at, meter.fed if meter is not None else None, caps
-        )
+        result = _evaluate(plan, readings, end_at, meter, caps)
     except (ReplayInputError, OSError, ConfigError) as err:
         print(f"lookout replay: {err}", file=sys.stderr)
         return 2

@@ -58,14 +58,14 @@ from engine.core.state import JournaledStore, StateKey
 from engine.ipc import read_ipc
 from engine.landed_files import QUARANTINE_FOLDER
 from engine.outputs import batch_tables
-from engine.spark import state_client
-from engine.spark.state_client import PIPELINED, send_pipelined
-from engine.spark.worker_gc import (
+from engine.python_gc import (
     collect_frozen,
     collector_paused,
     freeze_batch_survivors,
     freeze_worker_heap,
 )
+from engine.spark import state_client
+from engine.spark.state_client import PIPELINED, send_pipelined
 from engine.warm_start import WarmStart, warm_start
 from lookout.config import Config
 

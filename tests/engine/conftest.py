@@ -11,7 +11,7 @@ import pytest
 @pytest.fixture
 def unfrozen() -> Iterator[None]:
     """Thaw the test process after a test: the engine's workers freeze what a batch
-    leaves alive (`engine.spark.worker_gc`), which a test process should not keep."""
+    leaves alive (`engine.python_gc`), which a test process should not keep."""
     yield
     gc.unfreeze()
     gc.collect()

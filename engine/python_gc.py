@@ -1,4 +1,5 @@
-"""Python's cyclic garbage collector in Spark's Python workers (runs in the workers).
+"""Python's cyclic garbage collector in a process that evaluates batch after batch:
+Spark's Python workers, and `lookout replay`.
 
 PySpark's daemon runs a full ``gc.collect()`` after every task of a reused worker. A
 full pass walks every object the collector tracks: pandas, pyarrow and the loaded rules
@@ -8,7 +9,8 @@ between batches, whose evaluators grow with the live keys (a pass took about 1 s
 took ≈ 21 % of a core, 4 % once the worker's first heap was frozen; with a new key every
 few milliseconds they grew without bound, and the engine fell behind. So what is alive
 at a worker's first task is frozen, and then what each batch leaves alive: a pass walks
-only what the last batch made.
+only what the last batch made. Replay's pipeline grows the same way (the collector's own
+passes took 15 % of replaying 1.2 million RFID readings), and replay does the same.
 """
 
 from __future__ import annotations

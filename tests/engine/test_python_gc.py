@@ -1,4 +1,4 @@
-"""Python's collector in the engine's workers (`engine.spark.worker_gc`): what a batch
+"""Python's collector in the engine's workers (`engine.python_gc`): what a batch
 leaves alive is frozen, so later passes do not walk it; its garbage is still collected,
 and so is a dropped pipeline's."""
 
@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 
-from engine.spark.worker_gc import collect_frozen, freeze_batch_survivors
+from engine.python_gc import collect_frozen, freeze_batch_survivors
 
 pytestmark = pytest.mark.usefixtures("unfrozen")
 
