@@ -30,8 +30,9 @@ class StatelessRunner(ColumnarRunner):
         return None
 
     def window(
-        self, key: Key, state: None, rows: pa.Table, watermark: int, span: tuple[int, int]
+        self, key: Key, state: None, watermark: int, span: tuple[int, int]
     ) -> pa.Table | None:
+        rows = self.rows_in(span)
         if not rows.num_rows:
             return None
         return rows.append_column(TS, rows.column(self.stage.timestamp))

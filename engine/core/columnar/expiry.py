@@ -111,7 +111,7 @@ class NewestExpiryRunner(ColumnarRunner):
         self._last = dict(zip(lasts, kept, strict=True))
 
     def window(
-        self, key: Key, state: Kept | None, rows: pa.Table, watermark: int, span: tuple[int, int]
+        self, key: Key, state: Kept | None, watermark: int, span: tuple[int, int]
     ) -> Picked | None:
         start, end = span
         kept_end = None if state is None else self._end(state)

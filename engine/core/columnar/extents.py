@@ -92,8 +92,9 @@ class ExtentRunner(ColumnarRunner):
         return np.unique(starts + steps * s)
 
     def window(
-        self, key: Key, state: Panes, rows: pa.Table, watermark: int, span: tuple[int, int]
+        self, key: Key, state: Panes, watermark: int, span: tuple[int, int]
     ) -> pa.Table | None:
+        rows = self.rows_in(span)
         n = rows.num_rows
         if n:
             ts = np.asarray(rows.column(self.stage.timestamp).to_numpy(zero_copy_only=False))

@@ -154,7 +154,7 @@ class OverRunner(ColumnarRunner):
         return None if state.closes is None else state.closes + 1
 
     def window(
-        self, key: Key, state: OverKey, rows: pa.Table, watermark: int, span: tuple[int, int]
+        self, key: Key, state: OverKey, watermark: int, span: tuple[int, int]
     ) -> Picked | pa.Table | None:
         self._loading = key
         new = self._run(span, state.totals)

@@ -50,7 +50,7 @@ class ShortRowsRunner(OverRunner):
         self.n = preceding
 
     def window(
-        self, key: Key, state: OverKey, rows: pa.Table, watermark: int, span: tuple[int, int]
+        self, key: Key, state: OverKey, watermark: int, span: tuple[int, int]
     ) -> Picked | None:
         start, end = span
         if end == start:

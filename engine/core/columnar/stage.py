@@ -117,6 +117,7 @@ class ColumnarRunner:
         self._stored: set[Key] = set()  # indexed keys whose state is not loaded yet
         self._gone: dict[Key, list[StateKey]] = {}  # evicted keys' entries, to delete
         self._evicted: list[Key] = []
+        self._batch = self.empty_rows  # during an advance: its final rows, sorted
 
     # -- what a window supplies ------------------------------------------------------------
     def new_state(self, key: Key) -> Any:
@@ -128,11 +129,18 @@ class ColumnarRunner:
         key, then tie order): what a window computes for all rows at once."""
 
     def window(
-        self, key: Key, state: Any, rows: pa.Table, watermark: int, span: tuple[int, int]
+        self, key: Key, state: Any, watermark: int, span: tuple[int, int]
     ) -> pa.Table | Picked | None:
-        """The key's window rows for this advance (``rows``: its final rows, sorted; they
-        are rows ``span`` of what :meth:`begin` got)."""
+        """The key's window rows for this advance: its final rows are rows ``span`` of
+        what :meth:`begin` got (:meth:`rows_in` slices them out)."""
         raise NotImplementedError
+
+    def rows_in(self, span: tuple[int, int]) -> pa.Table:
+        """Rows ``span`` of the advance's final rows (sorted by key, then tie order); a
+        window asks for them only if it reads them as a table, since a slice per key
+        costs more than many windows' work."""
+        start, end = span
+        return self._batch.slice(start, end - start)
 
     def assemble(self, final: pa.Table, picked: list[Picked]) -> pa.Table:
         """The window rows of the keys whose :meth:`window` gave :class:`Picked` s, in
@@ -188,33 +196,34 @@ class ColumnarRunner:
             final, rest = rows.filter(below), rows.filter(pc.invert(below))
             self.pending = [rest] if rest.num_rows else []
         key_names = self.stage.key
-        batches: list[tuple[Key, pa.Table | None, tuple[int, int]]] = []
+        batches: list[tuple[Key, tuple[int, int]]] = []
+        self._batch = self.empty_rows
         if final is not None and final.num_rows:
-            final = final.take(ops.sort_order(final, [*key_names, ts_name, "source", "seq"]))
+            final = self._batch = final.take(
+                ops.sort_order(final, [*key_names, ts_name, "source", "seq"])
+            )
             self.begin(final)
             spans = ops.segments(final, key_names)
             firsts = pa.array([start for start, _ in spans], pa.int64())
             # Every key's values at once: a value at a time costs more than the key's rows.
             values = [final.column(k).take(firsts).to_pylist() for k in key_names]
             named = zip(*values, strict=True) if values else [()] * len(spans)
-            for (start, end), key in zip(spans, named, strict=True):
-                batches.append((tuple(key), final.slice(start, end - start), (start, end)))
-        seen = {key for key, _, _ in batches}
-        batches += [(key, None, (0, 0)) for key in self._wakeups.due(watermark) if key not in seen]
-        self._load([key for key, _, _ in batches if key in self._stored])
+            batches = [(tuple(key), span) for span, key in zip(spans, named, strict=True)]
+        seen = {key for key, _ in batches}
+        batches += [(key, (0, 0)) for key in self._wakeups.due(watermark) if key not in seen]
+        self._load([key for key, _ in batches if key in self._stored])
         if self.evicts:
-            self.rests.prefetch(key for key, _, _ in batches if key not in self.states)
+            self.rests.prefetch(key for key, _ in batches if key not in self.states)
         keys: list[Key] = []
         windows = _Windows()
         idle: list[Key] = []
-        texts = {key: key_json(key) for key, _, _ in batches}
-        for key, part, span in sorted(batches, key=lambda b: texts[b[0]]):
+        texts = {key: key_json(key) for key, _ in batches}
+        for key, span in sorted(batches, key=lambda b: texts[b[0]]):
             if key in self.states:
                 state = self.states[key]
             else:
                 state = self.states[key] = self._new_state(key)
-            rows = self.empty_rows if part is None else part
-            out = self.window(key, state, rows, watermark, span)
+            out = self.window(key, state, watermark, span)
             self._touched.add(key)
             state = self.states[key]  # a window may replace it
             if self.evicts and self.idle(state, watermark):
@@ -226,9 +235,10 @@ class ColumnarRunner:
                 keys.append(key)
         emitted = []
         if windows.sizes:
-            batch = final if final is not None else self.empty_rows  # none picked then
+            batch = self._batch
             window_rows, row_keys = windows.table(lambda picked: self.assemble(batch, picked))
             emitted = self._emit(keys, window_rows, row_keys)
+        self._batch = self.empty_rows  # the batch is not kept past its advance
         for key in idle:
             self._evict(key)
         return emitted
