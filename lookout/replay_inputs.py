@@ -308,21 +308,35 @@ def _fast_chunk(data: bytes, schema: StreamSchema, lines: int) -> pa.Table | Non
     reading needs ingest's per-reading validation (to be normalised, or rejected with
     its reason): Arrow takes a JSON ``null`` for an absent field, reads a blank line as
     nothing, and its types are stricter (no ``3.0`` for an INT, no ISO text for a
-    timestamp), so any of those sends the chunk line by line."""
+    timestamp), so any of those sends the chunk line by line. Integers in a STRING
+    column become their digits here, as ingest makes them."""
     if b"null" in data or not (data.isascii() or _utf8(data)):
         return None
+    # STRING columns are left to Arrow's inference: ingest also takes an integer there
+    # (an id published as a number), as its digits.
+    texts = [c.name for c in schema.columns if c.type == ColumnType.STRING]
+    explicit = pa.schema([f for f in _json_schema(schema) if f.name not in texts])
     try:
         table = pj.read_json(
             pa.BufferReader(data),
             read_options=pj.ReadOptions(block_size=max(len(data) // 2, 1 << 20)),
             parse_options=pj.ParseOptions(
-                explicit_schema=_json_schema(schema), unexpected_field_behavior="ignore"
+                explicit_schema=explicit, unexpected_field_behavior="infer"
             ),
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     if table.num_rows != lines:
         return None
+    for name in texts:
+        if name not in table.column_names:
+            return None  # absent from every line: the per-line path says where
+        kind = table.schema.field(name).type
+        if pa.types.is_integer(kind):
+            at = table.column_names.index(name)
+            table = table.set_column(at, name, pc.cast(table.column(name), pa.string()))
+        elif not pa.types.is_string(kind):
+            return None  # a float, a boolean, a time: as ingest words it, line by line
     if _violation(table, schema) is not None:
         return None
     return _as_arrivals(table, schema)
