@@ -89,8 +89,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.core.pipeline import components, fed_stages, stage_sinks
 from engine.core.plan import Plan
-from engine.core.replay import ordered_outputs, run_arrivals
-from engine.python_gc import collector_paused
+from engine.core.replay import ordered_outputs
 from engine.tables import readings_table
 from ingest.validate import heartbeat_filter
 from lookout.broker import Broker, free_port
@@ -98,7 +97,7 @@ from lookout.cluster import LocalCluster
 from lookout.demo import Part, lookout_argv, wait_for_parts
 from lookout.health import engine_running, read_health
 from lookout.mqtt_auth import PUBLISHER
-from lookout.replay import alert_ids
+from lookout.replay import alert_ids, evaluate
 from lookout.replay_inputs import Readings, parse_inputs
 from rules.language.loader import RULES_DIR, RuleSet, load_rules
 
@@ -933,12 +932,10 @@ def progress(
 
 def expected_alert_ids(rule_set: RuleSet, streams: list[Simulated]) -> set[str]:
     """The ids of the alerts an undisturbed run gives: `lookout replay`'s evaluation of
-    the same readings (its Arrow reader and batches; the collector paused)."""
+    the same readings (its Arrow reader, batches and collector)."""
     plan = rule_set.plan
     readings = Readings(parse_inputs([f"{sim.stream}={sim.recording}" for sim in streams], plan))
-    with collector_paused():
-        emitted = run_arrivals(plan, readings.batches()).emitted
-    return set(alert_ids(plan, ordered_outputs(emitted)))
+    return set(alert_ids(plan, ordered_outputs(evaluate(plan, readings).emitted)))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from lookout.replay_outputs import write_jsonl, write_tables
 from lookout.services import alert_specs
 from rules.language.loader import RuleCheckError, RuleSet, load_rules
 
-__all__ = ["ReplayInputError", "TimeRange", "read_readings", "run_replay"]
+__all__ = ["ReplayInputError", "TimeRange", "evaluate", "read_readings", "run_replay"]
 
 Input = tuple[tuple[StreamSchema, ...], Path]
 """A recorded file and the source streams its lines may belong to (one: all of them)."""
@@ -131,15 +131,16 @@ def parse_time(text: str) -> int:
     return parse_timestamp(int(text) if text.lstrip("-").isdigit() else text)
 
 
-def _evaluate(
+def evaluate(
     plan: Plan,
     readings: Readings,
-    end_at: int | None,
-    meter: Progress | None,
-    caps: Mapping[str, int],
+    end_at: int | None = END_OF_TIME,
+    meter: Progress | None = None,
+    caps: Mapping[str, int] | None = None,
 ) -> ReplayResult:
     """``run_arrivals`` over the readings with the collector as the engine's workers
-    run it (`engine.python_gc`): paused during a batch, what each batch leaves frozen."""
+    run it (`engine.python_gc`): paused during a batch, what each batch leaves frozen;
+    ``meter`` is told each batch's readings."""
 
     def after_batch(count: int) -> None:
         freeze_batch_survivors()
@@ -179,7 +180,7 @@ def run_replay(
         readings = Readings(parse_inputs(input_specs, plan), window, meter)
         for note in readings.notes:
             print(f"replay: {note}", file=sys.stderr)
-        result = _evaluate(plan, readings, end_at, meter, caps)
+        result = evaluate(plan, readings, end_at, meter, caps)
     except (ReplayInputError, OSError, ConfigError) as err:
         print(f"lookout replay: {err}", file=sys.stderr)
         return 2
