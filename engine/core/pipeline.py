@@ -62,7 +62,7 @@ from engine.core.incidents import IncidentTracker
 from engine.core.key_index import KEY_INDEX, recorded_states
 from engine.core.keycap import KIND as KEYCAP
 from engine.core.keycap import CappedReading, CappedStage, KeyCap
-from engine.core.plan import END_OF_TIME, Plan, Stage, StreamSchema
+from engine.core.plan import END_OF_TIME, Incidents, Plan, Stage, StreamSchema
 from engine.core.planner.runners import runner_for
 from engine.core.runners import (
     KEY,
@@ -177,12 +177,35 @@ def _stale_pieces(
     return found
 
 
+def alert_stage(spec: Incidents, stages: Iterable[tuple[int, Stage]]) -> Stage | None:
+    """The stage among ``stages`` that emits ``spec``'s alert, if any."""
+    return next((s for _, s in stages if spec.alert in stage_sinks(s)), None)
+
+
+def tracker_for(
+    plan: Plan, spec: Incidents, stages: Iterable[tuple[int, Stage]]
+) -> IncidentTracker | None:
+    """A new incident tracker of ``spec``'s alert, if one of ``stages`` emits it. Observed
+    rows carry the alert's key (``_key``) when the alert is a query fed inside another
+    stage (the observed stream is produced in that stage); otherwise the key is the
+    alert's stage's key columns of each observed row."""
+    stage = alert_stage(spec, stages)
+    if stage is None:
+        return None
+    own = stage.query.sink.name == spec.alert
+    observed = plan.streams.get(spec.observe or "")
+    timestamp = observed.timestamp if observed and observed.timestamp else "ts"
+    return IncidentTracker(spec, stage.key if own else None, timestamp)
+
+
 class Pipeline:
     """Every stage fed by ``sources`` (all source streams of ``plan`` by default), on a
     state store (none: state lives as long as the object). ``evict``: keyed stages drop
     keys whose state is idle (docs/engine.md, *Eviction*); off, every key ever seen is
     kept, which gives the same rows. ``caps``: per source stream, how many keys each
-    keyed stage reading it may hold (:mod:`engine.core.keycap`; none: no cap)."""
+    keyed stage reading it may hold (:mod:`engine.core.keycap`; none: no cap).
+    ``only``: the plan indexes of the stages to run, when not all of them (a split
+    evaluation's share, :mod:`engine.core.partitions`)."""
 
     def __init__(
         self,
@@ -191,6 +214,7 @@ class Pipeline:
         store: StateStore | None = None,
         evict: bool = True,
         caps: Mapping[str, int] | None = None,
+        only: Collection[int] | None = None,
     ) -> None:
         self.plan = plan
         self.evict = evict
@@ -200,7 +224,9 @@ class Pipeline:
         for name, schema in self.sources.items():
             if schema.timestamp is None:
                 raise ValueError(f"source stream {name!r} has no timestamp column")
-        self.stages = fed_stages(plan, self.sources)
+        self.stages = [
+            (i, stage) for i, stage in fed_stages(plan, self.sources) if only is None or i in only
+        ]
         self._stage_of = dict(self.stages)
         self._readers: dict[str, list[int]] = {}
         for i, stage in self.stages:
@@ -246,19 +272,12 @@ class Pipeline:
             self._restore(store)
 
     def _trackers(self) -> dict[str, IncidentTracker]:
-        """An incident tracker per alert this pipeline's stages emit. Observed rows carry
-        the alert's key (``_key``) when the alert is a query fed inside another stage
-        (the observed stream is produced in that stage); otherwise the key is the
-        alert's stage's key columns of each observed row."""
+        """An incident tracker per alert this pipeline's stages emit (:func:`tracker_for`)."""
         trackers = {}
         for spec in self.plan.incidents:
-            stage = next((s for _, s in self.stages if spec.alert in stage_sinks(s)), None)
-            if stage is None:
-                continue
-            own = stage.query.sink.name == spec.alert
-            observed = self.plan.streams.get(spec.observe or "")
-            timestamp = observed.timestamp if observed and observed.timestamp else "ts"
-            trackers[spec.alert] = IncidentTracker(spec, stage.key if own else None, timestamp)
+            tracker = tracker_for(self.plan, spec, self.stages)
+            if tracker is not None:
+                trackers[spec.alert] = tracker
         return trackers
 
     # -- arrivals ------------------------------------------------------------------------
@@ -272,10 +291,40 @@ class Pipeline:
             if stream not in self.sources:
                 raise ValueError(f"unknown source stream {stream!r}")
             if table.num_rows:
-                self._judge(stream, table, result)
+                self._hand_over(stream, self._judge(stream, table, result))
         watermarks = {name: s.clock.watermark for name, s in self.sequencers.items()}
         self._advance(watermarks, result)
         result.watermarks = watermarks
+        return result
+
+    def judge(self, arrivals: Mapping[str, pa.Table]) -> tuple[BatchResult, dict[str, pa.Table]]:
+        """The first half of :meth:`process`: judge each stream's arrivals and return
+        what the batch set aside (late readings, conflicts, duplicate counts, the
+        watermarks) with the admitted readings of each stream, in arrival order, as
+        :meth:`feed` takes them; no stage sees them. Only without caps on live keys,
+        whose decisions need the stages' keys."""
+        if self.caps:
+            raise ValueError("judging apart from evaluating needs a pipeline without caps")
+        result = BatchResult()
+        admitted = {}
+        for stream, table in arrivals.items():
+            if stream not in self.sources:
+                raise ValueError(f"unknown source stream {stream!r}")
+            if table.num_rows:
+                admitted[stream] = self._judge(stream, table, result)
+        result.watermarks = {name: s.clock.watermark for name, s in self.sequencers.items()}
+        return result, admitted
+
+    def feed(self, admitted: Mapping[str, pa.Table], watermarks: Mapping[str, int]) -> BatchResult:
+        """The second half of :meth:`process`: readings another pipeline's :meth:`judge`
+        admitted (any subset of them, e.g. the keys of one partition) to the stages,
+        then every stage advanced to ``watermarks`` (each source stream's, as that judge
+        returned them)."""
+        for stream, kept in admitted.items():
+            self._hand_over(stream, kept)
+        result = BatchResult()
+        self._advance(dict(watermarks), result)
+        result.watermarks = dict(watermarks)
         return result
 
     def finish(self, at: int = END_OF_TIME) -> BatchResult:
@@ -288,20 +337,26 @@ class Pipeline:
         """Advance each source stream named in `marks` to at least its mark, as a
         heartbeat there would (the others stay where they are)."""
         result = BatchResult()
-        ends = {
+        self._advance(self.marks(marks), result)
+        result.watermarks = {name: s.clock.watermark for name, s in self.sequencers.items()}
+        return result
+
+    def marks(self, marks: Mapping[str, int]) -> dict[str, int]:
+        """Each source stream's watermark once advanced to at least its mark in
+        ``marks`` (:meth:`advance_to`)."""
+        return {
             name: max(marks.get(name, -END_OF_TIME), s.clock.watermark)
             for name, s in self.sequencers.items()
         }
-        self._advance(ends, result)
-        result.watermarks = {name: s.clock.watermark for name, s in self.sequencers.items()}
-        return result
 
     def positions(self) -> dict[str, int]:
         """Each source stream's watermark its stages have been advanced to: every
         reading below it has been evaluated, none at or above it."""
         return dict(self._at)
 
-    def _judge(self, stream: str, table: pa.Table, result: BatchResult) -> None:
+    def _judge(self, stream: str, table: pa.Table, result: BatchResult) -> pa.Table:
+        """Judge a stream's arrivals into ``result``; return the admitted readings not yet
+        handed to the stages (a capped stream's are partly handed over while judging)."""
         schema = self.sources[stream]
         columns = [c.name for c in schema.columns]
         sequencer = self.sequencers[stream]
@@ -364,7 +419,7 @@ class Pipeline:
             )
         rest = on_time.copy()
         rest[:handed] = False
-        self._hand_over(stream, table.filter(pa.array(rest)))
+        return table.filter(pa.array(rest))
 
     def _hand_over(self, stream: str, kept: pa.Table) -> None:
         """Admitted readings to the stages (held until the watermark passes them) and
