@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +25,13 @@ import pyarrow.compute as pc
 from engine.core.evaluator import Output
 from engine.core.incidents import IncidentUpdate
 from engine.core.keycap import CappedReading
+from engine.core.partitions import (
+    DistinctKeys,
+    IncidentKey,
+    Partitioning,
+    Produced,
+    Shares,
+)
 from engine.core.pipeline import (
     HEARTBEAT,
     BatchResult,
@@ -39,7 +46,15 @@ from engine.core.sequencer import sort_key
 
 Row = dict[str, Any]
 
-__all__ = ["LateReading", "ReplayResult", "arrival_table", "run", "run_arrivals", "sink_tables"]
+__all__ = [
+    "LateReading",
+    "ReplayResult",
+    "arrival_table",
+    "run",
+    "run_arrivals",
+    "run_split",
+    "sink_tables",
+]
 
 
 @dataclass
@@ -155,36 +170,99 @@ def run_arrivals(
     ``caps`` as :func:`run` takes them."""
     pipeline = Pipeline(plan, caps=caps)
     result = ReplayResult()
-    incidents: dict[tuple[str, str, int], IncidentUpdate] = {}
-
-    def collect(step: BatchResult) -> Counter[str]:
-        """Take in what a step produced; return its number of output rows per sink."""
-        rows: Counter[str] = Counter()
-        for update in step.incidents:
-            incidents[(update.alert, update.key, update.opened_at)] = update
-        result.late += step.late
-        result.conflicts += step.conflicts
-        result.capped += step.capped
-        for stream, count in step.duplicates.items():
-            result.duplicates[stream] = result.duplicates.get(stream, 0) + count
-        for emitted in step.outputs:
-            result.emitted.append(emitted)
-            rows[emitted.sink] += emitted.table.num_rows
-        return rows
-
+    produced = Produced()
     for tables in arrivals:
         step = pipeline.process(tables)
-        # What the live engine's save does after every batch: the batch's readings'
-        # values join those a later repeat of their ids is compared with (without it a
-        # redelivery in a later batch would be a conflict, however it was batched).
-        for sequencer in pipeline.sequencers.values():
-            sequencer.seal()
-        collect(step)
+        _sealed(pipeline)
+        _set_aside(result, step)
+        produced.take(step)
         result.watermarks = {s: step.watermarks[s] for s in pipeline.sources}
         if progress is not None:
             progress(sum(t.num_rows for t in tables.values()))
     if end_at is not None:
-        result.closed = dict(collect(pipeline.finish(end_at)))
+        step = pipeline.finish(end_at)
+        _set_aside(result, step)
+        produced.closed = produced.take(step)
+    return _merged(result, [produced])
+
+
+class Worker(Protocol):
+    """A :class:`~engine.core.partitions.PartitionWorker`, here or in another process."""
+
+    def feed(self, shares: Shares, watermarks: Mapping[str, int]) -> None:
+        """A batch's share of the admitted readings, and the judge's watermarks."""
+
+    def finish(self, ends: Mapping[str, int] | None) -> Produced:
+        """The final advance (None: none), and everything the worker produced."""
+
+
+def run_split(
+    plan: Plan,
+    arrivals: Iterable[Mapping[str, pa.Table]],
+    split: Partitioning,
+    workers: Sequence[Worker],
+    end_at: int | None = END_OF_TIME,
+    progress: Callable[[int], None] | None = None,
+    caps: Mapping[str, int] | None = None,
+) -> ReplayResult:
+    """:func:`run_arrivals`, the evaluation split among ``workers`` as ``split`` says
+    (:mod:`engine.core.partitions`; worker ``i`` runs ``split.groups_of(i)``), the
+    central stages here: the same result. Raises
+    :class:`~engine.core.partitions.CapReachable` as soon as a cap on live keys could
+    quarantine a reading (then evaluate with :func:`run_arrivals`)."""
+    judge = Pipeline(plan, only=split.central)
+    keys = DistinctKeys(plan, caps or {})
+    # What a stage or tracker sees of a reading (as Pipeline._hand_over gives it).
+    seen = {
+        name: [*(c.name for c in schema.columns), "source", "seq"]
+        for name, schema in judge.sources.items()
+    }
+    result = ReplayResult()
+    central = Produced()
+    for tables in arrivals:
+        step, admitted = judge.judge(tables)
+        _sealed(judge)
+        _set_aside(result, step)
+        keys.add(admitted)
+        admitted = {s: t.select(seen[s]) for s, t in admitted.items()}
+        for worker, share in zip(workers, split.split(admitted), strict=True):
+            worker.feed(share, step.watermarks)
+        central.take(judge.feed(admitted, step.watermarks))
+        result.watermarks = dict(step.watermarks)
+        if progress is not None:
+            progress(sum(t.num_rows for t in tables.values()))
+    ends = None if end_at is None else judge.marks(dict.fromkeys(judge.sources, end_at))
+    produced = [worker.finish(ends) for worker in workers]
+    if ends is not None:
+        central.closed = central.take(judge.feed({}, ends))
+    return _merged(result, [central, *produced])
+
+
+def _sealed(pipeline: Pipeline) -> None:
+    """What the live engine's save does after every batch: the batch's readings' values
+    join those a later repeat of their ids is compared with (without it a redelivery in
+    a later batch would be a conflict, however it was batched)."""
+    for sequencer in pipeline.sequencers.values():
+        sequencer.seal()
+
+
+def _set_aside(result: ReplayResult, step: BatchResult) -> None:
+    result.late += step.late
+    result.conflicts += step.conflicts
+    result.capped += step.capped
+    for stream, count in step.duplicates.items():
+        result.duplicates[stream] = result.duplicates.get(stream, 0) + count
+
+
+def _merged(result: ReplayResult, produced: Sequence[Produced]) -> ReplayResult:
+    """``result`` with the outputs, incidents and final-close counts of ``produced``."""
+    incidents: dict[IncidentKey, IncidentUpdate] = {}
+    closed: Counter[str] = Counter()
+    for part in produced:
+        result.emitted += part.emitted
+        incidents.update(part.incidents)
+        closed.update(part.closed)
+    result.closed = dict(closed)
     result.incidents = [incidents[k] for k in sorted(incidents, key=lambda k: (k[2], k[0], k[1]))]
     return result
 
