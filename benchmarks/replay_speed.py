@@ -5,11 +5,13 @@ Generates a traffic recording with the simulator (`--rate` readings/s of event t
 and 1 % redeliveries: 1.2 million readings by default), copies it to a Parquet file
 (stored order, timestamps as TIMESTAMP) and a Delta table (the same rows with an
 `arrival` column), and runs `lookout replay --rules rules/traffic.sql` on each form
-(JSON-lines outputs), then the same JSON lines through `--baseline` (a commit, `git
-archive`d into the work folder: the replay of that commit's code). Each run is a fresh
-process timed from start to exit; readings/s is the recording's readings over that
-time, the best of `--repeat` runs, beside the CPU the process used per reading (user +
-system; the steadier figure on a shared machine, also the best of the runs).
+(JSON-lines outputs) with each of `--workers` (by default in one process, and split
+among one worker process per core), then the same JSON lines through `--baseline` (a
+commit, `git archive`d into the work folder: the replay of that commit's code). Each
+run is a fresh process timed from start to exit; readings/s is the recording's
+readings over that time, the best of `--repeat` runs, beside the CPU the process and
+its workers used per reading (user + system; the steadier figure on a shared machine,
+also the best of the runs).
 
 `--compare REV` also replays every form with the code of commit `REV` (another
 checkout's speed on the same recording, in the same run).
@@ -19,7 +21,7 @@ same files, rows, keys and timestamps, floats equal to 1e-9 relative; byte-ident
 files are said so.
 
     python benchmarks/replay_speed.py [--rate 20000] [--duration 60] [--stations 40]
-        [--repeat 1] [--baseline a4628d3] [--compare REV] [--work DIR]
+        [--repeat 1] [--workers 1 2] [--baseline a4628d3] [--compare REV] [--work DIR]
 """
 
 from __future__ import annotations
@@ -107,17 +109,26 @@ def _env(code: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(code)}
 
 
-def replay(code: Path, spec: str, out: Path, quiet: bool) -> tuple[float, float]:
+def replay(
+    code: Path, spec: str, out: Path, quiet: bool, workers: int | None = None
+) -> tuple[float, float]:
     """Seconds one `lookout replay` process takes, start to exit, and the CPU seconds it
-    used (user + system, every thread)."""
+    and its worker processes used (user + system, every thread); ``workers``: its
+    `--workers` (None: not given, for code older than the option)."""
     shutil.rmtree(out, ignore_errors=True)
     args = [sys.executable, "-m", "lookout.cli", "replay", "--rules", str(code / "rules" /
             "traffic.sql"), "--input", spec, "--out", str(out)]  # fmt: skip
     if quiet:
         args.append("--quiet")
+    if workers is not None:
+        args += ["--workers", str(workers)]
     began, used = time.perf_counter(), _children_cpu()
     subprocess.run(args, check=True, cwd=code, env=_env(code), stderr=subprocess.DEVNULL)
     return time.perf_counter() - began, _children_cpu() - used
+
+
+def _processes(workers: int) -> str:
+    return "one process" if workers == 1 else f"{workers} workers"
 
 
 def _children_cpu() -> float:
@@ -160,6 +171,13 @@ def main() -> int:
     parser.add_argument("--baseline", default=BASELINE, help="commit to compare with ('' none)")
     parser.add_argument("--compare", default="", help="commit whose code replays every form too")
     parser.add_argument("--work", help="work folder (default: a temporary one, removed)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1, os.cpu_count() or 1],
+        help="replay each form with each of these --workers (default: 1 and one per core)",
+    )
     args = parser.parse_args()
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="replay-speed-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -172,23 +190,28 @@ def main() -> int:
         took = time.perf_counter() - began
         print(f"{readings:,} readings ({size:.0f} MB of JSON lines), generated and copied "
               f"in {took:.0f} s", flush=True)  # fmt: skip
-        runs = [
-            ("JSON lines", ROOT, f"traffic={recording}"),
-            ("Parquet file", ROOT, f"traffic={parquet}"),
-            ("Delta table", ROOT, f"traffic={delta}"),
+        forms = [
+            ("JSON lines", f"traffic={recording}"),
+            ("Parquet file", f"traffic={parquet}"),
+            ("Delta table", f"traffic={delta}"),
+        ]
+        runs: list[tuple[str, Path, str, int | None]] = [
+            (f"{label}, {_processes(n)}", ROOT, spec, n)
+            for n in args.workers
+            for label, spec in forms
         ]
         if args.compare:
             other = baseline_tree(args.compare, work)
-            runs += [(f"{label}, {args.compare}", other, spec) for label, _, spec in runs[:3]]
+            runs += [(f"{label}, {args.compare}", other, spec, None) for label, spec in forms]
         if args.baseline:
             runs.append((f"JSON lines, {args.baseline}", baseline_tree(args.baseline, work),
-                         f"traffic={recording}"))  # fmt: skip
+                         f"traffic={recording}", None))  # fmt: skip
         results = []
-        for label, code, spec in runs:
+        for label, code, spec, workers in runs:
             out = work / f"out-{len(results)}"
             # A baseline older than --quiet reports no progress either way.
             quiet = code == ROOT or label.endswith(f", {args.compare}")
-            times = [replay(code, spec, out, quiet) for _ in range(args.repeat)]
+            times = [replay(code, spec, out, quiet, workers) for _ in range(args.repeat)]
             verdict = "(the reference)" if not results else compare(work / "out-0", out)
             wall, cpu = min(t[0] for t in times), min(t[1] for t in times)
             results.append((label, wall, cpu, verdict))

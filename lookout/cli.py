@@ -70,7 +70,7 @@ def _broker(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from lookout.replay import TimeRange, parse_end_at, parse_time, run_replay
+    from lookout.replay import TimeRange, default_workers, parse_end_at, parse_time, run_replay
 
     try:
         end_at = parse_end_at(args.end_at)
@@ -88,7 +88,13 @@ def _replay(args: argparse.Namespace) -> int:
     if window.start is not None and window.end is not None and window.end <= window.start:
         print("lookout replay: --until must be after --from", file=sys.stderr)
         return 2
-    return run_replay(args.rules, args.input, args.out, end_at, window, args.format, not args.quiet)
+    workers = default_workers() if args.workers is None else args.workers
+    if workers < 1:
+        print("lookout replay: --workers must be at least 1", file=sys.stderr)
+        return 2
+    return run_replay(
+        args.rules, args.input, args.out, end_at, window, args.format, not args.quiet, workers
+    )
 
 
 def _cluster(args: argparse.Namespace) -> int:
@@ -205,6 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the final heartbeat: at TIME (ISO-8601 with offset, or epoch ms), none "
         "(watermark: nothing expires because the input ends) or at +infinity (default: "
         "every window closes, every expiration fires)",
+    )
+    replay.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes evaluating the rules, split by key (default: one per core)",
     )
     replay.set_defaults(func=_replay)
 

@@ -8,6 +8,7 @@ order. Outputs are written by `lookout.replay_outputs`.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -19,8 +20,9 @@ import pyarrow as pa
 
 from engine.alerts import alert_id, alert_keys, format_key, incident_record, iso_utc
 from engine.core.evaluator import Output
+from engine.core.partitions import CapReachable, partitioning
 from engine.core.plan import END_OF_TIME, Plan, SinkKind, StreamSchema
-from engine.core.replay import ReplayResult, ordered_outputs, run_arrivals, sink_tables
+from engine.core.replay import ReplayResult, ordered_outputs, run_arrivals, run_split, sink_tables
 from engine.python_gc import collector_paused, freeze_batch_survivors, freeze_worker_heap
 from ingest.validate import normalize_reading, parse_timestamp
 from lookout.config import ConfigError, load_config
@@ -33,11 +35,20 @@ from lookout.replay_inputs import (
     parse_inputs,
     stream_of,
 )
-from lookout.replay_outputs import write_jsonl, write_tables
+from lookout.replay_outputs import LINE, rendered, write_jsonl, write_tables
+from lookout.replay_workers import WorkerFailed, WorkerProcess
 from lookout.services import alert_specs
 from rules.language.loader import RuleCheckError, RuleSet, load_rules
 
-__all__ = ["ReplayInputError", "TimeRange", "evaluate", "read_readings", "run_replay"]
+__all__ = [
+    "ReplayInputError",
+    "TimeRange",
+    "evaluate",
+    "evaluate_split",
+    "read_readings",
+    "run_replay",
+    "start_workers",
+]
 
 Input = tuple[tuple[StreamSchema, ...], Path]
 """A recorded file and the source streams its lines may belong to (one: all of them)."""
@@ -152,6 +163,50 @@ def evaluate(
         return run_arrivals(plan, readings.batches(), end_at, after_batch, caps)
 
 
+def evaluate_split(
+    plan: Plan,
+    readings: Readings,
+    processes: Sequence[WorkerProcess],
+    end_at: int | None = END_OF_TIME,
+    meter: Progress | None = None,
+    caps: Mapping[str, int] | None = None,
+) -> ReplayResult:
+    """:func:`evaluate` with the evaluation split by key among worker ``processes`` made
+    by :func:`start_workers` (`engine.core.partitions`), this process judging the
+    arrivals; the same result. Raises :class:`~engine.core.partitions.CapReachable` when
+    a cap on live keys could matter."""
+
+    def after_batch(count: int) -> None:
+        freeze_batch_survivors()
+        if meter is not None:
+            meter.fed(count)
+
+    split = partitioning(plan, len(processes))
+    freeze_worker_heap()
+    with collector_paused():
+        result = run_split(plan, readings.batches(), split, processes, end_at, after_batch, caps)
+    if any(LINE in item.table.column_names for item in result.emitted):
+        # The workers' rows came as JSON lines: so must this process's own.
+        result.emitted = [
+            item if LINE in item.table.column_names else rendered(item, plan)
+            for item in result.emitted
+        ]
+    return result
+
+
+def start_workers(plan: Plan, workers: int, render: bool = False) -> list[WorkerProcess]:
+    """The processes of a split evaluation of ``plan`` among ``workers`` (close them);
+    ``render``: they send their rows back as JSON lines, rendered there."""
+    split = partitioning(plan, workers)
+    return [WorkerProcess(plan, split.groups_of(i), render) for i in range(workers)]
+
+
+def default_workers() -> int:
+    """Worker processes of a replay by default: one per core, none on one core."""
+    cores = os.cpu_count() or 1
+    return cores if cores > 1 else 1
+
+
 def run_replay(
     rule_paths: Sequence[str],
     input_specs: Sequence[str],
@@ -160,11 +215,13 @@ def run_replay(
     window: TimeRange = EVERYTHING,
     output_format: str = "jsonl",
     progress: bool = True,
+    workers: int = 1,
 ) -> int:
     """Evaluate the rules over the inputs (JSON lines, Delta tables, Parquet; readings
     with event time in ``window`` only), ending with a heartbeat at `end_at` (None: at
     the input's watermark, see `engine.core.replay.run`), and write a file or table per
-    output to DIR (``output_format``: `jsonl`, `delta`, `parquet`)."""
+    output to DIR (``output_format``: `jsonl`, `delta`, `parquet`). With ``workers`` > 1
+    the evaluation is split by key among that many processes (:func:`evaluate_split`)."""
     try:
         rule_set = load_rules(rule_paths)
     except RuleCheckError as err:
@@ -173,6 +230,9 @@ def run_replay(
         return 2
     plan = rule_set.plan
     meter = Progress(out=sys.stderr) if progress else None
+    # Forked before any input is read, so that they start at once and hold none of it.
+    render = output_format == "jsonl"
+    processes = start_workers(plan, workers, render) if workers > 1 else []
     try:
         # The live engine's caps on live keys ([engine] of lookout.toml), so that replay
         # quarantines what it quarantines.
@@ -180,10 +240,13 @@ def run_replay(
         readings = Readings(parse_inputs(input_specs, plan), window, meter)
         for note in readings.notes:
             print(f"replay: {note}", file=sys.stderr)
-        result = evaluate(plan, readings, end_at, meter, caps)
-    except (ReplayInputError, OSError, ConfigError) as err:
+        result = _evaluated(plan, readings, processes, end_at, meter, caps)
+    except (ReplayInputError, OSError, ConfigError, WorkerFailed) as err:
         print(f"lookout replay: {err}", file=sys.stderr)
         return 2
+    finally:
+        for process in processes:
+            process.close()
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     sinks = sink_tables(result.emitted)
@@ -222,6 +285,26 @@ def run_replay(
             file=sys.stderr,
         )
     return 0
+
+
+def _evaluated(
+    plan: Plan,
+    readings: Readings,
+    processes: Sequence[WorkerProcess],
+    end_at: int | None,
+    meter: Progress | None,
+    caps: Mapping[str, int],
+) -> ReplayResult:
+    """The evaluation split among ``processes``, or in this process when there are none
+    or a cap on live keys could quarantine readings (the split cannot decide those)."""
+    if processes:
+        try:
+            return evaluate_split(plan, readings, processes, end_at, meter, caps)
+        except CapReachable as err:
+            print(f"replay: {err}; evaluating again in one process", file=sys.stderr)
+            if meter is not None:
+                meter.restart()
+    return evaluate(plan, readings, end_at, meter, caps)
 
 
 def rows_by_sink(outputs: Iterable[Output]) -> dict[str, pa.Table]:

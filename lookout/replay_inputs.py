@@ -148,6 +148,12 @@ class Progress:
     _last: float = field(default_factory=time.monotonic)
     lines: int = 0
 
+    def restart(self) -> None:
+        """Count from nothing again (the input is read once more)."""
+        self.started = self._last = time.monotonic()
+        self.readings = 0
+        self.done = None
+
     def fed(self, readings: int) -> None:
         """``readings`` more were evaluated."""
         self.readings += readings

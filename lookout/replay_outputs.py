@@ -30,7 +30,7 @@ from engine.core.evaluator import Output
 from engine.core.keycap import CappedReading
 from engine.core.plan import ColumnType, Plan, StreamSchema
 from engine.core.replay import STAGE, LateReading
-from engine.core.runners import KEY, SEQ, SOURCE, TS
+from engine.core.runners import KEY, SEQ, SOURCE, TS, SinkRows
 from engine.core.schema import ARROW_TYPES
 
 FORMATS = ("jsonl", "delta", "parquet")
@@ -122,17 +122,41 @@ def json_lines(table: pa.Table, schema: StreamSchema | None) -> list[bytes]:
     """A sink's rows (without the engine's columns) as JSON lines, timestamps as text:
     the bytes of :func:`orjson.dumps` of each row, each line ending in a newline (a
     list of pieces to join, not one per row)."""
+    return [_joined(chunk) for chunk in line_column(table, schema).chunks]
+
+
+def line_column(table: pa.Table, schema: StreamSchema | None) -> pa.ChunkedArray:
+    """Each row's JSON line (:func:`json_lines`) as text, newline included."""
     table = _iso_stamps(table, schema)
     pieces = []
     for start in range(0, table.num_rows, _PIECE_ROWS):
         part = table.slice(start, _PIECE_ROWS)
-        text = _columnar_lines(part)
-        if text is None:
+        lines = _columnar_lines(part)
+        if lines is None:
             dumps, newline = orjson.dumps, orjson.OPT_APPEND_NEWLINE
-            pieces += [dumps(row, option=newline) for row in part.to_pylist()]
-        else:
-            pieces.append(text)
-    return pieces
+            listed = [dumps(row, option=newline).decode() for row in part.to_pylist()]
+            lines = pa.array(listed, pa.large_string())
+        pieces.append(lines)
+    return pa.chunked_array(pieces, pa.large_string())
+
+
+LINE = "_line"
+"""The column of a sink's rows rendered ahead (:func:`rendered`): each row's JSON line."""
+
+
+def rendered(item: SinkRows, plan: Plan) -> SinkRows:
+    """Emitted rows as their JSON lines (:data:`LINE`) beside the engine's columns, which
+    order them: what :func:`write_jsonl` writes, made where the rows were."""
+    lines = line_column(row_columns(item.table), plan.streams.get(item.sink))
+    engine = item.table.select([TS, SOURCE, SEQ, KEY])
+    return SinkRows(item.stage, item.sink, engine.append_column(LINE, lines))
+
+
+def sink_lines(table: pa.Table, schema: StreamSchema | None) -> list[bytes]:
+    """A sink's ordered rows as JSON lines, rendered ahead (:data:`LINE`) or now."""
+    if LINE in table.column_names:
+        return [_joined(chunk) for chunk in table.column(LINE).chunks]
+    return json_lines(row_columns(table), schema)
 
 
 _PIECE_ROWS = 100_000
@@ -146,12 +170,12 @@ def _iso_stamps(table: pa.Table, schema: StreamSchema | None) -> pa.Table:
     return table
 
 
-def _columnar_lines(table: pa.Table) -> bytes | None:
-    """The rows as orjson writes them (objects in column order, ``\\n`` after each),
-    built per column; None when a column is of a type this does not write (the rows
-    are then dumped one by one)."""
+def _columnar_lines(table: pa.Table) -> pa.Array | None:
+    """The rows as orjson writes them (objects in column order, ``\n`` after each),
+    built per column, one text per row; None when a column is of a type this does not
+    write (the rows are then dumped one by one)."""
     if not table.num_rows:
-        return b""
+        return pa.array([], pa.large_string())
     parts: list[Any] = []
     for i, name in enumerate(table.column_names):
         values = _json_values(table.column(i))
@@ -167,13 +191,18 @@ def _columnar_lines(table: pa.Table) -> bytes | None:
           for p in parts],
         pa.scalar("", pa.large_string()),
     )  # fmt: skip
-    lines = lines.combine_chunks() if isinstance(lines, pa.ChunkedArray) else lines
+    return lines.combine_chunks() if isinstance(lines, pa.ChunkedArray) else lines
+
+
+def _joined(lines: pa.Array) -> bytes:
+    """The texts of a large-string array one after the other, as bytes."""
     offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[
         lines.offset : lines.offset + len(lines) + 1
     ]
     data = lines.buffers()[2]
-    assert data is not None
-    return data.to_pybytes()[int(offsets[0]) : int(offsets[-1])]
+    if data is None:
+        return b""
+    return memoryview(data)[int(offsets[0]) : int(offsets[-1])].tobytes()
 
 
 _UNQUOTED = r'^[^"\\\x00-\x1f]*$'
@@ -255,7 +284,7 @@ def write_jsonl(
     lines: dict[str, list[bytes]] = {}
     if sinks is not None:
         for sink, table in sinks.items():
-            lines[sink] = json_lines(row_columns(table), plan.streams.get(sink))
+            lines[sink] = sink_lines(table, plan.streams.get(sink))
     else:
         for output in outputs:
             row = _render(output.row, plan.streams.get(output.sink))

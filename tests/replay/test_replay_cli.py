@@ -12,10 +12,13 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import orjson
+import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from lookout.replay import run_replay
-from rules.language.loader import RULES_DIR
+from lookout.replay_workers import WorkerFailed, WorkerProcess
+from rules.language.loader import RULES_DIR, load_rules
 from simulators.cli import FILE_START
 from tests.simulators.test_cli import demo_simulators
 
@@ -54,6 +57,31 @@ def test_a_bare_file_is_split_by_columns_and_a_named_stream_refuses_the_others(
     assert run_replay([rules], [f"traffic={recording}"], str(tmp_path / "named")) == 2
     first = next(i for i, r in enumerate(lines, start=1) if "vid" in r)
     assert f"{recording}:{first}: missing field 'station'" in capsys.readouterr().err
+
+
+def test_workers_split_by_station_write_the_files_one_process_writes(tmp_path: Path) -> None:
+    """Two worker processes (traffic split by station, the positions' part whole in one
+    of them): every output file byte for byte as one process writes it."""
+    recording = simulate(tmp_path)
+    rules = [str(RULES_DIR / "traffic.sql")]
+    assert run_replay(rules, [str(recording)], str(tmp_path / "one"), workers=1) == 0
+    assert run_replay(rules, [str(recording)], str(tmp_path / "two"), workers=2) == 0
+    names = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "two").iterdir())
+    assert {"accident.jsonl", "speeding.jsonl", "incidents.jsonl"} <= set(names)
+    for name in names:
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+
+
+def test_a_worker_that_fails_is_reported_with_its_traceback() -> None:
+    plan = load_rules([RULES_DIR / "traffic.sql"]).plan
+    worker = WorkerProcess(plan, {0: frozenset(range(len(plan.stages())))})
+    try:
+        worker.feed({0: {"traffic": pa.table({"lane": [1]})}}, {"traffic": 0, "positions": 0})
+        with pytest.raises(WorkerFailed, match=r"(?s)Traceback.*station"):
+            worker.finish(None)
+    finally:
+        worker.close()
 
 
 def test_congestion_that_stops_resolves_at_the_first_row_above_the_limit(tmp_path: Path) -> None:
@@ -130,7 +158,13 @@ def test_replay_quarantines_what_the_engine_cap_on_live_keys_would(
     monkeypatch.setenv("LOOKOUT_CONFIG", str(config))
     recording = simulate(tmp_path)
     rules = str(RULES_DIR / "traffic.sql")
-    assert run_replay([rules], [str(recording)], str(tmp_path / "out")) == 0
+    # Split among workers, the readings a cap could quarantine are seen before any is,
+    # and one process evaluates them instead.
+    assert run_replay([rules], [str(recording)], str(tmp_path / "out"), workers=2) == 0
+    assert "evaluating again in one process" in capsys.readouterr().err
+    assert run_replay([rules], [str(recording)], str(tmp_path / "one"), workers=1) == 0
+    for name in ("quarantine.jsonl", "station_speed.jsonl", "incidents.jsonl"):
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
 
     def rows(name: str) -> list[dict]:
         return [orjson.loads(x) for x in (tmp_path / "out" / name).read_bytes().splitlines()]

@@ -1,0 +1,116 @@
+"""`lookout replay --workers N`: each worker of a split evaluation
+(`engine.core.partitions`) in its own process, fed over a pipe.
+
+A worker process is forked once the rules are loaded and before any reading is (so it
+starts at once, with the plan, and holds no input); Arrow's thread pools and jemalloc
+are safe across a fork. It runs Python's collector as the engine's workers do
+(`engine.python_gc`), takes each batch's share of the admitted readings as Arrow
+tables, and sends back everything it produced when told to finish. The parent judges
+the next batch while the workers evaluate this one.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import traceback
+from collections.abc import Mapping
+from multiprocessing.connection import Connection
+from typing import Any
+
+from engine.core.partitions import PartitionWorker, Produced, Shares
+from engine.core.plan import Plan
+from engine.python_gc import collector_paused, freeze_batch_survivors, freeze_worker_heap
+from lookout.replay_outputs import rendered
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process stopped or raised; the message holds its traceback."""
+
+
+class WorkerProcess:
+    """A :class:`~engine.core.partitions.PartitionWorker` of ``plan`` running ``groups``
+    (index: stages), in a forked process; with ``render``, the rows it emitted come back
+    as their JSON lines (`lookout.replay_outputs.rendered`), made there."""
+
+    def __init__(
+        self, plan: Plan, groups: Mapping[int, frozenset[int]], render: bool = False
+    ) -> None:
+        context = multiprocessing.get_context("fork")
+        self._conn, theirs = context.Pipe()
+        args = (theirs, plan, dict(groups), render)
+        self._process = context.Process(target=_serve, args=args, daemon=True)
+        self._process.start()
+        theirs.close()
+
+    def feed(self, shares: Shares, watermarks: Mapping[str, int]) -> None:
+        """Send a batch's share (the worker evaluates it while the caller goes on)."""
+        self._send(("feed", shares, dict(watermarks)))
+
+    def finish(self, ends: Mapping[str, int] | None) -> Produced:
+        """The final advance; wait for everything the worker produced."""
+        self._send(("finish", None if ends is None else dict(ends)))
+        try:
+            reply = self._conn.recv()
+        except EOFError:
+            raise WorkerFailed(self._stopped()) from None
+        if isinstance(reply, str):
+            raise WorkerFailed(f"a replay worker failed:\n{reply}")
+        return reply
+
+    def close(self) -> None:
+        """Stop the process (at once if it is still working)."""
+        self._conn.close()
+        if self._process.is_alive():
+            self._process.terminate()
+        self._process.join()
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        try:
+            self._conn.send(message)
+        except OSError:
+            raise WorkerFailed(self._stopped()) from None
+
+    def _stopped(self) -> str:
+        self._process.join(timeout=5)
+        return f"a replay worker stopped (exit code {self._process.exitcode})"
+
+
+def _serve(conn: Connection, plan: Plan, groups: dict[int, frozenset[int]], render: bool) -> None:
+    """A worker process's loop: feed batches until told to finish, then send the result
+    or, after an error, its traceback as text."""
+    failed: str | None = None
+    worker = None
+    try:
+        worker = PartitionWorker(plan, groups)
+    except Exception:  # reported at finish
+        failed = traceback.format_exc()
+    freeze_worker_heap()
+    with collector_paused():
+        while True:
+            kind, *args = conn.recv()
+            if kind == "finish":
+                if worker is None or failed is not None:
+                    conn.send(failed)
+                else:
+                    conn.send(_finished(worker, args[0], plan if render else None))
+                return
+            if worker is not None and failed is None:
+                try:
+                    worker.feed(*args)
+                except Exception:  # reported at finish
+                    failed = traceback.format_exc()
+                freeze_batch_survivors()
+
+
+def _finished(
+    worker: PartitionWorker, ends: Mapping[str, int] | None, render: Plan | None
+) -> Produced | str:
+    """The worker's result, its rows rendered as JSON lines of ``render``'s streams (if
+    given), or the traceback of what went wrong."""
+    try:
+        result = worker.finish(ends)
+        if render is not None:
+            result.emitted = [rendered(item, render) for item in result.emitted]
+        return result
+    except Exception:  # reported to the parent
+        return traceback.format_exc()
