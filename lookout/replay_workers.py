@@ -2,10 +2,10 @@
 (`engine.core.partitions`) in its own process, fed over a pipe.
 
 A worker process is forked once the rules are loaded and before any reading is (so it
-starts at once, with the plan, and holds no input); Arrow's thread pools and jemalloc
-are safe across a fork. It runs Python's collector as the engine's workers do
+starts at once, with the plan, and holds no input); Arrow's thread pools are safe
+across a fork. It runs Python's collector as the engine's workers do
 (`engine.python_gc`), takes each batch's share of the admitted readings as Arrow
-tables, and sends back everything it produced when told to finish. The parent judges
+tables, and sends back everything it produced when told to end. The parent judges
 the next batch while the workers evaluate this one.
 """
 
@@ -46,9 +46,12 @@ class WorkerProcess:
         """Send a batch's share (the worker evaluates it while the caller goes on)."""
         self._send(("feed", shares, dict(watermarks)))
 
-    def finish(self, ends: Mapping[str, int] | None) -> Produced:
-        """The final advance; wait for everything the worker produced."""
-        self._send(("finish", None if ends is None else dict(ends)))
+    def end(self, ends: Mapping[str, int] | None) -> None:
+        """Send the final advance (the worker ends while the caller goes on)."""
+        self._send(("end", None if ends is None else dict(ends)))
+
+    def produced(self) -> Produced:
+        """Wait for everything the worker produced."""
         try:
             reply = self._conn.recv()
         except EOFError:
@@ -76,39 +79,40 @@ class WorkerProcess:
 
 
 def _serve(conn: Connection, plan: Plan, groups: dict[int, frozenset[int]], render: bool) -> None:
-    """A worker process's loop: feed batches until told to finish, then send the result
-    or, after an error, its traceback as text."""
+    """A worker process's loop: feed batches until told to end, then send the result or,
+    after an error, its traceback as text."""
     failed: str | None = None
     worker = None
     try:
         worker = PartitionWorker(plan, groups)
-    except Exception:  # reported at finish
+    except Exception:  # reported at the end
         failed = traceback.format_exc()
     freeze_worker_heap()
     with collector_paused():
         while True:
             kind, *args = conn.recv()
-            if kind == "finish":
+            if kind == "end":
                 if worker is None or failed is not None:
                     conn.send(failed)
                 else:
-                    conn.send(_finished(worker, args[0], plan if render else None))
+                    conn.send(_ended(worker, args[0], plan if render else None))
                 return
             if worker is not None and failed is None:
                 try:
                     worker.feed(*args)
-                except Exception:  # reported at finish
+                except Exception:  # reported at the end
                     failed = traceback.format_exc()
                 freeze_batch_survivors()
 
 
-def _finished(
+def _ended(
     worker: PartitionWorker, ends: Mapping[str, int] | None, render: Plan | None
 ) -> Produced | str:
     """The worker's result, its rows rendered as JSON lines of ``render``'s streams (if
     given), or the traceback of what went wrong."""
     try:
-        result = worker.finish(ends)
+        worker.end(ends)
+        result = worker.produced()
         if render is not None:
             result.emitted = [rendered(item, render) for item in result.emitted]
         return result

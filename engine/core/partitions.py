@@ -201,13 +201,16 @@ class PartitionWorker:
         for number, pipeline in self.pipelines.items():
             self.result.take(pipeline.feed(shares.get(number, {}), watermarks))
 
-    def finish(self, ends: Mapping[str, int] | None) -> Produced:
-        """The final advance to ``ends`` (None: none), and everything produced."""
+    def end(self, ends: Mapping[str, int] | None) -> None:
+        """The final advance to ``ends`` (None: none)."""
         if ends is not None:
             closed: Counter[str] = Counter()
             for pipeline in self.pipelines.values():
                 closed += self.result.take(pipeline.feed({}, ends))
             self.result.closed = closed
+
+    def produced(self) -> Produced:
+        """Everything the worker produced."""
         return self.result
 
 

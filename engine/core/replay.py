@@ -192,8 +192,11 @@ class Worker(Protocol):
     def feed(self, shares: Shares, watermarks: Mapping[str, int]) -> None:
         """A batch's share of the admitted readings, and the judge's watermarks."""
 
-    def finish(self, ends: Mapping[str, int] | None) -> Produced:
-        """The final advance (None: none), and everything the worker produced."""
+    def end(self, ends: Mapping[str, int] | None) -> None:
+        """The final advance (None: none)."""
+
+    def produced(self) -> Produced:
+        """Everything the worker produced (once it has ended)."""
 
 
 def run_split(
@@ -232,10 +235,11 @@ def run_split(
         if progress is not None:
             progress(sum(t.num_rows for t in tables.values()))
     ends = None if end_at is None else judge.marks(dict.fromkeys(judge.sources, end_at))
-    produced = [worker.finish(ends) for worker in workers]
+    for worker in workers:  # every worker ends at once, then each is waited for
+        worker.end(ends)
     if ends is not None:
         central.closed = central.take(judge.feed({}, ends))
-    return _merged(result, [central, *produced])
+    return _merged(result, [central, *(worker.produced() for worker in workers)])
 
 
 def _sealed(pipeline: Pipeline) -> None:

@@ -78,8 +78,9 @@ def test_a_worker_that_fails_is_reported_with_its_traceback() -> None:
     worker = WorkerProcess(plan, {0: frozenset(range(len(plan.stages())))})
     try:
         worker.feed({0: {"traffic": pa.table({"lane": [1]})}}, {"traffic": 0, "positions": 0})
+        worker.end(None)
         with pytest.raises(WorkerFailed, match=r"(?s)Traceback.*station"):
-            worker.finish(None)
+            worker.produced()
     finally:
         worker.close()
 
