@@ -202,9 +202,8 @@ def start_workers(plan: Plan, workers: int, render: bool = False) -> list[Worker
 
 
 def default_workers() -> int:
-    """Worker processes of a replay by default: one per core, none on one core."""
-    cores = os.cpu_count() or 1
-    return cores if cores > 1 else 1
+    """A replay's ``--workers`` by default: one per core (on one core: one process)."""
+    return os.cpu_count() or 1
 
 
 def run_replay(
