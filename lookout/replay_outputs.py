@@ -145,10 +145,11 @@ LINE = "_line"
 
 
 def rendered(item: SinkRows, plan: Plan) -> SinkRows:
-    """Emitted rows as their JSON lines (:data:`LINE`) beside the engine's columns, which
-    order them: what :func:`write_jsonl` writes, made where the rows were."""
+    """Emitted rows as their JSON lines (:data:`LINE`) beside the engine's columns that
+    order them (:func:`~engine.core.replay.sink_tables`): what :func:`write_jsonl`
+    writes, made where the rows were."""
     lines = line_column(row_columns(item.table), plan.streams.get(item.sink))
-    engine = item.table.select([TS, SOURCE, SEQ, KEY])
+    engine = item.table.select([TS, SEQ, KEY])
     return SinkRows(item.stage, item.sink, engine.append_column(LINE, lines))
 
 
@@ -171,7 +172,7 @@ def _iso_stamps(table: pa.Table, schema: StreamSchema | None) -> pa.Table:
 
 
 def _columnar_lines(table: pa.Table) -> pa.Array | None:
-    """The rows as orjson writes them (objects in column order, ``\n`` after each),
+    """The rows as orjson writes them (objects in column order, ``\\n`` after each),
     built per column, one text per row; None when a column is of a type this does not
     write (the rows are then dumped one by one)."""
     if not table.num_rows:

@@ -40,7 +40,7 @@ keys beyond it are set aside (:attr:`BatchResult.capped`), never evaluated.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -177,11 +177,6 @@ def _stale_pieces(
     return found
 
 
-def alert_stage(spec: Incidents, stages: Iterable[tuple[int, Stage]]) -> Stage | None:
-    """The stage among ``stages`` that emits ``spec``'s alert, if any."""
-    return next((s for _, s in stages if spec.alert in stage_sinks(s)), None)
-
-
 def tracker_for(
     plan: Plan, spec: Incidents, stages: Iterable[tuple[int, Stage]]
 ) -> IncidentTracker | None:
@@ -189,7 +184,7 @@ def tracker_for(
     rows carry the alert's key (``_key``) when the alert is a query fed inside another
     stage (the observed stream is produced in that stage); otherwise the key is the
     alert's stage's key columns of each observed row."""
-    stage = alert_stage(spec, stages)
+    stage = next((s for _, s in stages if spec.alert in stage_sinks(s)), None)
     if stage is None:
         return None
     own = stage.query.sink.name == spec.alert
@@ -287,12 +282,9 @@ class Pipeline:
         ``heartbeat``; other columns are kept with the readings), evaluate, and return
         what the batch produced."""
         result = BatchResult()
-        for stream, table in arrivals.items():
-            if stream not in self.sources:
-                raise ValueError(f"unknown source stream {stream!r}")
-            if table.num_rows:
-                self._hand_over(stream, self._judge(stream, table, result))
-        watermarks = {name: s.clock.watermark for name, s in self.sequencers.items()}
+        for stream, kept in self._judged(arrivals, result):
+            self._hand_over(stream, kept)
+        watermarks = self._clocks()
         self._advance(watermarks, result)
         result.watermarks = watermarks
         return result
@@ -306,13 +298,11 @@ class Pipeline:
         if self.caps:
             raise ValueError("judging apart from evaluating needs a pipeline without caps")
         result = BatchResult()
-        admitted = {}
-        for stream, table in arrivals.items():
-            if stream not in self.sources:
-                raise ValueError(f"unknown source stream {stream!r}")
-            if table.num_rows:
-                admitted[stream] = self._judge(stream, table, result)
-        result.watermarks = {name: s.clock.watermark for name, s in self.sequencers.items()}
+        admitted = {
+            stream: kept.select(self._seen(stream))
+            for stream, kept in self._judged(arrivals, result)
+        }
+        result.watermarks = self._clocks()
         return result, admitted
 
     def feed(self, admitted: Mapping[str, pa.Table], watermarks: Mapping[str, int]) -> BatchResult:
@@ -338,7 +328,7 @@ class Pipeline:
         heartbeat there would (the others stay where they are)."""
         result = BatchResult()
         self._advance(self.marks(marks), result)
-        result.watermarks = {name: s.clock.watermark for name, s in self.sequencers.items()}
+        result.watermarks = self._clocks()
         return result
 
     def marks(self, marks: Mapping[str, int]) -> dict[str, int]:
@@ -349,10 +339,25 @@ class Pipeline:
             for name, s in self.sequencers.items()
         }
 
+    def _clocks(self) -> dict[str, int]:
+        """Each source stream's slack clock's watermark."""
+        return {name: s.clock.watermark for name, s in self.sequencers.items()}
+
     def positions(self) -> dict[str, int]:
         """Each source stream's watermark its stages have been advanced to: every
         reading below it has been evaluated, none at or above it."""
         return dict(self._at)
+
+    def _judged(
+        self, arrivals: Mapping[str, pa.Table], result: BatchResult
+    ) -> Iterator[tuple[str, pa.Table]]:
+        """Each stream's admitted readings not yet handed over, as each stream is judged
+        (:meth:`_judge`)."""
+        for stream, table in arrivals.items():
+            if stream not in self.sources:
+                raise ValueError(f"unknown source stream {stream!r}")
+            if table.num_rows:
+                yield stream, self._judge(stream, table, result)
 
     def _judge(self, stream: str, table: pa.Table, result: BatchResult) -> pa.Table:
         """Judge a stream's arrivals into ``result``; return the admitted readings not yet
@@ -425,12 +430,14 @@ class Pipeline:
         """Admitted readings to the stages (held until the watermark passes them) and
         to the incident trackers observing the stream."""
         if kept.num_rows and stream in self.held:
-            # What a stage sees of a reading: its columns and its tie order.
-            columns = [c.name for c in self.sources[stream].columns]
-            self.held[stream].add(kept.select([*columns, "source", "seq"]))
+            self.held[stream].add(kept.select(self._seen(stream)))
         if kept.num_rows:
             for tracker in self._observers.get(stream, ()):
                 tracker.observe(kept)
+
+    def _seen(self, stream: str) -> list[str]:
+        """What a stage sees of a reading of ``stream``: its columns and its tie order."""
+        return [*(c.name for c in self.sources[stream].columns), "source", "seq"]
 
     def _admit(
         self,

@@ -215,11 +215,6 @@ def run_split(
     quarantine a reading (then evaluate with :func:`run_arrivals`)."""
     judge = Pipeline(plan, only=split.central)
     keys = DistinctKeys(plan, caps or {})
-    # What a stage or tracker sees of a reading (as Pipeline._hand_over gives it).
-    seen = {
-        name: [*(c.name for c in schema.columns), "source", "seq"]
-        for name, schema in judge.sources.items()
-    }
     result = ReplayResult()
     central = Produced()
     for tables in arrivals:
@@ -227,7 +222,6 @@ def run_split(
         _sealed(judge)
         _set_aside(result, step)
         keys.add(admitted)
-        admitted = {s: t.select(seen[s]) for s, t in admitted.items()}
         for worker, share in zip(workers, split.split(admitted), strict=True):
             worker.feed(share, step.watermarks)
         central.take(judge.feed(admitted, step.watermarks))
