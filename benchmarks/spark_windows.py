@@ -10,16 +10,19 @@ in event time. Each window is "average speed per station over 15 minutes", as
   GROUP BY station`) run by the live runtime (`engine/spark/query.py`: landed files
   → parsed by the source's executors → the stateful step → the derived stream's Delta
   table), from the query's start until its table holds every window;
+* Lookout's replay: `lookout replay --format parquet` over the same Parquet rows (the
+  backfill and backtest path; one worker per core), timed as it reports, from reading
+  the rows to its outputs written;
 
 for slides of 1 minute, 10 s and 1 s, and the 15-minute tumble. Spark copies each row
 into (range / slide) windows: at 1 s that is 900 copies per row, so its 1 s run takes
 `--spark-1s-rows` rows only (the rate is per input row either way).
 
-Every Lookout result is checked against an independent evaluation of the extents
-(prefix sums per station, numpy): same (station, window end) groups, same averages (to
-1e-9). Then one keyed active-expiration rule (the silent-detector
-pattern: an alarm when a station sends nothing for 5 seconds) runs over the same rows
-with gaps planted, checked against `engine.core.replay`.
+Every Lookout result (engine and replay) is checked against an independent evaluation
+of the extents (prefix sums per station, numpy): same (station, window end) groups, same
+averages (to 1e-9). Then one keyed active-expiration rule (the silent-detector pattern:
+an alarm when a station sends nothing for 5 seconds) runs over the same rows with gaps
+planted, checked against `engine.core.replay`.
 
     python benchmarks/spark_windows.py [--rows 2000000] [--stations 10]
 """
@@ -31,7 +34,10 @@ import math
 import os
 import platform
 import random
+import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -143,6 +149,29 @@ def run_lookout(spark, config: Config, rule_set, sink: str, expected: int) -> fl
         committer.close()
 
 
+def run_replay(parquet: str, rule_text: str, work: Path, expected: dict) -> float:
+    """Seconds `lookout replay` (a process of its own, one worker per core) takes from
+    reading the rows to its outputs written as Parquet, as it reports them (the rules
+    loaded and the interpreter's imports before that are not counted, as Flink's job is
+    timed from its submission); its windows are checked against the oracle."""
+    rules = work / "replay.sql"
+    rules.write_text(STREAM + rule_text)
+    out = work / "replay-out"
+    shutil.rmtree(out, ignore_errors=True)
+    command = [sys.executable, "-m", "lookout.cli", "replay", "--rules", str(rules), "--input",
+               f"traffic={parquet}", "--out", str(out), "--format", "parquet"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"lookout replay failed ({done.returncode}): {done.stderr[-3000:]}")
+    said = re.search(r"readings in ([0-9.]+) s", done.stderr)
+    if said is None:
+        raise RuntimeError(f"lookout replay said no time: {done.stderr[-1000:]}")
+    rows = pq.read_table(out / "avg15.parquet").to_pylist()
+    compare({(r["station"], int(r["window_end"].timestamp() * 1000)): r["avg_speed"]
+             for r in rows}, expected, "replay avg15")  # fmt: skip
+    return float(said.group(1))
+
+
 def warm_up(spark, work: Path, slides: list[tuple[str, str | None, int]]) -> None:
     """One untimed Lookout run per window to measure, on a small input, so a timed run
     does not pay for the JVM's JIT of its paths (a 1 s slide sends a million rows where
@@ -211,9 +240,14 @@ def check(config: Config, sink: str, expected: dict) -> None:
     """Lookout's windows equal the oracle's: same groups, same averages."""
     rows = DeltaTable(config.table(sink)).to_pyarrow_table().to_pylist()
     ours = {(r["station"], int(r["window_end"].timestamp() * 1000)): r["avg_speed"] for r in rows}
-    assert ours.keys() == expected.keys(), f"{sink}: {len(ours)} windows, oracle {len(expected)}"
+    compare(ours, expected, sink)
+
+
+def compare(ours: dict, expected: dict, name: str) -> None:
+    """The same (station, window end) groups as the oracle's, the same averages."""
+    assert ours.keys() == expected.keys(), f"{name}: {len(ours)} windows, oracle {len(expected)}"
     bad = [k for k, v in ours.items() if not math.isclose(v, expected[k], rel_tol=1e-9)]
-    assert not bad, f"{sink}: {len(bad)} averages differ, e.g. {bad[:3]}"
+    assert not bad, f"{name}: {len(bad)} averages differ, e.g. {bad[:3]}"
 
 
 def timed(label: str, rows: int, fn: Callable[..., float], *args: object) -> float:
@@ -240,7 +274,7 @@ def main() -> None:
     print(f"machine: {platform.node()} {os.cpu_count()} cores, {platform.platform()}")
     print(f"Spark {spark.version}, master {spark.sparkContext.master}, "
           f"{spark.conf.get('spark.sql.shuffle.partitions')} shuffle partitions")  # fmt: skip
-    results: dict[str, tuple[float, float]] = {}
+    results: dict[str, tuple[float, float, float]] = {}
     flink: dict[str, float] = {}
     warm_up(spark, work / "warm-up", SLIDES[-1:] if args.only == "expiration" else slides)
     try:
@@ -278,7 +312,16 @@ def main() -> None:
                     len(expected),
                 )
                 check(config, "avg15", expected)
-                results[label] = (spark_rate, ours)
+                replayed = timed(
+                    "Lookout replay (Parquet in and out)",
+                    data.num_rows,
+                    run_replay,
+                    parquet,
+                    avg15_rule(slide_s),
+                    work,
+                    expected,
+                )
+                results[label] = (spark_rate, ours, replayed)
                 print(f"  {len(expected):,} windows, as the oracle's; "
                       f"Lookout / Spark = {ours / spark_rate:,.1f}x")  # fmt: skip
         if args.only in (None, "expiration"):
@@ -313,17 +356,17 @@ def main() -> None:
             )
             got = DeltaTable(config.table("silent")).count()
             assert got == want, f"{got} alarms live, {want} in replay"
-            results["active expiration"] = (float("nan"), rate)
+            results["active expiration"] = (math.nan, rate, math.nan)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-    print("\n| window | Spark window() rows/s | PyFlink SQL rows/s | Lookout rows/s | "
-          "Lookout / Spark | Lookout / Flink |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|")
-    for label, (theirs, ours) in results.items():
+    print("\n| window | Spark window() rows/s | PyFlink SQL rows/s | Lookout engine rows/s | "
+          "Lookout replay rows/s | engine / Flink | replay / Flink |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label, (theirs, ours, replayed) in results.items():
         peer = flink.get(label, math.nan)
-        print(f"| {label} | {_rate(theirs)} | {_rate(peer)} | {ours:,.0f} | "
-              f"{_ratio(ours, theirs)} | {_ratio(ours, peer)} |")  # fmt: skip
+        print(f"| {label} | {_rate(theirs)} | {_rate(peer)} | {ours:,.0f} | {_rate(replayed)} | "
+              f"{_ratio(ours, peer)} | {_ratio(replayed, peer)} |")  # fmt: skip
 
 
 def _rate(value: float) -> str:

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from engine.arrow_memory import use_system_allocator
 from lookout.config import ConfigError, load_config
 
 
@@ -239,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line and run the chosen command; returns the exit code."""
     args = build_parser().parse_args(argv)
+    use_system_allocator()
     if args.config:
         # Child processes (the dashboard's streamlit, the demo's parts) read it too.
         os.environ["LOOKOUT_CONFIG"] = os.path.abspath(args.config)

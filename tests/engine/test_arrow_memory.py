@@ -1,0 +1,39 @@
+"""Arrow's memory pool in Lookout's processes (`engine.arrow_memory`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from engine.arrow_memory import POOL_VARIABLE
+
+SHOW_POOL = (
+    "import pyarrow as pa, subprocess, sys\n"
+    "pa.array(range(1000))\n"  # the default pool chosen before the switch
+    "from engine.arrow_memory import use_system_allocator\n"
+    "use_system_allocator()\n"
+    "child = 'import pyarrow as pa; print(pa.default_memory_pool().backend_name)'\n"
+    "print(pa.default_memory_pool().backend_name)\n"
+    "print(subprocess.run([sys.executable, '-c', child], capture_output=True, text=True).stdout)"
+)
+
+
+def pools(environment: dict[str, str]) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", SHOW_POOL], env=environment, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_the_process_and_its_children_use_the_system_allocator() -> None:
+    environment = {k: v for k, v in os.environ.items() if k != POOL_VARIABLE}
+    assert pools(environment) == ["system", "system"]
+
+
+@pytest.mark.parametrize("chosen", ["jemalloc", "mimalloc"])
+def test_an_operators_choice_stands(chosen: str) -> None:
+    assert pools({**os.environ, POOL_VARIABLE: chosen}) == [chosen, chosen]
