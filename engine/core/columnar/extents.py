@@ -71,25 +71,40 @@ class ExtentRunner(ColumnarRunner):
 
     def wakeup(self, state: Panes) -> int | None:
         """The end of the next extent holding one of the group's panes."""
-        if not len(state.numbers):
-            return None
-        ends = self._ends(state.numbers)
-        if state.closed is not None:
-            ends = ends[ends > state.closed]
-        return int(ends.min()) if len(ends) else None
+        firsts, _ = self._spans(state.numbers, after=state.closed)
+        return int(firsts[0]) if len(firsts) else None
 
-    def _ends(self, numbers: np.ndarray) -> np.ndarray:
-        """Every extent end whose extent holds one of the panes ``numbers``: the grid
-        points in ``[pane end, pane start + range]``."""
+    def _spans(
+        self, numbers: np.ndarray, after: int | None = None, upto: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The extent ends in ``(after, upto]`` whose extent holds one of the panes
+        ``numbers`` (ascending), as runs of consecutive grid points: their first and last
+        ends, ascending. A pane lies in the extents ending on the grid points of ``[pane
+        end, pane start + range]``; both bounds grow with the pane, so the runs of
+        neighbouring panes overlap or touch unless a gap lies between them."""
         p, s, r = self.pane, self.slide, self.range
         first = -(-(numbers + 1) * p // s) * s
         last = (numbers * p + r) // s * s
-        counts = np.maximum((last - first) // s + 1, 0)
-        if not counts.sum():
-            return np.zeros(0, dtype=np.int64)
-        starts = np.repeat(first, counts)
-        steps = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-        return np.unique(starts + steps * s)
+        if after is not None:
+            first = np.maximum(first, (after // s + 1) * s)
+        if upto is not None:
+            last = np.minimum(last, upto // s * s)
+        held = last >= first
+        first, last = first[held], last[held]
+        if not len(first):
+            return first, last
+        opens = np.flatnonzero(np.concatenate([[True], first[1:] > last[:-1] + s]))
+        closes = np.concatenate([opens[1:] - 1, [len(first) - 1]])
+        return first[opens], last[closes]
+
+    def _ends(self, numbers: np.ndarray, after: int | None, upto: int) -> np.ndarray:
+        """Every extent end in ``(after, upto]`` whose extent holds one of the panes
+        ``numbers``, ascending."""
+        firsts, lasts = self._spans(numbers, after, upto)
+        counts = (lasts - firsts) // self.slide + 1
+        total = int(counts.sum())
+        steps = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        return np.repeat(firsts, counts) + steps * self.slide
 
     def window(
         self, key: Key, state: Panes, watermark: int, span: tuple[int, int]
@@ -112,10 +127,7 @@ class ExtentRunner(ColumnarRunner):
                 totals.append(prefix.end())
             state.totals = totals
             self._merge(state, numbers[lo], fresh)
-        ends = self._ends(state.numbers) if len(state.numbers) else np.zeros(0, np.int64)
-        due = ends[ends <= watermark]
-        if state.closed is not None:
-            due = due[due > state.closed]
+        due = self._ends(state.numbers, state.closed, watermark)
         out = self._extents(key, state, due) if len(due) else None
         state.closed = watermark if state.closed is None else max(state.closed, watermark)
         # A later extent ends after the watermark: it covers no pane before this one.
