@@ -90,7 +90,8 @@ def copies(recording: Path, work: Path) -> tuple[Path, Path]:
     pq.write_table(table, parquet)
     delta = work / "readings_delta"
     arrival = pa.array(range(table.num_rows), pa.int64())
-    write_deltalake(str(delta), table.append_column("arrival", arrival))
+    # A work folder used again holds the last run's table: replaced, not appended to.
+    write_deltalake(str(delta), table.append_column("arrival", arrival), mode="overwrite")
     return parquet, delta
 
 
