@@ -8,7 +8,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-from engine.arrow_memory import use_system_allocator
 from lookout.config import ConfigError, load_config
 
 
@@ -71,8 +70,10 @@ def _broker(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from lookout.arrow_memory import use_system_allocator
     from lookout.replay import TimeRange, default_workers, parse_end_at, parse_time, run_replay
 
+    use_system_allocator()
     try:
         end_at = parse_end_at(args.end_at)
     except ValueError as err:
@@ -240,7 +241,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line and run the chosen command; returns the exit code."""
     args = build_parser().parse_args(argv)
-    use_system_allocator()
     if args.config:
         # Child processes (the dashboard's streamlit, the demo's parts) read it too.
         os.environ["LOOKOUT_CONFIG"] = os.path.abspath(args.config)

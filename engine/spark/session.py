@@ -24,7 +24,6 @@ from urllib.parse import urlparse
 import pyspark
 from pyspark.sql import SparkSession
 
-from engine.arrow_memory import POOL_VARIABLE
 from lookout.config import EngineConfig, S3Config
 from lookout.storage import s3_endpoint
 
@@ -148,8 +147,6 @@ def build_session(
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.ui.enabled", "false")
-        # Executors of a cluster get the pool the driver's processes use.
-        .config(f"spark.executorEnv.{POOL_VARIABLE}", os.environ.get(POOL_VARIABLE, "system"))
         .config("spark.ui.showConsoleProgress", "false")
         # Readers of our tables (delta-rs in the dashboard) cannot use these features.
         .config("spark.databricks.delta.properties.defaults.enableDeletionVectors", "false")

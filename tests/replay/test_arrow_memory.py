@@ -1,4 +1,4 @@
-"""Arrow's memory pool in Lookout's processes (`engine.arrow_memory`)."""
+"""Arrow's memory pool in `lookout replay` (`lookout.arrow_memory`)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from engine.arrow_memory import POOL_VARIABLE
+from lookout.arrow_memory import POOL_VARIABLE
 
 SHOW_POOL = (
     "import pyarrow as pa, subprocess, sys\n"
     "pa.array(range(1000))\n"  # the default pool chosen before the switch
-    "from engine.arrow_memory import use_system_allocator\n"
+    "from lookout.arrow_memory import use_system_allocator\n"
     "use_system_allocator()\n"
     "child = 'import pyarrow as pa; print(pa.default_memory_pool().backend_name)'\n"
     "print(pa.default_memory_pool().backend_name)\n"
