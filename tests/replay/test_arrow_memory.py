@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from lookout.arrow_memory import POOL_VARIABLE
+from rules.language.loader import RULES_DIR
 
 SHOW_POOL = (
     "import pyarrow as pa, subprocess, sys\n"
@@ -37,3 +39,24 @@ def test_the_process_and_its_children_use_the_system_allocator() -> None:
 @pytest.mark.parametrize("chosen", ["jemalloc", "mimalloc"])
 def test_an_operators_choice_stands(chosen: str) -> None:
     assert pools({**os.environ, POOL_VARIABLE: chosen}) == [chosen, chosen]
+
+
+def test_lookout_replay_switches_to_the_system_allocator(tmp_path: Path) -> None:
+    readings = tmp_path / "readings.jsonl"
+    readings.write_text(
+        '{"station": 1, "lane": 1, "speed": 50.0, "length": 4.0, '
+        '"ts": "2026-01-01T00:00:00Z", "source": "s", "seq": 1}\n'
+    )
+    replay = (
+        "import pyarrow as pa, sys\n"
+        "from lookout.cli import main\n"
+        f"code = main(['replay', '--rules', {str(RULES_DIR / 'traffic.sql')!r}, '--input', "
+        f"'traffic={readings}', '--out', {str(tmp_path / 'out')!r}, '--quiet', "
+        "'--workers', '1'])\n"
+        "print(code, pa.default_memory_pool().backend_name)"
+    )
+    environment = {k: v for k, v in os.environ.items() if k != POOL_VARIABLE}
+    out = subprocess.run(
+        [sys.executable, "-c", replay], env=environment, capture_output=True, text=True
+    )
+    assert out.stdout.split() == ["0", "system"], out.stderr
