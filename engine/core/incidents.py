@@ -114,7 +114,6 @@ class IncidentTracker:
         self._wakeups: WakeupSchedule[str] = WakeupSchedule(str)
         self._fed: set[str] = set()
         self._touched: set[str] = set()
-        self._gone: set[str] = set()
         # Kept as keys change phase, not counted over every key each batch.
         self._open = 0
 
@@ -190,7 +189,6 @@ class IncidentTracker:
         found = self.keys.get(key)
         if found is None:
             found = self.keys[key] = KeyState()
-            self._gone.discard(key)
         return found
 
     # -- time ------------------------------------------------------------------------------
@@ -209,7 +207,6 @@ class IncidentTracker:
             self._touched.add(key)
             if state.idle():
                 del self.keys[key]
-                self._gone.add(key)
                 self._wakeups.discard(key)
             else:
                 self._wakeups.set(key, self._wakeup(state), key)

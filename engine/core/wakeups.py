@@ -21,8 +21,8 @@ class WakeupSchedule(Generic[K]):
     A heap of (time, text, key) entries: rescheduling a key pushes a new entry and
     leaves the old one, skipped when popped. A key rescheduled at every reading (an RFID
     tag's 30-minute timeout) would otherwise leave an entry per reading until its old
-    time came; once stale entries outnumber the live ones the heap keeps the live ones
-    only."""
+    time came; once stale entries pass a quarter of the live ones the heap keeps the
+    live ones only (each entry holds the key and its text: 200 bytes an RFID tag)."""
 
     def __init__(self, text: Callable[[K], str]) -> None:
         self._text = text
@@ -49,7 +49,7 @@ class WakeupSchedule(Generic[K]):
         elif self._at.get(key) != wakeup:
             self._at[key] = wakeup
             heapq.heappush(self._heap, (wakeup, self._text(key) if text is None else text, key))
-            if len(self._heap) > 2 * len(self._at) + _SLACK:
+            if len(self._heap) > len(self._at) + len(self._at) // 4 + _SLACK:
                 self._keep_live()
 
     def discard(self, key: K) -> None:

@@ -56,6 +56,17 @@ def newest_only_call(call: AggCall) -> bool:
     )
 
 
+def _values(column: pa.ChunkedArray) -> list[Any]:
+    """A column's values as Python objects, a string column's repeated values one object
+    each: a kept tuple per key holds them (a door, a tag type, a source, an epoch), and
+    a copy per key would cost more than the key's own values."""
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return column.to_pylist()
+    encoded = column.combine_chunks().dictionary_encode()
+    words = encoded.dictionary.to_pylist()
+    return [words[i] if i is not None else None for i in encoded.indices.to_pylist()]
+
+
 class NewestExpiryRunner(ColumnarRunner):
     """The window of the module docstring; a key keeps its newest tuple (plain values)."""
 
@@ -107,7 +118,7 @@ class NewestExpiryRunner(ColumnarRunner):
         lasts = [end - 1 for _, end in ops.segments(final, self.stage.key)]
         layout = self._layout(final.schema)
         columns = final.take(pa.array(lasts, pa.int64())).columns
-        kept = zip(*(c.to_pylist() for c in columns), [layout] * len(lasts), strict=True)
+        kept = zip(*(_values(c) for c in columns), [layout] * len(lasts), strict=True)
         self._last = dict(zip(lasts, kept, strict=True))
 
     def window(

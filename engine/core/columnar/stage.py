@@ -105,7 +105,7 @@ class ColumnarRunner:
         self._shared_saved: Any = None  # the shared() object last saved
         self.states: dict[Key, Any] = {}
         self.emitted: dict[Key, int] = {}  # each key's outputs so far: the next _seq
-        self._touched: set[Key] = set()
+        self._touched: dict[Key, str] = {}  # keys changed since the last save: their texts
         self._wakeups: WakeupSchedule[Key] = WakeupSchedule(key_json)
         self._consumers: dict[str, list[Query]] = {}
         for query in stage.downstream:
@@ -224,7 +224,7 @@ class ColumnarRunner:
             else:
                 state = self.states[key] = self._new_state(key)
             out = self.window(key, state, watermark, span)
-            self._touched.add(key)
+            self._touched[key] = texts[key]
             state = self.states[key]  # a window may replace it
             if self.evicts and self.idle(state, watermark):
                 idle.append(key)  # once its rows are numbered
@@ -280,7 +280,7 @@ class ColumnarRunner:
         emitted, kept = self.emitted.pop(key, 0), self.residue(state)
         self.rests.put(key, None if not emitted and kept is None else (emitted, kept))
         self._wakeups.discard(key)
-        self._touched.discard(key)
+        self._touched.pop(key, None)
         doomed = self.forget(key, state)
         if key in self.key_index:
             doomed.append(self.key_index.state_entry(key_json(key)))
@@ -367,7 +367,8 @@ class ColumnarRunner:
                 store.delete(entry)
         self._gone.clear()
         self.rests.save(store)
-        changed = _by_text(self._touched)
+        # The texts the advance made: the key index keeps the wakeups' strings, not copies.
+        changed = sorted(self._touched.items(), key=lambda item: item[1])
         for key, text in changed:
             record = (self.emitted.get(key, 0), self.dump(key, store))
             store.put(self.key_index.state_entry(text), dumps(record))
