@@ -35,7 +35,9 @@ and after the last fault), stamped when the engine's stateful step wrote it
 readable to the dashboard and the notifier (`committed_p50_s`, `committed_p99_s`: the
 commit's time, from the alerts table's log), and where the time and the machine went:
 the engine's batch phases (from its /metrics), CPU per reading of every part, the
-engine's resident memory and its watermark lag over the run, and for each fault how
+engine's resident memory and its watermark lag over the run (each as the median over
+minute 2 and over the last minute of publishing; the memory's growth between them
+without the table maintenance's process, which starts its rounds later), and for each fault how
 long after it the alerts were on time again (`recovery`: from the first alert after
 which, for 15 s, every alert came within the slack + 2 s). The simulators start once
 every engine query has run its first batch: the latency measured is the running
@@ -458,6 +460,23 @@ def behind_s(
     return round(event_now - min(marks), 2)
 
 
+def median_memory(
+    samples: list[dict[str, Any]],
+    published_at: float,
+    since_s: float,
+    process: str | None = None,
+    span_s: float = 60.0,
+) -> float | None:
+    """The median of `memory_mb` (all processes, or one) over the samples taken from
+    `since_s` to `since_s + span_s` seconds after publishing began."""
+    found = [
+        memory_mb(x, process)
+        for x in samples
+        if since_s <= x["t"] - published_at < since_s + span_s
+    ]
+    return round(statistics.median(found), 1) if found else None
+
+
 def median_behind(
     samples: list[dict[str, Any]],
     published_at: float,
@@ -779,14 +798,30 @@ def main() -> int:
             on_time = max(plan.streams[s].slack_ms for s in expected) / 1000 + 2
             report["recovery"] = recovery(struck, timed, on_time, started_wall)
         report["breakdown"] = breakdown(during, total)
-        minute_2 = min(during, key=lambda x: abs(x["t"] - published_at - min(120, published_s / 5)))
+        # Medians over minute 2 and over the last minute of publishing, as for the lag
+        # below: a sample alone swings by a batch's transient allocations.
+        second, last_minute = min(60.0, published_s / 5), published_s - 65
+        processes = sorted(label_values(last, RESIDENT, "process"))
+        by_process = {
+            process: {
+                "minute_2": median_memory(during, published_at, second, process),
+                "last_minute": median_memory(during, published_at, last_minute, process),
+                "end": memory_mb(last, process),
+            }
+            for process in processes
+        }
+        # The maintenance process starts its rounds after minute 2: apart from the rest.
+        steady = [p for p in processes if p != "maintenance"]
+        before = sum(by_process[p]["minute_2"] or 0.0 for p in steady)
+        after = sum(by_process[p]["last_minute"] or 0.0 for p in steady)
         report["engine_memory_mb"] = {
-            "minute_2": memory_mb(minute_2),
+            "minute_2": median_memory(during, published_at, second),
+            "last_minute": median_memory(during, published_at, last_minute),
             "end": memory_mb(last),
-            "by_process": {
-                process: {"minute_2": memory_mb(minute_2, process), "end": memory_mb(last, process)}
-                for process in sorted(label_values(last, RESIDENT, "process"))
-            },
+            "by_process": by_process,
+            "growth_without_maintenance_pct": round(100 * (after / before - 1), 1)
+            if before
+            else None,
         }
         # Medians over minute 2 and over the last minute of publishing (its final 5 s
         # left out: a simulator that has sent its last reading no longer moves its
