@@ -58,7 +58,7 @@ def newest_only_call(call: AggCall) -> bool:
 
 def _values(column: pa.ChunkedArray) -> list[Any]:
     """A column's values as Python objects, a string column's repeated values one object
-    each: a kept tuple per key holds them (a door, a tag type, a source, an epoch), and
+    each: a kept tuple per key holds them (a door, a tag type, a source), and
     a copy per key would cost more than the key's own values."""
     if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
         return column.to_pylist()
