@@ -37,9 +37,9 @@ commit's time, from the alerts table's log), and where the time and the machine 
 the engine's batch phases (from its /metrics), CPU per reading of every part, the
 engine's resident memory and its watermark lag over the run (each as the median over
 minute 2 and over the last minute of publishing; the memory's growth between them
-without the table maintenance's process, which starts its rounds later), and for each fault how
-long after it the alerts were on time again (`recovery`: from the first alert after
-which, for 15 s, every alert came within the slack + 2 s). The simulators start once
+without the table maintenance's process, which starts its rounds later), and for each
+fault how long after it the alerts were on time again (`recovery`: from the first alert
+after which, for 15 s, every alert came within the slack + 2 s). The simulators start once
 every engine query has run its first batch: the latency measured is the running
 pipeline's, not a cold start's (`benchmarks/first_alert.py` times that). While they
 publish, a line every 5 minutes gives the watermark's lag, the engine's memory, the

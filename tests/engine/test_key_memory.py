@@ -16,7 +16,7 @@ from typing import Any
 
 from engine.core.columnar.expiry import NewestExpiryRunner
 from engine.core.pipeline import HEARTBEAT, Pipeline
-from engine.core.plan import Plan
+from engine.core.plan import Plan, StreamSchema
 from engine.core.replay import arrival_table
 from engine.core.state import MemoryStore, StateKey
 from rules.language.loader import load_rules
@@ -39,23 +39,26 @@ def _plan() -> Plan:
     return load_rules([RFID]).plan
 
 
-def _readings(plan: Plan, tags: range, t0: int, door: str = "1") -> dict[str, Any]:
-    """Each tag read at ``door`` and, a second later, at the shipping door (which
-    settles it: no alert), one tag every 10 ms."""
-    schema = next(s for s in plan.sources() if s.name == "tag_readings")
+def _schema(plan: Plan) -> StreamSchema:
+    return next(s for s in plan.sources() if s.name == "tag_readings")
+
+
+def _readings(plan: Plan, tags: range, t0: int) -> dict[str, Any]:
+    """Each tag read at the receiving door and, a second later, at the shipping door
+    (which settles it: no alert), one tag every 10 ms."""
     rows = []
     for n in tags:
         at = t0 + 10 * (n - tags.start)
         tag = f"CASE-{n:07d}"
-        rows.append({"tagid": tag, "tagtype": "case", "door": door, "ts": at})
+        rows.append({"tagid": tag, "tagtype": "case", "door": "1", "ts": at})
         rows.append({"tagid": tag, "tagtype": "case", "door": "4", "ts": at + 1000})
     rows.sort(key=lambda r: r["ts"])
-    return {"tag_readings": arrival_table(schema, rows)}
+    return {"tag_readings": arrival_table(_schema(plan), rows)}
 
 
 def _heartbeat(plan: Plan, at: int) -> dict[str, Any]:
-    schema = next(s for s in plan.sources() if s.name == "tag_readings")
-    table = arrival_table(schema, [{"tagid": None, "tagtype": None, "door": None, "ts": at}])
+    row = {"tagid": None, "tagtype": None, "door": None, "ts": at}
+    table = arrival_table(_schema(plan), [row])
     return {
         "tag_readings": table.set_column(
             table.schema.get_field_index(HEARTBEAT), HEARTBEAT, [[True]]
@@ -101,7 +104,7 @@ def test_waiting_tags_share_their_repeated_values() -> None:
     door, tag type and source across the tags, not one per tag."""
     plan = _plan()
     pipeline = Pipeline(plan, store=Discarding())
-    schema = next(s for s in plan.sources() if s.name == "tag_readings")
+    schema = _schema(plan)
     rows = [
         {
             "tagid": f"CASE-{n:05d}",

@@ -23,6 +23,11 @@ SHOW_POOL = (
 )
 
 
+def without_pool() -> dict[str, str]:
+    """This environment without an operator's choice of pool."""
+    return {k: v for k, v in os.environ.items() if k != POOL_VARIABLE}
+
+
 def pools(environment: dict[str, str]) -> list[str]:
     out = subprocess.run(
         [sys.executable, "-c", SHOW_POOL], env=environment, capture_output=True, text=True
@@ -32,8 +37,7 @@ def pools(environment: dict[str, str]) -> list[str]:
 
 
 def test_the_process_and_its_children_use_the_system_allocator() -> None:
-    environment = {k: v for k, v in os.environ.items() if k != POOL_VARIABLE}
-    assert pools(environment) == ["system", "system"]
+    assert pools(without_pool()) == ["system", "system"]
 
 
 @pytest.mark.parametrize("chosen", ["jemalloc", "mimalloc"])
@@ -55,8 +59,7 @@ def test_lookout_replay_switches_to_the_system_allocator(tmp_path: Path) -> None
         "'--workers', '1'])\n"
         "print(code, pa.default_memory_pool().backend_name)"
     )
-    environment = {k: v for k, v in os.environ.items() if k != POOL_VARIABLE}
     out = subprocess.run(
-        [sys.executable, "-c", replay], env=environment, capture_output=True, text=True
+        [sys.executable, "-c", replay], env=without_pool(), capture_output=True, text=True
     )
     assert out.stdout.split() == ["0", "system"], out.stderr

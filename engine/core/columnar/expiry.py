@@ -60,11 +60,9 @@ def _values(column: pa.ChunkedArray) -> list[Any]:
     """A column's values as Python objects, a string column's repeated values one object
     each: a kept tuple per key holds them (a door, a tag type, a source), and
     a copy per key would cost more than the key's own values."""
-    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-        return column.to_pylist()
-    encoded = column.combine_chunks().dictionary_encode()
-    words = encoded.dictionary.to_pylist()
-    return [words[i] if i is not None else None for i in encoded.indices.to_pylist()]
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        return ops.shared_pylist(column)
+    return column.to_pylist()
 
 
 class NewestExpiryRunner(ColumnarRunner):

@@ -118,6 +118,14 @@ def _codes(value: Any, length: int) -> tuple[list[Any], np.ndarray]:
     return values, np.asarray(codes.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
+def shared_pylist(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """``column.to_pylist()`` with each distinct value one Python object, shared by the
+    rows that hold it (a copy per row costs memory where the rows are kept)."""
+    values, codes = _codes(column, len(column))
+    values.append(None)  # code len(values): NULL
+    return [values[c] for c in codes.tolist()]
+
+
 def segments(table: pa.Table, key: Sequence[str]) -> list[tuple[int, int]]:
     """Where each key's rows are in ``table`` sorted by ``key``: (start, end) pairs. Two
     NULLs are one key, as Python's tuples compare them."""
