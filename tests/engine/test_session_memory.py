@@ -1,0 +1,29 @@
+"""The engine's SparkSession keeps the JVM's memory flat (`engine.spark.session`): its heap
+is resident from the start, and Spark keeps few records of finished work for its UI
+(with Spark's defaults, 1,000 jobs, stages and SQL executions, every micro-batch adding
+several, grew the driver's heap for many minutes)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+
+def test_the_jvm_touches_its_whole_heap_at_its_start(spark) -> None:  # type: ignore[no-untyped-def]
+    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    assert "-XX:+AlwaysPreTouch" in list(runtime.getInputArguments())
+
+
+def test_spark_keeps_at_most_fifty_finished_jobs(spark) -> None:  # type: ignore[no-untyped-def]
+    context = spark.sparkContext
+    for _ in range(60):
+        context.parallelize([1]).count()
+    kept = context.statusTracker().getJobIdsForGroup()
+    deadline = time.monotonic() + 30  # Spark's listener bus records the jobs' ends apart
+    while len(kept) > 50 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        kept = context.statusTracker().getJobIdsForGroup()
+    assert 0 < len(kept) <= 50
