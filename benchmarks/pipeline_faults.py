@@ -438,11 +438,15 @@ REPORT_EVERY_S = 300.0
 """How often a line on the run so far is printed while the simulators publish."""
 
 
-def memory_mb(sample: dict[str, Any], process: str | None = None) -> float:
+STATE_MEMORY = "lookout_state_store_memory_bytes"
+STATE_FILES = "lookout_state_store_files_bytes"
+
+
+def memory_mb(sample: dict[str, Any], process: str | None = None, name: str = RESIDENT) -> float:
     """The engine's resident memory in MB: of all its processes (driver, JVM, Python
-    workers), or of one."""
+    workers), or of one; or another metric in bytes (`name`), summed over its labels."""
     labels = {} if process is None else {"process": process}
-    return round(metric(sample, RESIDENT, **labels) / 2**20, 1)
+    return round(metric(sample, name, **labels) / 2**20, 1)
 
 
 def behind_s(
@@ -467,11 +471,12 @@ def median_memory(
     since_s: float,
     process: str | None = None,
     span_s: float = 60.0,
+    name: str = RESIDENT,
 ) -> float | None:
-    """The median of `memory_mb` (all processes, or one) over the samples taken from
-    `since_s` to `since_s + span_s` seconds after publishing began."""
+    """The median of `memory_mb` (all processes, or one; or metric `name`) over the
+    samples taken from `since_s` to `since_s + span_s` seconds after publishing began."""
     found = [
-        memory_mb(x, process)
+        memory_mb(x, process, name)
         for x in samples
         if since_s <= x["t"] - published_at < since_s + span_s
     ]
@@ -828,6 +833,14 @@ def main() -> int:
             if before
             else None,
         }
+        # RocksDB's own figures, inside the JVM's: memtables, block cache, SST files.
+        report["state_store_mb"] = {
+            what: {
+                "minute_2": median_memory(during, published_at, second, name=name),
+                "last_minute": median_memory(during, published_at, last_minute, name=name),
+            }
+            for what, name in (("memory", STATE_MEMORY), ("files", STATE_FILES))
+        }
         # Medians over minute 2 and over the last minute of publishing (its final 5 s
         # left out: a simulator that has sent its last reading no longer moves its
         # stream's watermark, while the simulators' clock goes on).
@@ -838,13 +851,14 @@ def main() -> int:
             ),
             "last_minute": median_behind(during, published_at, start_ms, streams, published_s - 65),
         }
-        # [s, watermark behind (s), engine memory (MB), checkpoints (MB), files in the
-        # tables, files on disk]
+        # [s, watermark behind (s), engine memory (MB), state stores' memory (MB),
+        # checkpoints (MB), files in the tables, files on disk]
         report["timeline"] = [
             [
                 round(x["t"] - published_at),
                 behind_s(x, published_at, start_ms, set(expected)),
                 memory_mb(x),
+                memory_mb(x, name=STATE_MEMORY),
                 *disk.values(),
             ]
             for x in during
@@ -988,7 +1002,8 @@ def progress(
     return (
         f"{(last['t'] - published_at) / 60:5.1f} min  watermark "
         f"{behind_s(last, published_at, start_ms, streams)} s behind, engine "
-        f"{memory_mb(last):,.0f} MB ({parts}), "
+        f"{memory_mb(last):,.0f} MB ({parts}; state stores "
+        f"{memory_mb(last, name=STATE_MEMORY):,.0f} MB), "
         f"checkpoints {disk.get('checkpoints_mb', 0):,.0f} MB, "
         f"{disk.get('table_files', 0):,} files in the tables ({disk.get('files_on_disk', 0):,} "
         "on disk)"

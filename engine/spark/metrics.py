@@ -24,7 +24,10 @@ the dashboard's Health page:
 * `lookout_engine_resident_bytes{process}` (the driver's Python, its JVM, the Python
   workers, the table maintenance's process);
 * `lookout_incidents_firing{rule}`: the alert rule's incidents open now (firing, or
-  within KEEP FIRING FOR), as of the last batch of the rule's part of the rules.
+  within KEEP FIRING FOR), as of the last batch of the rule's part of the rules;
+* `lookout_state_store_memory_bytes{query}` (RocksDB's memory: memtables, block
+  cache, table readers) and `lookout_state_store_files_bytes{query}` (its SST files),
+  summed over the query's state stores, as of its last batch.
 
 Metrics are process-wide (Prometheus' default registry): one engine per process.
 """
@@ -76,6 +79,12 @@ MAX_LIVE_KEYS = Gauge(
 )
 RESIDENT = Gauge("lookout_engine_resident_bytes", "Resident memory", ["process"])
 INCIDENTS_FIRING = Gauge("lookout_incidents_firing", "Incidents open now, per alert rule", ["rule"])
+STATE_MEMORY = Gauge(
+    "lookout_state_store_memory_bytes", "The query's state stores' RocksDB memory", ["query"]
+)
+STATE_FILES = Gauge(
+    "lookout_state_store_files_bytes", "The query's state stores' SST files", ["query"]
+)
 
 # Spark's progress phases (durationMs keys) under shorter names.
 _SPARK_PHASES = {
@@ -238,11 +247,16 @@ class ProgressListener(StreamingQueryListener):
         for key, phase in _SPARK_PHASES.items():
             if key in durations:
                 BATCH_SECONDS.labels(name, phase).observe(durations[key] / 1000)
-        for operator in progress.get("stateOperators") or ():
+        operators = progress.get("stateOperators") or ()
+        for operator in operators:
             # The state store's commit (RocksDB's write batch, flush, changelog).
             BATCH_SECONDS.labels(name, "state_commit").observe(
                 operator.get("commitTimeMs", 0) / 1000
             )
+        if operators:
+            custom = [op.get("customMetrics") or {} for op in operators]
+            STATE_MEMORY.labels(name).set(sum(op.get("memoryUsedBytes", 0) for op in operators))
+            STATE_FILES.labels(name).set(sum(c.get("rocksdbSstFileSize", 0) for c in custom))
         rows = progress.get("numInputRows") or 0
         INPUT_FILES.labels(name).inc(rows)
         if durations.get("triggerExecution", 0) >= SLOW_BATCH_MS:

@@ -142,3 +142,15 @@ def test_a_slow_batch_is_logged_with_its_phases_longest_first(
         "engine: batch 573 took 18.2 s for 180 landing files: add_batch 15.0 s, plan 2.1 s, "
         "state_commit 0.7 s, wal 0.3 s"
     ]
+
+
+def test_the_state_stores_memory_and_files_are_summed_over_the_query_operators() -> None:
+    listener = ProgressListener({"engine"})
+    operators = [
+        {"memoryUsedBytes": 1_000, "customMetrics": {"rocksdbSstFileSize": 7_000}},
+        {"memoryUsedBytes": 500, "customMetrics": {"rocksdbSstFileSize": 3_000}},
+    ]
+    listener.take_progress({"name": "engine", "stateOperators": operators})
+    sample = REGISTRY.get_sample_value
+    assert sample("lookout_state_store_memory_bytes", {"query": "engine"}) == 1_500
+    assert sample("lookout_state_store_files_bytes", {"query": "engine"}) == 10_000
