@@ -12,6 +12,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from ingest.arguments import add_arguments
 from ingest.object_store import ObjectStore
 from ingest.subscriber import Ingester
 from ingest.validate import DAY_MS, ClockWindow, Validator
@@ -73,21 +74,6 @@ def build_ingester(
 def clock_window(clock: StreamClock) -> ClockWindow:
     """The validator's clock window for a stream's configured limits."""
     return ClockWindow(max_future_ms=clock.max_future_ms, max_past_ms=clock.max_past_days * DAY_MS)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of an ingest process (shared with `lookout ingest`)."""
-    parser.add_argument("--rules", nargs="*", default=None, help="rule files or folders")
-    parser.add_argument("--id", default="0", help="this ingester's id (unique per process)")
-    parser.add_argument("--share", default=None, help="MQTT shared-subscription group")
-    parser.add_argument(
-        "--heartbeat-after",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="land a heartbeat for a stream silent this long, assuming no reading arrives "
-        "more than SECONDS late (see docs/ingest.md)",
-    )
 
 
 def run(

@@ -122,7 +122,7 @@ def _cluster(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command registered."""
-    from ingest.service import add_arguments as add_ingest_arguments
+    from ingest.arguments import add_arguments as add_ingest_arguments
     from lookout.alerting_cli import register as register_alerting
     from rules.language.cli import register as register_rules
     from simulators.cli import register as register_simulate
