@@ -56,13 +56,22 @@ from engine.core.batch import (
     reading_row,
     reading_rows,
 )
+from engine.core.columnar.ops import apply, vectorised
 from engine.core.held import KIND as HELD
 from engine.core.held import HeldRows
 from engine.core.incidents import IncidentTracker
 from engine.core.key_index import KEY_INDEX, recorded_states
 from engine.core.keycap import KIND as KEYCAP
 from engine.core.keycap import CappedReading, CappedStage, KeyCap
-from engine.core.plan import END_OF_TIME, Incidents, Plan, Stage, StreamSchema
+from engine.core.plan import (
+    END_OF_TIME,
+    Filter,
+    Incidents,
+    Plan,
+    Stage,
+    StatelessOp,
+    StreamSchema,
+)
 from engine.core.planner.runners import runner_for
 from engine.core.runners import (
     KEY,
@@ -256,6 +265,19 @@ class Pipeline:
             ]
             if name in self.sources and cap > 0 and capped:
                 self.caps[name] = KeyCap(name, cap, capped)
+        # A stream whose every stage here filters its rows first (columnar) holds only
+        # the rows one of those filters keeps: an unkeyed alert over a WHERE, evaluated
+        # apart from the keyed stages in a split replay, would otherwise hold and sort
+        # every reading. Not under a cap, whose decisions read the held rows.
+        self._hold_through: dict[str, list[tuple[StatelessOp, ...]]] = {
+            stream: [self._stage_of[i].query.pre for i in readers]
+            for stream, readers in self._readers.items()
+            if stream in self.held and stream not in self.caps and all(
+                any(isinstance(op, Filter) for op in self._stage_of[i].query.pre)
+                and vectorised(self._stage_of[i].query.pre)
+                for i in readers
+            )
+        }  # fmt: skip
         self.dropped: list[str] = []
         """Stages whose saved state was dropped at restore (edited or removed rules)."""
         self.fresh: dict[str, str] = {}
@@ -430,10 +452,19 @@ class Pipeline:
         """Admitted readings to the stages (held until the watermark passes them) and
         to the incident trackers observing the stream."""
         if kept.num_rows and stream in self.held:
-            self.held[stream].add(kept.select(self._seen(stream)))
+            self.held[stream].add(self._needed(stream, kept.select(self._seen(stream))))
         if kept.num_rows:
             for tracker in self._observers.get(stream, ()):
                 tracker.observe(kept)
+
+    def _needed(self, stream: str, rows: pa.Table) -> pa.Table:
+        """``rows`` of ``stream`` without those no stage here can use (every stage
+        filters them out first: ``_hold_through``)."""
+        pres = self._hold_through.get(stream)
+        if not pres:
+            return rows
+        used = np.unique(np.concatenate([apply(pre, rows)[1] for pre in pres]))
+        return rows if len(used) == rows.num_rows else rows.take(pa.array(used, pa.int64()))
 
     def _seen(self, stream: str) -> list[str]:
         """What a stage sees of a reading of ``stream``: its columns and its tie order."""
