@@ -265,14 +265,16 @@ class Pipeline:
             ]
             if name in self.sources and cap > 0 and capped:
                 self.caps[name] = KeyCap(name, cap, capped)
-        # A stream whose every stage here filters its rows first (columnar) holds only
-        # the rows one of those filters keeps: an unkeyed alert over a WHERE, evaluated
-        # apart from the keyed stages in a split replay, would otherwise hold and sort
-        # every reading. Not under a cap, whose decisions read the held rows.
+        # Without a store (replay), a stream whose every stage here filters its rows
+        # first (columnar) holds only the rows one of those filters keeps: an unkeyed
+        # alert over a WHERE, evaluated apart from the keyed stages in a split replay,
+        # would otherwise hold and sort every reading. Not under a cap, whose decisions
+        # read the held rows, nor with a store: a rule added later would find stored
+        # held rows that only the earlier rules' filters kept.
         self._hold_through: dict[str, list[tuple[StatelessOp, ...]]] = {
             stream: [self._stage_of[i].query.pre for i in readers]
             for stream, readers in self._readers.items()
-            if stream in self.held and stream not in self.caps and all(
+            if store is None and stream in self.held and stream not in self.caps and all(
                 any(isinstance(op, Filter) for op in self._stage_of[i].query.pre)
                 and vectorised(self._stage_of[i].query.pre)
                 for i in readers
