@@ -78,6 +78,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -465,41 +466,28 @@ def behind_s(
     return round(event_now - min(marks), 2)
 
 
-def median_memory(
+def minute_medians(
     samples: list[dict[str, Any]],
     published_at: float,
-    since_s: float,
-    process: str | None = None,
-    span_s: float = 60.0,
-    name: str = RESIDENT,
-) -> float | None:
-    """The median of `memory_mb` (all processes, or one; or metric `name`) over the
-    samples taken from `since_s` to `since_s + span_s` seconds after publishing began."""
-    found = [
-        memory_mb(x, process, name)
-        for x in samples
-        if since_s <= x["t"] - published_at < since_s + span_s
-    ]
-    return round(statistics.median(found), 1) if found else None
-
-
-def median_behind(
-    samples: list[dict[str, Any]],
-    published_at: float,
-    start_ms: int,
-    streams: set[str],
-    since_s: float,
-    span_s: float = 60.0,
-) -> float | None:
-    """The median of `behind_s` over the samples taken from `since_s` to `since_s +
-    span_s` seconds after publishing began."""
-    lags = [
-        lag
-        for x in samples
-        if since_s <= x["t"] - published_at < since_s + span_s
-        and (lag := behind_s(x, published_at, start_ms, streams)) is not None
-    ]
-    return round(statistics.median(lags), 2) if lags else None
+    published_s: float,
+    figure: Callable[[dict[str, Any]], float | None],
+    digits: int = 1,
+) -> dict[str, float | None]:
+    """The medians of `figure` (None: no value) over minute 2 of publishing and over its
+    last minute, its final 5 s left out (a simulator that has sent its last reading no
+    longer moves its stream's watermark, while the simulators' clock goes on). Medians,
+    since a sample alone swings by a batch's transient allocations."""
+    medians: dict[str, float | None] = {}
+    for name, since_s in (("minute_2", min(60.0, published_s / 5)),
+                          ("last_minute", published_s - 65)):  # fmt: skip
+        found = [
+            value
+            for x in samples
+            if since_s <= x["t"] - published_at < since_s + 60.0
+            and (value := figure(x)) is not None
+        ]
+        medians[name] = round(statistics.median(found), digits) if found else None
+    return medians
 
 
 def main() -> int:
@@ -808,14 +796,14 @@ def main() -> int:
             on_time = max(plan.streams[s].slack_ms for s in expected) / 1000 + 2
             report["recovery"] = recovery(struck, timed, on_time, started_wall)
         report["breakdown"] = breakdown(during, total)
-        # Medians over minute 2 and over the last minute of publishing, as for the lag
-        # below: a sample alone swings by a batch's transient allocations.
-        second, last_minute = min(60.0, published_s / 5), published_s - 65
+
+        def medians(figure: Callable[[dict[str, Any]], float | None]) -> dict[str, float | None]:
+            return minute_medians(during, published_at, published_s, figure)
+
         processes = sorted(label_values(last, RESIDENT, "process"))
         by_process = {
             process: {
-                "minute_2": median_memory(during, published_at, second, process),
-                "last_minute": median_memory(during, published_at, last_minute, process),
+                **medians(partial(memory_mb, process=process)),
                 "end": memory_mb(last, process),
             }
             for process in processes
@@ -825,8 +813,7 @@ def main() -> int:
         before = sum(by_process[p]["minute_2"] or 0.0 for p in steady)
         after = sum(by_process[p]["last_minute"] or 0.0 for p in steady)
         report["engine_memory_mb"] = {
-            "minute_2": median_memory(during, published_at, second),
-            "last_minute": median_memory(during, published_at, last_minute),
+            **medians(memory_mb),
             "end": memory_mb(last),
             "by_process": by_process,
             "growth_without_maintenance_pct": round(100 * (after / before - 1), 1)
@@ -835,22 +822,17 @@ def main() -> int:
         }
         # RocksDB's own figures, inside the JVM's: memtables, block cache, SST files.
         report["state_store_mb"] = {
-            what: {
-                "minute_2": median_memory(during, published_at, second, name=name),
-                "last_minute": median_memory(during, published_at, last_minute, name=name),
-            }
+            what: medians(partial(memory_mb, name=name))
             for what, name in (("memory", STATE_MEMORY), ("files", STATE_FILES))
         }
-        # Medians over minute 2 and over the last minute of publishing (its final 5 s
-        # left out: a simulator that has sent its last reading no longer moves its
-        # stream's watermark, while the simulators' clock goes on).
-        streams = set(expected)
-        report["watermark_behind_s"] = {
-            "minute_2": median_behind(
-                during, published_at, start_ms, streams, min(60.0, published_s / 5)
-            ),
-            "last_minute": median_behind(during, published_at, start_ms, streams, published_s - 65),
-        }
+        stream_names = set(expected)
+        report["watermark_behind_s"] = minute_medians(
+            during,
+            published_at,
+            published_s,
+            partial(behind_s, published_at=published_at, start_ms=start_ms, streams=stream_names),
+            digits=2,
+        )
         # [s, watermark behind (s), engine memory (MB), state stores' memory (MB),
         # checkpoints (MB), files in the tables, files on disk]
         report["timeline"] = [
