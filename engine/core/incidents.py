@@ -111,7 +111,7 @@ class IncidentTracker:
         self.keys: dict[str, KeyState] = {}
         self._clear = compile_ops(spec.clear) if spec.clear else None
         self._vector = bool(spec.clear) and ops.vectorised(spec.clear)
-        self._wakeups: WakeupSchedule[str] = WakeupSchedule(str)
+        self._wakeups: WakeupSchedule[str] = WakeupSchedule()
         self._fed: set[str] = set()
         self._touched: set[str] = set()
         # Kept as keys change phase, not counted over every key each batch.
@@ -209,7 +209,7 @@ class IncidentTracker:
                 del self.keys[key]
                 self._wakeups.discard(key)
             else:
-                self._wakeups.set(key, self._wakeup(state), key)
+                self._wakeups.set(key, self._wakeup(state))
         return list(changed.values())
 
     def _timer(self, state: KeyState) -> int | None:
@@ -335,7 +335,7 @@ class IncidentTracker:
                 continue
             self.keys[entry[2]] = state
             self._open += state.phase in OPEN
-            scheduled.append((entry[2], entry[2], wakeup))
+            scheduled.append((entry[2], wakeup))
         self._wakeups.load(scheduled)
         others = [e for kind, entries in saved.items() if kind != "head" for e, _ in entries]
         return stale + others

@@ -49,9 +49,13 @@ class Indexed(Generic[K]):
 
 class KeyIndex(Generic[K]):
     """A stage's key index (module docstring). ``key_of`` gives a key from its stored
-    text; ``definition`` and ``kind`` mark the entries, so that a stage of another
-    definition or kind finds them stale; ``max_entries`` is :data:`MAX_ENTRIES` unless
-    given."""
+    text and ``text_of`` the text of a key; ``definition`` and ``kind`` mark the
+    entries, so that a stage of another definition or kind finds them stale;
+    ``max_entries`` is :data:`MAX_ENTRIES` unless given.
+
+    In memory a key costs its place in two containers, not its text: an RFID stage
+    indexes hundreds of thousands of keys, and the few whose records an entry carries
+    forward have their texts made again."""
 
     def __init__(
         self,
@@ -59,14 +63,17 @@ class KeyIndex(Generic[K]):
         definition: str,
         kind: str,
         key_of: Callable[[str], K],
+        text_of: Callable[[K], str],
         max_entries: int | None = None,
     ) -> None:
         self.name, self.definition, self.kind = name, definition, kind
-        self._key_of = key_of
+        self._key_of, self._text_of = key_of, text_of
         self.max_entries = MAX_ENTRIES if max_entries is None else max_entries
         self._entry_of: dict[K, int] = {}  # each key: the entry of its last record
-        # Each entry, oldest first: its live keys with their texts, in the order written.
-        self._members: dict[int, dict[K, str]] = {}
+        # Each entry, oldest first: the keys it recorded (a key whose last record is
+        # in a later entry too), and how many of them are still live there.
+        self._members: dict[int, list[K]] = {}
+        self._live: dict[int, int] = {}
         self._next = 0
 
     def __len__(self) -> int:
@@ -93,20 +100,25 @@ class KeyIndex(Generic[K]):
         needs."""
         number = self._next
         deleted = [text for key, text in gone if self._unlink(key)]
-        mine: dict[K, str] = {}
+        mine: dict[K, str | None] = {}  # each key's text, None if to be made
         for key, text in changed:
             self._unlink(key)
             mine[key] = text
-        members = self._members
-        while members and (len(members) >= self.max_entries or not next(iter(members.values()))):
+        members, live, entry_of = self._members, self._live, self._entry_of
+        while members and (len(members) >= self.max_entries or not live[next(iter(members))]):
             oldest = next(iter(members))
-            mine.update(members.pop(oldest))
+            for key in members.pop(oldest):
+                if entry_of.get(key) == oldest:  # its last record: carried forward
+                    del entry_of[key]
+                    mine[key] = None
+            del live[oldest]
             store.delete((KEY_INDEX, self.name, "", oldest))
-        texts = list(mine.values())
-        if not texts and not deleted:
+        if not mine and not deleted:
             return
-        self._entry_of.update(dict.fromkeys(mine, number))
-        members[number] = mine
+        texts = [self._text_of(key) if text is None else text for key, text in mine.items()]
+        entry_of.update(dict.fromkeys(mine, number))
+        members[number] = list(mine)
+        live[number] = len(mine)
         at = [wakeups.get(key) for key in mine]
         record = (self.definition, self.kind, evicting, texts, at, deleted)
         store.put((KEY_INDEX, self.name, "", number), pickle.dumps(record, _PICKLE))
@@ -117,7 +129,7 @@ class KeyIndex(Generic[K]):
         number = self._entry_of.pop(key, None)
         if number is None:
             return False
-        del self._members[number][key]
+        self._live[number] -= 1
         return True
 
     def restore(self, found: Sequence[tuple[StateKey, bytes]]) -> Indexed[K] | None:
@@ -138,12 +150,14 @@ class KeyIndex(Generic[K]):
                 last.pop(text, None)
             for text, wakeup in zip(texts, wakeups, strict=True):
                 last[text] = (number, wakeup)
-        self._members = {number: {} for number, _ in records}
+        self._members = {number: [] for number, _ in records}
+        self._live = dict.fromkeys(self._members, 0)
         keys = []
         for text, (number, wakeup) in last.items():
             key = self._key_of(text)
             self._entry_of[key] = number
-            self._members[number][key] = text
+            self._members[number].append(key)
+            self._live[number] += 1
             keys.append((key, text, wakeup))
         self._next = records[-1][0] + 1 if records else 0
         return Indexed(keys, evicting)

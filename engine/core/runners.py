@@ -26,12 +26,14 @@ its next row, which alert ids hash) and the window's own (a row slide's place, a
 sum's total), is its residue: kept in :class:`Rests`, one small entry per evicted key,
 and taken back if the key returns.
 
-**Memory.** A runner that saves keeps in memory only the evaluators a batch touched
-lately: one no batch has touched for :data:`SPILL_AFTER` saves is dropped from memory,
-its saved head kept as bytes (a few hundred for a tag's window, against several KB for
-the evaluator), and loaded again, as a restored key is, when a row or its wakeup comes.
-Keys that come back seldom (RFID tags held for their 30-minute window) so cost memory
-in proportion to their saved state, not to the evaluator objects.
+**Memory.** A runner that saves keeps in memory only the states a batch touched
+lately: a key no batch has touched for :data:`SPILL_AFTER` saves is dropped from
+memory (:class:`SpillOrder`) and loaded again, as a restored key is, when a row or its
+wakeup comes. The per-row runner keeps a spilled evaluator's saved head as bytes (a few
+hundred for a tag's window, against several KB for the evaluator); a columnar runner
+keeps only the key, its state one store entry read back with the batch's others in one
+call. Keys that come back seldom (RFID tags held for their 30-minute window) so cost
+memory in proportion to their saved state, or less, not to the state's objects.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import pickle
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import orjson
 import pyarrow as pa
@@ -315,7 +317,49 @@ class SinkColumns:
 
 
 SPILL_AFTER = 16
-"""Saves after which an evaluator no batch touched leaves memory (module docstring)."""
+"""Saves after which a key's state no batch touched leaves memory (module docstring)."""
+
+V = TypeVar("V")
+
+
+class SpillOrder(Generic[V]):
+    """The keys a runner's saves wrote, least lately written first, each with what it
+    leaves in memory once its state does (``V``): the state of a key no save of the
+    last :data:`SPILL_AFTER` wrote is in the store and no batch has touched it since, so
+    the runner drops it from memory and loads it again when a row or its wakeup
+    comes."""
+
+    def __init__(self) -> None:
+        self._saves = 0  # the number of the last save
+        self._written: OrderedDict[Key, tuple[int, V]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._written)
+
+    def next_save(self) -> None:
+        """A save begins: what it writes is :meth:`written` under its number."""
+        self._saves += 1
+
+    def written(self, key: Key, left: V) -> None:
+        """This save wrote ``key``'s state; ``left`` is what stays when it spills."""
+        self._written[key] = (self._saves, left)
+        self._written.move_to_end(key)
+
+    def discard(self, key: Key) -> None:
+        """``key`` left (evicted): it spills no more."""
+        self._written.pop(key, None)
+
+    def spilled(self) -> list[tuple[Key, V]]:
+        """The keys whose state leaves memory now, no longer followed."""
+        written, last_spilled = self._written, self._saves - SPILL_AFTER
+        out = []
+        while written:
+            key, (number, left) = next(iter(written.items()))
+            if number > last_spilled:
+                break
+            del written[key]
+            out.append((key, left))
+        return out
 
 
 class RowRunner:
@@ -332,11 +376,9 @@ class RowRunner:
         self.owner = owner  # its store, read when an evaluator's chunks are needed
         self.evaluators: dict[Key, KeyedEvaluator] = {}
         self._stored: dict[Key, bytes] = {}  # saved evaluators not loaded yet: their heads
-        # Loaded evaluators' last saved heads, least lately saved first, with the number
-        # of that save: what a spilled evaluator leaves in `_stored`.
-        self._heads: OrderedDict[Key, tuple[int, bytes]] = OrderedDict()
-        self._saves = 0  # the number of the last save
-        self._wakeups: WakeupSchedule[Key] = WakeupSchedule(key_json)
+        # Loaded evaluators' last saved heads: what a spilled evaluator leaves in `_stored`.
+        self._heads: SpillOrder[bytes] = SpillOrder()
+        self._wakeups: WakeupSchedule[Key] = WakeupSchedule()
         self._fed: set[Key] = set()
         self._touched: set[Key] = set()
         # Eviction (module docstring): an unkeyed stage has one key, kept.
@@ -419,13 +461,13 @@ class RowRunner:
                 self._evict(key, evaluator)
             else:
                 wakeup = earliest(evaluator.next_wakeup(), evaluator.idle_wakeup())
-                self._wakeups.set(key, wakeup, text)
+                self._wakeups.set(key, wakeup)
         return [SinkRows(self.index, sink, built.table()) for sink, built in by_sink.items()]
 
     def _evict(self, key: Key, evaluator: KeyedEvaluator) -> None:
         """Drop an idle key: its residue is kept, its stored state deleted at save."""
         del self.evaluators[key]
-        self._heads.pop(key, None)
+        self._heads.discard(key)
         self._wakeups.discard(key)
         self._touched.discard(key)
         self.rests.put(key, evaluator.residue())
@@ -463,7 +505,7 @@ class RowRunner:
 
     def save(self, store: StateStore) -> None:
         name, definition = self.stage.name, self.stage.query.definition
-        self._saves += 1
+        self._heads.next_save()
         # The evicted first: a key back in the same batch writes its state afresh.
         for key in sorted(self._gone, key=key_json):
             text = key_json(key)
@@ -484,20 +526,14 @@ class RowRunner:
             for number, data in saved.writes.items():
                 store.put(("chunk", name, text, number), data)
             self._saved.add(key)
-            self._heads[key] = (self._saves, saved.head)
-            self._heads.move_to_end(key)
+            self._heads.written(key, saved.head)
         self._touched.clear()
         self._spill()
 
     def _spill(self) -> None:
         """Drop from memory the evaluators no save of the last :data:`SPILL_AFTER` wrote
         (none touched them since): their last saved heads go to ``_stored``."""
-        heads, last_spilled = self._heads, self._saves - SPILL_AFTER
-        while heads:
-            key, (number, head) = next(iter(heads.items()))
-            if number > last_spilled:
-                break
-            del heads[key]
+        for key, head in self._heads.spilled():
             del self.evaluators[key]
             self._stored[key] = head
 
@@ -517,7 +553,7 @@ class RowRunner:
                 # Saved before eviction: its wakeup does not say when it turns idle, so
                 # it is looked at in the next advance.
                 wakeup = -END_OF_TIME
-            scheduled.append((key, text, wakeup))
+            scheduled.append((key, wakeup))
         self._wakeups.load(scheduled)
         doomed = self.rests.restore(saved)
         doomed += [e for kind, found in saved.items() if kind != RESTS for e, _ in found

@@ -4,30 +4,35 @@ input: :class:`WakeupSchedule`."""
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
+BUCKET_BITS = 10
+"""Wakeups ``2**BUCKET_BITS`` ms apart or less may share a bucket (about a second)."""
 _SLACK = 64
-"""Stale heap entries tolerated beyond the live wakeups before the heap is rebuilt."""
+"""Stale places tolerated beyond the live wakeups before the buckets are rebuilt."""
 
 
 class WakeupSchedule(Generic[K]):
     """Each key's next wakeup (the watermark at which time alone may change it), the due
-    ones popped in order of time, ties by the key's text (``text``: how the key is
-    stored and emitted), so that every run wakes keys in the same order.
+    ones handed out in no particular order: every caller orders them itself.
 
-    A heap of (time, text, key) entries: rescheduling a key pushes a new entry and
-    leaves the old one, skipped when popped. A key rescheduled at every reading (an RFID
-    tag's 30-minute timeout) would otherwise leave an entry per reading until its old
-    time came; once stale entries pass a quarter of the live ones the heap keeps the
-    live ones only (each entry holds the key and its text: 200 bytes an RFID tag)."""
+    Keys wait in buckets of wakeup time (``2**bucket_bits`` ms each: a list of keys),
+    the buckets' numbers in a heap. Rescheduling a key adds it to its new bucket and
+    leaves it in the old one, where it is skipped (its wakeup is elsewhere); once such
+    stale places pass a quarter of the live wakeups, the buckets are rebuilt from the
+    live ones. A key so costs its wakeup and a place in a list: an RFID stage holds
+    hundreds of thousands of keys, and a heap entry per key with the key's text was
+    140 bytes each."""
 
-    def __init__(self, text: Callable[[K], str]) -> None:
-        self._text = text
-        self._heap: list[tuple[int, str, K]] = []
+    def __init__(self, bucket_bits: int = BUCKET_BITS) -> None:
+        self._bits = bucket_bits
         self._at: dict[K, int] = {}
+        self._buckets: dict[int, list[K]] = {}
+        self._heap: list[int] = []  # the buckets' numbers
+        self._places = 0  # keys in the buckets, stale ones too
 
     def __len__(self) -> int:
         return len(self._at)
@@ -41,44 +46,64 @@ class WakeupSchedule(Generic[K]):
         """Every scheduled key's wakeup (a view: not to be changed)."""
         return self._at
 
-    def set(self, key: K, wakeup: int | None, text: str | None = None) -> None:
-        """Wake the key at ``wakeup`` (None: never, unless set again); ``text`` is the
-        key's text if the caller has it at hand."""
+    def set(self, key: K, wakeup: int | None) -> None:
+        """Wake the key at ``wakeup`` (None: never, unless set again)."""
         if wakeup is None:
             self._at.pop(key, None)
         elif self._at.get(key) != wakeup:
             self._at[key] = wakeup
-            heapq.heappush(self._heap, (wakeup, self._text(key) if text is None else text, key))
-            if len(self._heap) > len(self._at) + len(self._at) // 4 + _SLACK:
-                self._keep_live()
+            self._place(key, wakeup)
+            if self._places > len(self._at) + len(self._at) // 4 + _SLACK:
+                self._rebuild()
 
     def discard(self, key: K) -> None:
         """Wake the key no more."""
         self._at.pop(key, None)
 
-    def load(self, scheduled: Iterable[tuple[K, str, int | None]]) -> None:
-        """Set many keys' wakeups at once (key, text, wakeup): a restore's, with one
-        heapify rather than a push each."""
-        at, heap = self._at, self._heap
-        for key, text, wakeup in scheduled:
-            if wakeup is not None and at.get(key) != wakeup:
-                at[key] = wakeup
-                heap.append((wakeup, text, key))
-        heapq.heapify(heap)
+    def load(self, scheduled: Iterable[tuple[K, int | None]]) -> None:
+        """Set many keys' wakeups at once (key, wakeup; None: none set): a restore's."""
+        for key, wakeup in scheduled:
+            if wakeup is not None:
+                self.set(key, wakeup)
 
     def due(self, watermark: int) -> list[K]:
-        """The keys whose wakeup is at or below ``watermark``, in order, unscheduled."""
-        heap, at = self._heap, self._at
-        found = []
-        while heap and heap[0][0] <= watermark:
-            wakeup, _, key = heapq.heappop(heap)
-            if at.get(key) == wakeup:
-                del at[key]
-                found.append(key)
+        """The keys whose wakeup is at or below ``watermark``, unscheduled."""
+        heap, buckets, at, bits = self._heap, self._buckets, self._at, self._bits
+        found: list[K] = []
+        while heap and heap[0] << bits <= watermark:
+            number = heap[0]
+            placed = buckets.pop(number)
+            waiting: list[K] = []
+            for key in placed:
+                wakeup = at.get(key)
+                if wakeup is None or wakeup >> bits != number:
+                    continue  # stale: woken already, unscheduled or moved
+                if wakeup <= watermark:
+                    del at[key]
+                    found.append(key)
+                else:
+                    waiting.append(key)
+            if waiting:  # the bucket is due in part: the rest wait in it
+                waiting = list(dict.fromkeys(waiting))
+                buckets[number] = waiting
+                self._places -= len(placed) - len(waiting)
+                break
+            self._places -= len(placed)
+            heapq.heappop(heap)
         return found
 
-    def _keep_live(self) -> None:
-        """Drop the stale entries (each key's live one stays, with its text)."""
-        at = self._at
-        self._heap = [e for e in self._heap if at.get(e[2]) == e[0]]
-        heapq.heapify(self._heap)
+    def _place(self, key: K, wakeup: int) -> None:
+        number = wakeup >> self._bits
+        bucket = self._buckets.get(number)
+        if bucket is None:
+            self._buckets[number] = [key]
+            heapq.heappush(self._heap, number)
+        else:
+            bucket.append(key)
+        self._places += 1
+
+    def _rebuild(self) -> None:
+        """Drop the stale places: each key's live one stays."""
+        self._buckets, self._heap, self._places = {}, [], 0
+        for key, wakeup in self._at.items():
+            self._place(key, wakeup)

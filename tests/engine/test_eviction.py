@@ -12,9 +12,9 @@ rows to the last bit, with the same tie order (``_source``, ``_seq``: alert ids 
 them), the same alert ids and the same incidents; the evicting one never holds more
 keys, and its store holds exactly its live keys' state and its evicted keys' residues.
 
-Evaluators a runner drops from memory between batches (kept as their saved state, and
+Key states a runner drops from memory between batches (kept as their saved state, and
 loaded again when needed) change no output either: the same rules and batches give the
-same rows spilling every evaluator after every save as never spilling.
+same rows spilling every key's state after every save as never spilling.
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def assert_store_holds_live_keys(pipeline: Pipeline, store: MemoryStore) -> None
         # A columnar stage's key index names exactly the keys whose states are stored.
         index = [(k, v) for k, v in store.entries.items() if k[:2] == (KEY_INDEX, stage.name)]
         if index:
-            named = KeyIndex(stage.name, stage.query.definition, runner.kind, str)
+            named = KeyIndex(stage.name, stage.query.definition, runner.kind, str, str)
             indexed = named.restore(index)
             assert indexed is not None
             states = {k[2] for k in store.entries if k[:2] == (KEY_STATE, stage.name)}
@@ -334,17 +334,21 @@ def spilling_after(saves: int) -> Iterator[None]:
 
 @SETTINGS
 @given(
-    rule=st.one_of(per_row_rule(), keyed_over_rule, range_over_rule, silence_rule),
+    rule=st.one_of(
+        per_row_rule(), keyed_over_rule, range_over_rule, keyed_extent_rule, silence_rule
+    ),
     items=stream_strategy,
     seed=st.integers(0, 10**6),
     after=st.sampled_from([0, 1, 3]),
+    rows_only=st.booleans(),
 )
-def test_evaluators_spilled_from_memory_change_no_output(rule, items, seed, after) -> None:
+def test_states_spilled_from_memory_change_no_output(rule, items, seed, after, rows_only) -> None:
+    """Per-row evaluators and columnar runners' key states alike."""
     rows = arrivals(items)
     rng = random.Random(seed)
     count = min(rng.randint(0, 12), max(len(rows) - 1, 0))
     cuts = sorted(rng.sample(range(1, len(rows)), count))
-    with per_row_runners(True):
+    with per_row_runners(rows_only):
         plan = compiled(rule)
         with spilling_after(10**9):
             kept = run(plan, rows, cuts, restart=False, evict=True)

@@ -18,7 +18,7 @@ saves = st.lists(
 
 
 def index(max_entries: int, definition: str = "rule") -> KeyIndex[str]:
-    return KeyIndex("stage", definition, "columnar", str, max_entries)
+    return KeyIndex("stage", definition, "columnar", str, str, max_entries)
 
 
 def stored(store: MemoryStore) -> list:

@@ -18,9 +18,10 @@ at once, and it may say when a key must run again without new rows
 
 State per key is one pickled record, written when the key changed, and read back only
 when a batch touches or wakes the key: the stage's :class:`~engine.core.key_index.KeyIndex`
-says which keys have one and when each wakes. The stage's own record (``cstate``) holds
-the rows not yet final and what a window keeps for all keys
-(:meth:`ColumnarRunner.shared`). A key whose window says it is idle
+says which keys have one and when each wakes. A key no batch touched for
+:data:`~engine.core.runners.SPILL_AFTER` saves leaves memory until then. The stage's
+own record (``cstate``) holds the rows not yet final and what a window keeps for all
+keys (:meth:`ColumnarRunner.shared`). A key whose window says it is idle
 (:meth:`ColumnarRunner.idle`) is evicted after the advance that made it so; its output
 count and the window's :meth:`ColumnarRunner.residue` stay behind
 (:class:`~engine.core.runners.Rests`).
@@ -52,6 +53,7 @@ from engine.core.runners import (
     Rests,
     Saved,
     SinkRows,
+    SpillOrder,
     earliest,
     key_json,
     key_of,
@@ -106,7 +108,7 @@ class ColumnarRunner:
         self.states: dict[Key, Any] = {}
         self.emitted: dict[Key, int] = {}  # each key's outputs so far: the next _seq
         self._touched: dict[Key, str] = {}  # keys changed since the last save: their texts
-        self._wakeups: WakeupSchedule[Key] = WakeupSchedule(key_json)
+        self._wakeups: WakeupSchedule[Key] = WakeupSchedule()
         self._consumers: dict[str, list[Query]] = {}
         for query in stage.downstream:
             self._consumers.setdefault(query.input, []).append(query)
@@ -115,6 +117,7 @@ class ColumnarRunner:
         self.rests = Rests(stage, self.kind, owner)
         self.key_index: KeyIndex[Key] = self._new_index()
         self._stored: set[Key] = set()  # indexed keys whose state is not loaded yet
+        self._spill_order: SpillOrder[None] = SpillOrder()  # loaded keys, as saved
         self._gone: dict[Key, list[StateKey]] = {}  # evicted keys' entries, to delete
         self._evicted: list[Key] = []
         self._batch = self.empty_rows  # during an advance: its final rows, sorted
@@ -230,7 +233,7 @@ class ColumnarRunner:
                 idle.append(key)  # once its rows are numbered
             else:
                 wakeup = earliest(self.wakeup(state), self.idle_wakeup(state))
-                self._wakeups.set(key, wakeup, texts[key])
+                self._wakeups.set(key, wakeup)
             if windows.add(len(keys), out):
                 keys.append(key)
         emitted = []
@@ -244,7 +247,7 @@ class ColumnarRunner:
         return emitted
 
     def _new_index(self) -> KeyIndex[Key]:
-        return KeyIndex(self.stage.name, self.query.definition, self.kind, key_of)
+        return KeyIndex(self.stage.name, self.query.definition, self.kind, key_of, key_json)
 
     def _load(self, keys: list[Key]) -> None:
         """Read the stored states of ``keys`` (indexed, not loaded) in one call."""
@@ -281,6 +284,7 @@ class ColumnarRunner:
         self.rests.put(key, None if not emitted and kept is None else (emitted, kept))
         self._wakeups.discard(key)
         self._touched.pop(key, None)
+        self._spill_order.discard(key)
         doomed = self.forget(key, state)
         if key in self.key_index:
             doomed.append(self.key_index.state_entry(key_json(key)))
@@ -367,11 +371,13 @@ class ColumnarRunner:
                 store.delete(entry)
         self._gone.clear()
         self.rests.save(store)
-        # The texts the advance made: the key index keeps the wakeups' strings, not copies.
+        # The texts the advance made, not made again.
         changed = sorted(self._touched.items(), key=lambda item: item[1])
+        self._spill_order.next_save()
         for key, text in changed:
             record = (self.emitted.get(key, 0), self.dump(key, store))
             store.put(self.key_index.state_entry(text), dumps(record))
+            self._spill_order.written(key, None)
         self.key_index.save(store, gone, changed, self._wakeups.times, self.evicts)
         shared = self.shared()
         # None, and none stored, and nothing new shared: no write.
@@ -381,6 +387,11 @@ class ColumnarRunner:
             self._pending_saved = pending is not None
             self._shared_saved = shared
         self._touched.clear()
+        # Keys no batch touched lately: their state is stored, read back when needed.
+        for key, _ in self._spill_order.spilled():
+            del self.states[key]
+            self.emitted.pop(key, None)
+            self._stored.add(key)
 
     def dump(self, key: Key, store: StateStore) -> Any:
         """A key's state as plain data (a window may also write entries of its own)."""
@@ -411,13 +422,13 @@ class ColumnarRunner:
                 self.load_shared(shared[0])
                 self._shared_saved = self.shared()
         self._stored.update(key for key, _, _ in indexed.keys)
-        scheduled = indexed.keys
+        scheduled = [(key, at) for key, _, at in indexed.keys]
         if self.evicts and not indexed.evicting:
             # Saved by a stage that kept idle keys: those are evicted in the next advance.
-            self._load([key for key, _, _ in scheduled])
+            self._load([key for key, _ in scheduled])
             scheduled = [
-                (key, text, -END_OF_TIME if self.idle(self.states[key], -END_OF_TIME) else at)
-                for key, text, at in scheduled
+                (key, -END_OF_TIME if self.idle(self.states[key], -END_OF_TIME) else at)
+                for key, at in scheduled
             ]
         self._wakeups.load(scheduled)
         return stale + self.rests.restore(saved)
