@@ -364,7 +364,7 @@ class SpillOrder(Generic[V]):
 
 class RowRunner:
     """One :class:`KeyedEvaluator` per key, driven row by row; an evaluator is advanced
-    when it got rows or its ``next_wakeup`` is due (a heap of wakeups: idle keys cost
+    when it got rows or its ``next_wakeup`` is due (a schedule of wakeups: idle keys cost
     nothing). Saves each touched evaluator's head and window chunks, and keeps in
     memory only the evaluators touched in the last :data:`SPILL_AFTER` saves."""
 
