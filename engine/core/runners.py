@@ -333,9 +333,6 @@ class SpillOrder(Generic[V]):
         self._saves = 0  # the number of the last save
         self._written: OrderedDict[Key, tuple[int, V]] = OrderedDict()
 
-    def __len__(self) -> int:
-        return len(self._written)
-
     def next_save(self) -> None:
         """A save begins: what it writes is :meth:`written` under its number."""
         self._saves += 1

@@ -58,12 +58,13 @@ def content_hashes(values: pa.Table) -> np.ndarray:
         nulls = np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)
         kind = column.type
         if pa.types.is_integer(kind) or pa.types.is_boolean(kind) or pa.types.is_timestamp(kind):
-            plain = np.asarray(pc.fill_null(pc.cast(column, pa.int64()), 0).to_numpy())
+            plain = pc.fill_null(pc.cast(column, pa.int64()), 0).to_numpy()
+            hashed = pd.util.hash_array(np.asarray(plain))
         elif pa.types.is_floating(kind):
-            plain = np.asarray(pc.fill_null(pc.cast(column, pa.float64()), 0.0).to_numpy())
+            plain = pc.fill_null(pc.cast(column, pa.float64()), 0.0).to_numpy()
+            hashed = pd.util.hash_array(np.asarray(plain))
         else:
-            plain = None
-        hashed = _text_hashes(column) if plain is None else pd.util.hash_array(plain)
+            hashed = _text_hashes(column)
         hashed = hashed ^ (nulls.astype(np.uint64) * np.uint64(0x632BE59BD9B4E019))
         digest = _mix(digest ^ hashed)
     return digest
