@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from engine.core.columnar import ops
 from engine.core.plan import Incidents, compile_ops
@@ -52,6 +53,7 @@ OPEN = (FIRING, RECOVERING)
 """The phases of a key whose incident is open."""
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
+_NO_INSTANTS = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -84,12 +86,14 @@ class KeyState:
     row: dict[str, Any] = field(default_factory=dict)
     waiting: list[tuple[int, str, int, dict[str, Any]]] = field(default_factory=list)
     """Reports not processed yet: (ts, source, seq, row)."""
-    observed: set[int] = field(default_factory=set)
-    """Instants with observations not processed yet."""
+    observed: np.ndarray = field(default_factory=lambda: _NO_INSTANTS)
+    """Instants with observations not processed yet: sorted, each once (int64). A
+    key's observations arrive ahead of the watermark by about the stream's slack, so
+    each advance splits them at the watermark rather than scanning them all."""
 
     def idle(self) -> bool:
         """Nothing to keep: no episode and nothing waiting."""
-        return self.phase == IDLE and not self.waiting and not self.observed
+        return self.phase == IDLE and not self.waiting and not len(self.observed)
 
 
 class IncidentTracker:
@@ -141,24 +145,30 @@ class IncidentTracker:
                 return
         # Per key, not per row: a stream observed row by row (a reading each) has
         # few keys a batch.
-        ts = rows.column(self.timestamp)
+        ts = np.asarray(pc.cast(rows.column(self.timestamp), pa.int64()).to_numpy(), np.int64)
         if column is not None:
-            table = pa.table({"k": column.cast(pa.string()), "t": ts})
-            names = ["k"]
+            keyed = pa.table({"k": column.cast(pa.string())})
         else:
-            names = list(self.key_columns or ())
-            table = rows.select(names).append_column("t", ts) if names else pa.table({"t": ts})
+            keyed = rows.select(list(self.key_columns or ()))
+        names = keyed.column_names
         if not names:
-            self._observe(key_json(()), table.column("t").to_pylist())
+            self._observe(key_json(()), ts)
             return
-        grouped = table.group_by(names, use_threads=False).aggregate([("t", "list")])
-        instants = grouped.column("t_list").to_pylist()
-        columns = [grouped.column(n).to_pylist() for n in names]
-        for values, times in zip(zip(*columns, strict=True), instants, strict=True):
-            self._observe(values[0] if column is not None else key_json(values), times)
+        order = np.asarray(ops.sort_order(keyed, names), dtype=np.int64)
+        keyed, ts = keyed.take(order), ts[order]
+        spans = ops.segments(keyed, names)
+        firsts = pa.array([start for start, _ in spans], pa.int64())
+        values = [keyed.column(n).take(firsts).to_pylist() for n in names]
+        for (start, end), key in zip(spans, zip(*values, strict=True), strict=True):
+            self._observe(key[0] if column is not None else key_json(key), ts[start:end])
 
-    def _observe(self, key: str, instants: list[int]) -> None:
-        self._state(key).observed.update(instants)
+    def _observe(self, key: str, instants: np.ndarray) -> None:
+        state = self._state(key)
+        new = np.unique(instants)
+        held = state.observed
+        # Instants mostly arrive after those held: then no merge is needed.
+        whole = np.concatenate([held, new])
+        state.observed = whole if not len(held) or held[-1] < new[0] else np.unique(whole)
         self._fed.add(key)
 
     def _cleared(self, rows: pa.Table) -> np.ndarray:
@@ -227,7 +237,7 @@ class IncidentTracker:
     def _wakeup(self, state: KeyState) -> int | None:
         """The lowest watermark at which an advance can change the key."""
         found = [t + 1 for t in (self._timer(state),) if t is not None]
-        found += [min(state.observed) + 1] if state.observed else []
+        found += [int(state.observed[0]) + 1] if len(state.observed) else []
         found += [min(w[0] for w in state.waiting) + 1] if state.waiting else []
         return min(found, default=None)
 
@@ -248,13 +258,12 @@ class IncidentTracker:
             else:
                 later.append(item)
         state.waiting = later
-        if state.observed and max(state.observed) < watermark:  # the usual case
-            observed, state.observed = state.observed, set()
-        else:
-            observed = {t for t in state.observed if t < watermark}
-            state.observed -= observed
+        cut = int(np.searchsorted(state.observed, watermark))
+        below, rest = state.observed[:cut], state.observed[cut:]
+        state.observed = rest if len(rest) else _NO_INSTANTS  # not a view of the old
         if state.phase == IDLE and not reports:
             return  # rows that stop a condition that does not hold change nothing
+        observed = set(below.tolist())
         instants = sorted(reports.keys() | observed)
         i = 0
         while True:
@@ -333,6 +342,8 @@ class IncidentTracker:
             if definition != self.spec.definition or kind != self.kind:
                 stale.append(entry)
                 continue
+            if isinstance(state.observed, set):  # saved before instants were an array
+                state.observed = np.array(sorted(state.observed), dtype=np.int64)
             self.keys[entry[2]] = state
             self._open += state.phase in OPEN
             scheduled.append((entry[2], wakeup))

@@ -19,6 +19,7 @@ lies below its watermark is decided).
 
 from __future__ import annotations
 
+import pickle
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.core.incidents import KeyState
 from engine.core.pipeline import HEARTBEAT, Pipeline
 from engine.core.plan import END_OF_TIME
 from engine.core.replay import arrival_table
@@ -129,11 +131,27 @@ def recordings(draw: Any) -> tuple[list[dict], list[dict], int | None]:
     return rows, [rows[i] for i in arrival], beat
 
 
+def saved_as_before(store: MemoryStore) -> None:
+    """Rewrite every saved incident key as code before the instants became an array
+    saved it: its observed instants a set."""
+    for entry, data in list(store.scan("head")):
+        definition, kind, wakeup, state = pickle.loads(data)
+        if isinstance(state, KeyState):
+            state.observed = set(state.observed.tolist())
+            store.put(entry, pickle.dumps((definition, kind, wakeup, state)))
+
+
 def incidents(
-    text: str, arrivals: list[dict], beat: int | None, cuts: list[int], restart: bool
+    text: str,
+    arrivals: list[dict],
+    beat: int | None,
+    cuts: list[int],
+    restart: bool,
+    old_saves: bool = False,
 ) -> tuple[set[tuple], int, list[tuple[int, int]]]:
     """The incidents the pipeline gives (their last updates), the final watermark, and
-    after each batch its watermark and the pipeline's count of open incidents."""
+    after each batch its watermark and the pipeline's count of open incidents;
+    ``old_saves``: every restart reads the state as the earlier code saved it."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "rule.sql"
         path.write_text(STREAM + text)
@@ -148,6 +166,8 @@ def incidents(
     firing = []
     for start, end in zip([0, *cuts], [*cuts, len(rows)], strict=True):
         if restart:
+            if old_saves:
+                saved_as_before(store)
             pipeline = Pipeline(plan, store=store)
         table = arrival_table(schema, rows[start:end])
         beats = pa.array([bool(r.get(HEARTBEAT)) for r in rows[start:end]], pa.bool_())
@@ -181,12 +201,21 @@ def incidents(
     quiet=st.sampled_from([1, 5]),
     cuts=st.lists(st.integers(0, 45), max_size=4),
     restart=st.booleans(),
+    old_saves=st.booleans(),
 )
 def test_incidents_equal_the_brute_force(
-    data: tuple, form: str, pending: int, keep: int, quiet: int, cuts: list[int], restart: bool
+    data: tuple,
+    form: str,
+    pending: int,
+    keep: int,
+    quiet: int,
+    cuts: list[int],
+    restart: bool,
+    old_saves: bool,
 ) -> None:
     in_order, arrivals, beat = data
-    got, watermark, _ = incidents(rule(form, pending, keep, quiet), arrivals, beat, cuts, restart)
+    text = rule(form, pending, keep, quiet)
+    got, watermark, _ = incidents(text, arrivals, beat, cuts, restart, old_saves)
     assert got == expected(in_order, form, pending, keep, quiet, watermark)
 
 
