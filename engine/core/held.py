@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,47 +32,44 @@ class HeldRows:
     def __init__(self, stream: str, ts: str) -> None:
         self.stream = stream
         self.ts = ts
-        self.rows: list[pa.Table] = []  # in memory: every held row
-        self.added: list[pa.Table] = []  # held rows added since the last save
+        self._held: list[_Part] = []  # in memory: every held row
+        self._added: list[_Part] = []  # held rows added since the last save
         self.chunks: dict[int, int] = {}  # stored chunk number -> its latest event time
         self._next = 0
+
+    @property
+    def rows(self) -> list[pa.Table]:
+        """Every held row, in tables."""
+        return [part.table for part in self._held]
 
     def add(self, rows: pa.Table) -> None:
         """Hold ``rows`` (accepted readings, none below the watermark)."""
         if rows.num_rows:
-            self.rows.append(rows)
-            self.added.append(rows)
+            part = _Part.of(rows, self.ts)
+            self._held.append(part)
+            self._added.append(part)
 
     def release(self, watermark: int) -> pa.Table | None:
         """The held rows the watermark has passed, in their tie order (event time,
         ``source``, ``seq``: every stage's order, so that a stage reading them sorts them
         by its key alone); they are held no more."""
-        if not self.rows:
+        passed, self._held = _split(self._held, watermark, self.ts)
+        if not passed:
             return None
-        rows = _concat(self.rows)
-        below = pc.less(rows.column(self.ts), watermark)
-        passed = rows.filter(below)
-        if not passed.num_rows:
-            self.rows = [rows]
-            return None
-        rest = rows.filter(pc.invert(below))
-        self.rows = [rest] if rest.num_rows else []
-        if self.added:
-            added = _concat(self.added)
-            added = added.filter(pc.greater_equal(added.column(self.ts), watermark))
-            self.added = [added] if added.num_rows else []
-        return passed.take(sort_order(passed, [self.ts, "source", "seq"]))
+        _, self._added = _split(self._added, watermark, self.ts)
+        rows = _concat(passed)
+        return rows.take(sort_order(rows, [self.ts, "source", "seq"]))
 
     def save(self, store: StateStore, watermark: int) -> None:
         """Store the rows added since the last save as a chunk, and delete the chunks
         whose rows the watermark has all passed."""
-        if self.added:
-            rows = _concat(self.added)
+        if self._added:
+            rows = _concat([part.table for part in self._added])
             number = self._next
             self._next += 1
             store.put(self._key(number), pickle.dumps(rows, _PICKLE))
-            self.chunks[number] = int(pc.max(rows.column(self.ts)).as_py())
-            self.added = []
+            self.chunks[number] = max(part.latest for part in self._added)
+            self._added = []
         for number, latest in list(self.chunks.items()):
             if latest < watermark:
                 store.delete(self._key(number))
@@ -83,10 +81,42 @@ class HeldRows:
             rows: pa.Table = pickle.loads(data)
             self.chunks[key[3]] = int(pc.max(rows.column(self.ts)).as_py())
             self._next = max(self._next, key[3] + 1)
-            self.rows.append(rows.filter(pc.greater_equal(rows.column(self.ts), watermark)))
+            rows = rows.filter(pc.greater_equal(rows.column(self.ts), watermark))
+            if rows.num_rows:
+                self._held.append(_Part.of(rows, self.ts))
 
     def _key(self, number: int) -> StateKey:
         return (KIND, self.stream, "", number)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Held rows added together, with their least and latest event times: a release
+    looks into the rows of a part only when the watermark falls between the two."""
+
+    table: pa.Table
+    least: int
+    latest: int
+
+    @staticmethod
+    def of(table: pa.Table, ts: str) -> _Part:
+        bounds = pc.min_max(table.column(ts))
+        return _Part(table, bounds["min"].as_py(), bounds["max"].as_py())
+
+
+def _split(parts: list[_Part], watermark: int, ts: str) -> tuple[list[pa.Table], list[_Part]]:
+    """The rows of ``parts`` below ``watermark``, and the parts of the others."""
+    passed, kept = [], []
+    for part in parts:
+        if part.latest < watermark:
+            passed.append(part.table)
+        elif part.least >= watermark:
+            kept.append(part)
+        else:
+            below = pc.less(part.table.column(ts), watermark)
+            passed.append(part.table.filter(below))
+            kept.append(_Part.of(part.table.filter(pc.invert(below)), ts))
+    return passed, kept
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:
