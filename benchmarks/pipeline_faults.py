@@ -275,8 +275,17 @@ def line_count(path: Path) -> int:
         return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 24), b""))
 
 
+def is_maintenance(process: psutil.Process) -> bool:
+    """Whether ``process`` is the engine's table maintenance (a part of its own: it
+    compacts every few minutes, whatever the batches)."""
+    with contextlib.suppress(psutil.Error):
+        return "engine.maintenance" in " ".join(process.cmdline())
+    return False
+
+
 def process_cpu_s(pid: int | None) -> float:
-    """CPU seconds of a process and all its descendants (live or waited for)."""
+    """CPU seconds of a process and all its descendants (live or waited for), but for a
+    table maintenance process among them."""
     if pid is None:
         return 0.0
     try:
@@ -284,10 +293,27 @@ def process_cpu_s(pid: int | None) -> float:
         total = sum(root.cpu_times()[:4])  # user, system, children_user, children_system
         for child in root.children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                total += sum(child.cpu_times()[:2])
+                if not is_maintenance(child):
+                    total += sum(child.cpu_times()[:2])
         return total
     except psutil.Error:
         return 0.0
+
+
+def maintenance_pid(*engines: Callable[[], int | None]) -> Callable[[], int | None]:
+    """The pid of the table maintenance process of the first of ``engines`` (the
+    active engine and a standby) that has one (None before the first round)."""
+
+    def find() -> int | None:
+        for engine in engines:
+            with contextlib.suppress(psutil.Error):
+                if (pid := engine()) is not None:
+                    for child in psutil.Process(pid).children():
+                        if is_maintenance(child):
+                            return int(child.pid)
+        return None
+
+    return find
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -411,8 +437,12 @@ def increase(samples: list[dict[str, Any]], name: str, **labels: str) -> float:
 
 def breakdown(samples: list[dict[str, Any]], readings: int) -> dict[str, Any]:
     """Where the time and the machine went over `samples`: the engine's mean batch
-    phases, and each part's CPU per reading (µs)."""
+    phases, and each part's CPU per reading (µs), over every sample and from minute 2
+    on (`cpu_us_per_reading_from_minute_2`: the JVMs' compilers and the windows
+    filling are behind; the rate steady, so the readings of a span are counted by its
+    share of the time)."""
     first, last = samples[0], samples[-1]
+    after = [x for x in samples if x["t"] - first["t"] >= 60.0]
     phases = {}
     name = "lookout_engine_batch_seconds_count"
     found = {phase for x in samples for phase in label_values(x, name, "phase")}
@@ -424,10 +454,17 @@ def breakdown(samples: list[dict[str, Any]], readings: int) -> dict[str, Any]:
     cpu = {part: round((last["cpu_s"][part] - first["cpu_s"][part]) / max(readings, 1) * 1e6, 1)
            for part in last["cpu_s"]}  # fmt: skip
     seconds = last["t"] - first["t"]
+    steady = {}
+    if len(after) > 1 and seconds > 0:
+        share = readings * (after[-1]["t"] - after[0]["t"]) / seconds
+        steady = {part: round((after[-1]["cpu_s"][part] - after[0]["cpu_s"][part])
+                              / max(share, 1) * 1e6, 1)
+                  for part in last["cpu_s"]}  # fmt: skip
     return {
         "seconds": round(seconds, 1),
         "batch_phases": phases,
         "cpu_us_per_reading": cpu,
+        "cpu_us_per_reading_from_minute_2": steady,
         "cpu_cores_used": round(
             (sum(last["cpu_s"].values()) - sum(first["cpu_s"].values())) / max(seconds, 1e-9), 2
         ),
@@ -618,6 +655,7 @@ def main() -> int:
         workers["cluster-master"] = cluster_pid(0)
     sampler = Sampler(
         {**{p.name: pid_of(p) for p in (*parts.values(), *publishers)},
+         "maintenance": maintenance_pid(*(pid_of(p) for n, p in parts.items() if "engine" in n)),
          "broker": lambda: broker.process.pid if broker.process else None, **workers},
         metrics_port,
         lakehouse,
