@@ -23,26 +23,26 @@ cluster`: a master and N one-core workers): `lookout engine` is then the driver,
 the CPU per reading is reported for it and for each worker with its executor and the
 executor's Python workers (`executors-<n>`), so the driver's share shows.
 
-Afterwards a heartbeat a day ahead on every stream closes every window, and the tables
-must hold: every generated reading in its `readings_<stream>` table or `late_readings`
-exactly once (the late ones exactly those the simulators made late, duplicates
-removed), and the alerts `lookout replay` computes over the same readings (the same
-seeds written to files): same ids, none twice, none missing. It prints those checks and
-the figures: the achieved publish rate, the backlog drained after the last publish, the
-latency from a reading's publication to the alert row it completes (p50 / p99, overall
-and after the last fault), stamped when the engine's stateful step wrote it
-(`detected_at`: `latency_p50_s`, `latency_p99_s`) and when its Delta commit made it
-readable to the dashboard and the notifier (`committed_p50_s`, `committed_p99_s`: the
-commit's time, from the alerts table's log), and where the time and the machine went:
-the engine's batch phases (from its /metrics), CPU per reading of every part, the
-engine's resident memory and its watermark lag over the run (each as the median over
-minute 2 and over the last minute of publishing; the memory's growth between them
-without the table maintenance's process, which starts its rounds later), and for each
-fault how long after it the alerts were on time again (`recovery`: from the first alert
-after which, for 15 s, every alert came within the slack + 2 s). The simulators start once
-every engine query has run its first batch: the latency measured is the running
-pipeline's, not a cold start's (`benchmarks/first_alert.py` times that). While they
-publish, a line every 5 minutes gives the watermark's lag, the engine's memory, the
+Once every reading is stored, a heartbeat a day ahead on every stream closes every
+window, and the tables must hold: every generated reading in its `readings_<stream>`
+table or `late_readings` exactly once (the late ones exactly those the simulators made
+late, duplicates removed), and the alerts `lookout replay` computes over the same
+readings (the same seeds written to files): same ids, none twice, none missing. It
+prints those checks and the figures: the achieved publish rate, the backlog drained
+after the last publish, the latency from a reading's publication to the alert row it
+completes (p50 / p99, overall and after the last fault), stamped when the engine's
+stateful step wrote it (`detected_at`: `latency_p50_s`, `latency_p99_s`) and when its
+Delta commit made it readable to the dashboard and the notifier (`committed_p50_s`,
+`committed_p99_s`: the commit's time, from the alerts table's log), and where the time
+and the machine went: the engine's batch phases (from its /metrics), CPU per reading of
+every part, the engine's resident memory and its watermark lag over the run (each as the
+median over minute 2 and over the last minute of publishing; the memory's growth between
+them without the table maintenance's process, which starts its rounds later), and for
+each fault how long after it the alerts were on time again (`recovery`: from the first
+alert after which, for 15 s, every alert came within the slack + 2 s). The simulators
+start once every engine query has run its first batch: the latency measured is the
+running pipeline's, not a cold start's (`benchmarks/first_alert.py` times that). While
+they publish, a line every 5 minutes gives the watermark's lag, the engine's memory, the
 streaming checkpoints' size and the tables' data files (all sampled over the run).
 
 `--no-oracle` is for a long soak, whose readings would not fit in memory as id sets:
@@ -743,14 +743,6 @@ def main() -> int:
             wait_for_parts(lambda: dashboard_up(dash_port), "the dashboard after its kill", [], 120)
             report["dashboard_back"] = True
 
-        end_ts = int(time.time() * 1000) + 86_400_000
-        for stream in plan.sources():
-            if stream.topic:
-                topic = heartbeat_filter(stream.topic).replace("+", "gw").replace("#", "gw")
-                publish_one(
-                    broker, topic, orjson.dumps({"source": "gw", stream.timestamp or "ts": end_ts})
-                )
-
         def stored() -> int:
             return sum(count(lakehouse, readings_table(s)) for s in expected) + count(
                 lakehouse, "late_readings"
@@ -762,6 +754,16 @@ def main() -> int:
             [running[0], parts["ingest"]],
             900,
         )
+        # Only now: a batch holding both the last readings and the closing heartbeat
+        # (which fires every expiration at once) would date the alerts those readings
+        # complete by its end.
+        end_ts = int(time.time() * 1000) + 86_400_000
+        for stream in plan.sources():
+            if stream.topic:
+                topic = heartbeat_filter(stream.topic).replace("+", "gw").replace("#", "gw")
+                publish_one(
+                    broker, topic, orjson.dumps({"source": "gw", stream.timestamp or "ts": end_ts})
+                )
         if want_ids is None:  # the alerts the closing heartbeat brings: until none comes
             wait_for_parts(settled(lambda: count(lakehouse, "alerts"), 30), "the alerts",
                            [running[0]], 600)  # fmt: skip
