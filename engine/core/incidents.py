@@ -156,10 +156,7 @@ class IncidentTracker:
             return
         order = np.asarray(ops.sort_order(keyed, names), dtype=np.int64)
         keyed, ts = keyed.take(order), ts[order]
-        spans = ops.segments(keyed, names)
-        firsts = pa.array([start for start, _ in spans], pa.int64())
-        values = [keyed.column(n).take(firsts).to_pylist() for n in names]
-        for (start, end), key in zip(spans, zip(*values, strict=True), strict=True):
+        for key, (start, end) in ops.keyed_segments(keyed, names):
             self._observe(key[0] if column is not None else key_json(key), ts[start:end])
 
     def _observe(self, key: str, instants: np.ndarray) -> None:

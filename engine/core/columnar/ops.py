@@ -148,6 +148,19 @@ def segments(table: pa.Table, key: Sequence[str]) -> list[tuple[int, int]]:
     return list(itertools.pairwise(cuts))
 
 
+def keyed_segments(
+    table: pa.Table, key: Sequence[str]
+) -> list[tuple[tuple[Any, ...], tuple[int, int]]]:
+    """Each key of ``table`` sorted by ``key``: its values (a tuple) and its rows'
+    (start, end), as :func:`segments` finds them."""
+    spans = segments(table, key)
+    firsts = pa.array([start for start, _ in spans], pa.int64())
+    # Every key's values at once: a value at a time costs more than the key's rows.
+    values = [table.column(k).take(firsts).to_pylist() for k in key]
+    named = zip(*values, strict=True) if values else [()] * len(spans)
+    return [(tuple(found), span) for span, found in zip(spans, named, strict=True)]
+
+
 def sort_order(table: pa.Table, names: Sequence[str]) -> pa.Array:
     """The row order of ``table`` sorted by ``names`` ascending, NULLs last, ties kept in
     their order: what ``table.sort_by`` gives. Columns of integers and strings are sorted

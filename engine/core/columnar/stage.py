@@ -206,12 +206,7 @@ class ColumnarRunner:
                 ops.sort_order(final, [*key_names, ts_name, "source", "seq"])
             )
             self.begin(final)
-            spans = ops.segments(final, key_names)
-            firsts = pa.array([start for start, _ in spans], pa.int64())
-            # Every key's values at once: a value at a time costs more than the key's rows.
-            values = [final.column(k).take(firsts).to_pylist() for k in key_names]
-            named = zip(*values, strict=True) if values else [()] * len(spans)
-            batches = [(tuple(key), span) for span, key in zip(spans, named, strict=True)]
+            batches = ops.keyed_segments(final, key_names)
         seen = {key for key, _ in batches}
         batches += [(key, (0, 0)) for key in self._wakeups.due(watermark) if key not in seen]
         self._load([key for key, _ in batches if key in self._stored])
