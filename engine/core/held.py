@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,7 +33,6 @@ class HeldRows:
         self.stream = stream
         self.ts = ts
         self._held: list[_Part] = []  # in memory: every held row
-        self._added: list[_Part] = []  # held rows added since the last save
         self.chunks: dict[int, int] = {}  # stored chunk number -> its latest event time
         self._next = 0
 
@@ -45,9 +44,7 @@ class HeldRows:
     def add(self, rows: pa.Table) -> None:
         """Hold ``rows`` (accepted readings, none below the watermark)."""
         if rows.num_rows:
-            part = _Part.of(rows, self.ts)
-            self._held.append(part)
-            self._added.append(part)
+            self._held.append(_Part.of(rows, self.ts, saved=False))
 
     def release(self, watermark: int) -> pa.Table | None:
         """The held rows the watermark has passed, in their tie order (event time,
@@ -56,20 +53,20 @@ class HeldRows:
         passed, self._held = _split(self._held, watermark, self.ts)
         if not passed:
             return None
-        _, self._added = _split(self._added, watermark, self.ts)
         rows = _concat(passed)
         return rows.take(sort_order(rows, [self.ts, "source", "seq"]))
 
     def save(self, store: StateStore, watermark: int) -> None:
         """Store the rows added since the last save as a chunk, and delete the chunks
         whose rows the watermark has all passed."""
-        if self._added:
-            rows = _concat([part.table for part in self._added])
+        added = [part for part in self._held if not part.saved]
+        if added:
+            rows = _concat([part.table for part in added])
             number = self._next
             self._next += 1
             store.put(self._key(number), pickle.dumps(rows, _PICKLE))
-            self.chunks[number] = max(part.latest for part in self._added)
-            self._added = []
+            self.chunks[number] = max(part.latest for part in added)
+            self._held = [p if p.saved else replace(p, saved=True) for p in self._held]
         for number, latest in list(self.chunks.items()):
             if latest < watermark:
                 store.delete(self._key(number))
@@ -83,7 +80,7 @@ class HeldRows:
             self._next = max(self._next, key[3] + 1)
             rows = rows.filter(pc.greater_equal(rows.column(self.ts), watermark))
             if rows.num_rows:
-                self._held.append(_Part.of(rows, self.ts))
+                self._held.append(_Part.of(rows, self.ts, saved=True))
 
     def _key(self, number: int) -> StateKey:
         return (KIND, self.stream, "", number)
@@ -91,17 +88,19 @@ class HeldRows:
 
 @dataclass(frozen=True)
 class _Part:
-    """Held rows added together, with their least and latest event times: a release
-    looks into the rows of a part only when the watermark falls between the two."""
+    """Held rows added together, with their least and latest event times (a release
+    looks into the rows of a part only when the watermark falls between the two), and
+    whether they are in a stored chunk yet."""
 
     table: pa.Table
     least: int
     latest: int
+    saved: bool
 
     @staticmethod
-    def of(table: pa.Table, ts: str) -> _Part:
+    def of(table: pa.Table, ts: str, saved: bool) -> _Part:
         bounds = pc.min_max(table.column(ts))
-        return _Part(table, bounds["min"].as_py(), bounds["max"].as_py())
+        return _Part(table, bounds["min"].as_py(), bounds["max"].as_py(), saved)
 
 
 def _split(parts: list[_Part], watermark: int, ts: str) -> tuple[list[pa.Table], list[_Part]]:
@@ -115,7 +114,7 @@ def _split(parts: list[_Part], watermark: int, ts: str) -> tuple[list[pa.Table],
         else:
             below = pc.less(part.table.column(ts), watermark)
             passed.append(part.table.filter(below))
-            kept.append(_Part.of(part.table.filter(pc.invert(below)), ts))
+            kept.append(_Part.of(part.table.filter(pc.invert(below)), ts, part.saved))
     return passed, kept
 
 
