@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pyarrow as pa
 
 from engine.alerts import alert_id, alert_keys, format_key, incident_record, iso_utc
 from engine.core.evaluator import Output
 from engine.core.partitions import CapReachable, partitioning
 from engine.core.plan import END_OF_TIME, Plan, SinkKind, StreamSchema
-from engine.core.replay import ReplayResult, ordered_outputs, run_arrivals, run_split, sink_tables
+from engine.core.replay import Finished, ReplayResult, run_arrivals, run_split
 from engine.python_gc import collector_paused, freeze_batch_survivors, freeze_worker_heap
 from ingest.validate import normalize_reading, parse_timestamp
 from lookout.config import ConfigError, load_config
@@ -35,7 +34,7 @@ from lookout.replay_inputs import (
     parse_inputs,
     stream_of,
 )
-from lookout.replay_outputs import LINE, rendered, write_jsonl, write_tables
+from lookout.replay_outputs import OutputFiles, ReplayOutputError
 from lookout.replay_workers import WorkerFailed, WorkerProcess
 from lookout.services import alert_specs
 from rules.language.loader import RuleCheckError, RuleSet, load_rules
@@ -148,10 +147,12 @@ def evaluate(
     end_at: int | None = END_OF_TIME,
     meter: Progress | None = None,
     caps: Mapping[str, int] | None = None,
+    finished: Finished | None = None,
 ) -> ReplayResult:
     """``run_arrivals`` over the readings with the collector as the engine's workers
     run it (`engine.python_gc`): paused during a batch, what each batch leaves frozen;
-    ``meter`` is told each batch's readings."""
+    ``meter`` is told each batch's readings, ``finished`` the output rows as they become
+    final."""
 
     def after_batch(count: int) -> None:
         freeze_batch_survivors()
@@ -160,7 +161,7 @@ def evaluate(
 
     freeze_worker_heap()
     with collector_paused():
-        return run_arrivals(plan, readings.batches(), end_at, after_batch, caps)
+        return run_arrivals(plan, readings.batches(), end_at, after_batch, caps, finished)
 
 
 def evaluate_split(
@@ -170,6 +171,7 @@ def evaluate_split(
     end_at: int | None = END_OF_TIME,
     meter: Progress | None = None,
     caps: Mapping[str, int] | None = None,
+    finished: Finished | None = None,
 ) -> ReplayResult:
     """:func:`evaluate` with the evaluation split by key among worker ``processes`` made
     by :func:`start_workers` (`engine.core.partitions`), this process judging the
@@ -184,14 +186,9 @@ def evaluate_split(
     split = partitioning(plan, len(processes))
     freeze_worker_heap()
     with collector_paused():
-        result = run_split(plan, readings.batches(), split, processes, end_at, after_batch, caps)
-    if any(LINE in item.table.column_names for item in result.emitted):
-        # The workers' rows came as JSON lines: so must this process's own.
-        result.emitted = [
-            item if LINE in item.table.column_names else rendered(item, plan)
-            for item in result.emitted
-        ]
-    return result
+        return run_split(
+            plan, readings.batches(), split, processes, end_at, after_batch, caps, finished
+        )
 
 
 def start_workers(plan: Plan, workers: int, render: bool = False) -> list[WorkerProcess]:
@@ -232,6 +229,8 @@ def run_replay(
     # Forked before any input is read, so that they start at once and hold none of it.
     render = output_format == "jsonl"
     processes = start_workers(plan, workers, render) if workers > 1 else []
+    folder = Path(out)
+    files = OutputFiles(folder, output_format, plan)
     try:
         # The live engine's caps on live keys ([engine] of lookout.toml), so that replay
         # quarantines what it quarantines.
@@ -239,25 +238,16 @@ def run_replay(
         readings = Readings(parse_inputs(input_specs, plan), window, meter)
         for note in readings.notes:
             print(f"replay: {note}", file=sys.stderr)
-        result = _evaluated(plan, readings, processes, end_at, meter, caps)
-    except (ReplayInputError, OSError, ConfigError, WorkerFailed) as err:
+        result = _evaluated(plan, readings, processes, end_at, meter, caps, files)
+        files.close(result.late, result.capped, incident_records(rule_set, result))
+    except (ReplayInputError, ReplayOutputError, OSError, ConfigError, WorkerFailed) as err:
+        files.discard()
         print(f"lookout replay: {err}", file=sys.stderr)
         return 2
     finally:
         for process in processes:
             process.close()
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    sinks = sink_tables(result.emitted)
-    outputs = ordered_outputs(result.emitted) if sinks is None else []
-    incidents = incident_records(rule_set, result)
-    if output_format == "jsonl":
-        write_jsonl(folder, plan, sinks, outputs, result.late, result.capped, incidents)
-    else:
-        if sinks is None:
-            sinks = rows_by_sink(outputs)
-        write_tables(folder, output_format, plan, sinks, result.late, result.capped, incidents)
-    rows = sum(e.table.num_rows for e in result.emitted)
+    rows = files.rows
     conflicts = (
         f", {len(result.conflicts)} conflicting readings set aside" if result.conflicts else ""
     )
@@ -293,22 +283,17 @@ def _evaluated(
     end_at: int | None,
     meter: Progress | None,
     caps: Mapping[str, int],
+    files: OutputFiles,
 ) -> ReplayResult:
     """The evaluation split among ``processes``, or in this process when there are none
-    or a cap on live keys could quarantine readings (the split cannot decide those)."""
+    or a cap on live keys could quarantine readings (the split cannot decide those);
+    output rows written to ``files`` as they become final."""
     if processes:
         try:
-            return evaluate_split(plan, readings, processes, end_at, meter, caps)
+            return evaluate_split(plan, readings, processes, end_at, meter, caps, files.write)
         except CapReachable as err:
             print(f"replay: {err}; evaluating again in one process", file=sys.stderr)
+            files.discard()
             if meter is not None:
                 meter.restart()
-    return evaluate(plan, readings, end_at, meter, caps)
-
-
-def rows_by_sink(outputs: Iterable[Output]) -> dict[str, pa.Table]:
-    """Output rows (in output order) as a table per sink, columns as the rows have them."""
-    rows: dict[str, list[dict[str, Any]]] = {}
-    for output in outputs:
-        rows.setdefault(output.sink, []).append(output.row)
-    return {sink: pa.Table.from_pylist(listed) for sink, listed in rows.items()}
+    return evaluate(plan, readings, end_at, meter, caps, files.write)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import orjson
@@ -26,8 +26,8 @@ import pyarrow.parquet as pq
 
 from engine import tables
 from engine.alerts import iso_utc
-from engine.core.evaluator import Output
 from engine.core.keycap import CappedReading
+from engine.core.output_order import Runs
 from engine.core.plan import ColumnType, Plan, StreamSchema
 from engine.core.replay import STAGE, LateReading
 from engine.core.runners import KEY, SEQ, SOURCE, TS, SinkRows
@@ -270,43 +270,6 @@ def quarantine_line(capped: CappedReading, schema: StreamSchema) -> bytes:
     return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
 
 
-def write_jsonl(
-    folder: Path,
-    plan: Plan,
-    sinks: dict[str, pa.Table] | None,
-    outputs: Sequence[Output],
-    late: Sequence[LateReading],
-    capped: Sequence[CappedReading],
-    incidents: Sequence[dict[str, Any]],
-) -> None:
-    """DIR/<name>.jsonl per sink (from ``sinks``' tables, or from ``outputs`` rows when
-    there are none), late readings, readings a cap on live keys set aside (`quarantine`,
-    when there are any) and incidents (times as text)."""
-    lines: dict[str, list[bytes]] = {}
-    if sinks is not None:
-        for sink, table in sinks.items():
-            lines[sink] = sink_lines(table, plan.streams.get(sink))
-    else:
-        for output in outputs:
-            row = _render(output.row, plan.streams.get(output.sink))
-            lines.setdefault(output.sink, []).append(
-                orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
-            )
-    for reading in late:
-        lines.setdefault("late_readings", []).append(
-            late_line(reading, plan.streams[reading.stream])
-        )
-    for held in capped:
-        lines.setdefault("quarantine", []).append(quarantine_line(held, plan.streams[held.stream]))
-    for query in plan.queries:
-        lines.setdefault(query.sink.name, [])
-    lines["incidents"] = [
-        orjson.dumps(_iso_record(record), option=orjson.OPT_APPEND_NEWLINE) for record in incidents
-    ]
-    for name, rows in lines.items():
-        (folder / f"{name}.jsonl").write_bytes(b"".join(rows))
-
-
 def _iso_record(record: dict[str, Any]) -> dict[str, Any]:
     out = dict(record)
     for name in ("opened_at", "last_report_at", "resolved_at"):
@@ -379,41 +342,187 @@ def incidents_table(records: Iterable[dict[str, Any]]) -> pa.Table:
     return tables.ms_table(list(records), INCIDENT_COLUMNS)
 
 
-def write_tables(
-    folder: Path,
-    fmt: str,
-    plan: Plan,
-    sinks: dict[str, pa.Table],
-    late: Sequence[LateReading],
-    capped: Sequence[CappedReading],
-    incidents: Sequence[dict[str, Any]],
-) -> None:
-    """DIR/<name>.parquet files or DIR/<name>/ Delta tables (``fmt``), one per sink,
-    `late_readings`, `quarantine` (readings a cap on live keys set aside, when there
-    are any) and `incidents`."""
-    tables: dict[str, pa.Table] = {}
-    for sink, table in sinks.items():
-        tables[sink] = _typed(row_columns(table), plan.streams.get(sink))
-    for query in plan.queries:
-        if query.sink.name not in tables:
-            tables[query.sink.name] = _empty(plan.streams.get(query.sink.name))
-    tables["late_readings"] = late_table(plan, late)
-    if capped:
-        quarantined = late_table(plan, capped)
-        tables["quarantine"] = quarantined.append_column(
-            "reason", pa.array([r.reason for r in capped], pa.string())
-        )
-    tables["incidents"] = incidents_table(incidents)
-    for name, table in tables.items():
-        if fmt == "parquet":
-            pq.write_table(table, folder / f"{name}.parquet")
-        else:
-            from deltalake import write_deltalake
+class ReplayOutputError(ValueError):
+    """An output's rows cannot be written as the format asks."""
 
-            write_deltalake(
-                str(folder / name),
-                table,
-                mode="overwrite",
-                schema_mode="overwrite",
-                configuration=_TABLE_PROPERTIES,
+
+class OutputFiles:
+    """A replay's outputs in DIR, written as their rows become final (:meth:`write`):
+    ``<name>.jsonl`` or ``.parquet`` files or ``<name>/`` Delta tables (``fmt``), one per
+    sink, then (:meth:`close`) `late_readings`, `quarantine` (readings a cap on live keys
+    set aside, when there are any) and `incidents`. Memory holds at most a row group per
+    sink; a Delta table's rows wait in a Parquet file in DIR until its one commit."""
+
+    def __init__(self, folder: Path, fmt: str, plan: Plan) -> None:
+        self.folder, self.fmt, self.plan = folder, fmt, plan
+        self.rows = 0
+        """Output rows written."""
+        self._lines: dict[str, BinaryIO] = {}
+        self._tables: dict[str, _TableFile] = {}
+        self._staging = folder / ".staging"
+
+    def write(self, runs: Runs) -> None:
+        """Each sink's next rows, in output order."""
+        for sink, ordered in runs.items():
+            for table in ordered:
+                self.rows += table.num_rows
+                if self.fmt == "jsonl":
+                    self._line_file(sink).write(
+                        b"".join(sink_lines(table, self.plan.streams.get(sink)))
+                    )
+                else:
+                    typed = _typed(row_columns(table), self.plan.streams.get(sink))
+                    self._table_file(sink).write(typed)
+
+    def close(
+        self,
+        late: Sequence[LateReading],
+        capped: Sequence[CappedReading],
+        incidents: Sequence[dict[str, Any]],
+    ) -> None:
+        """Write what is known once the input has ended, and every sink without rows."""
+        for query in self.plan.queries:
+            name = query.sink.name
+            if self.fmt == "jsonl":
+                self._line_file(name)
+            elif name not in self._tables:
+                self._table_file(name).write(_empty(self.plan.streams.get(name)))
+        if self.fmt == "jsonl":
+            for handle in self._lines.values():
+                handle.close()
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._write_lines(late, capped, incidents)
+            return
+        self._table_file("late_readings").write(late_table(self.plan, late))
+        if capped:
+            quarantined = late_table(self.plan, capped)
+            self._table_file("quarantine").write(
+                quarantined.append_column(
+                    "reason", pa.array([r.reason for r in capped], pa.string())
+                )
             )
+        self._table_file("incidents").write(incidents_table(incidents))
+        for name, table_file in self._tables.items():
+            table_file.close(self._final(name))
+        if self._staging.exists():
+            self._staging.rmdir()
+
+    def discard(self) -> None:
+        """Remove what was written so far: an evaluation that failed, or that starts
+        again."""
+        for sink, handle in self._lines.items():
+            handle.close()
+            (self.folder / f"{sink}.jsonl").unlink(missing_ok=True)
+        for table_file in self._tables.values():
+            table_file.discard()
+        self._lines, self._tables, self.rows = {}, {}, 0
+        if self._staging.exists() and not any(self._staging.iterdir()):
+            self._staging.rmdir()
+
+    def _write_lines(
+        self,
+        late: Sequence[LateReading],
+        capped: Sequence[CappedReading],
+        incidents: Sequence[dict[str, Any]],
+    ) -> None:
+        streams = self.plan.streams
+        files = {
+            "late_readings": [late_line(r, streams[r.stream]) for r in late],
+            "quarantine": [quarantine_line(r, streams[r.stream]) for r in capped],
+            "incidents": [
+                orjson.dumps(_iso_record(record), option=orjson.OPT_APPEND_NEWLINE)
+                for record in incidents
+            ],
+        }
+        for name, lines in files.items():
+            if lines or name != "quarantine":
+                (self.folder / f"{name}.jsonl").write_bytes(b"".join(lines))
+
+    def _line_file(self, sink: str) -> BinaryIO:
+        if sink not in self._lines:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._lines[sink] = open(self.folder / f"{sink}.jsonl", "wb")  # noqa: SIM115
+        return self._lines[sink]
+
+    def _table_file(self, sink: str) -> _TableFile:
+        if sink not in self._tables:
+            folder = self.folder if self.fmt == "parquet" else self._staging
+            self._tables[sink] = _TableFile(folder / f"{sink}.parquet")
+        return self._tables[sink]
+
+    def _final(self, name: str) -> Path | None:
+        """Where a Delta table of ``name`` goes (None: the Parquet file is the output)."""
+        return None if self.fmt == "parquet" else self.folder / name
+
+
+_ROW_GROUP = 262_144
+"""Rows a table file's writer gathers before it writes them as a row group."""
+
+
+class _TableFile:
+    """A Parquet file written a row group at a time, its schema the first rows'; the
+    rows of a Delta table until they are committed (:meth:`close`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._writer: pq.ParquetWriter | None = None
+        self._pending: list[pa.Table] = []
+        self._rows = 0
+
+    def write(self, table: pa.Table) -> None:
+        if self._writer is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._writer = pq.ParquetWriter(self.path, table.schema)
+        self._pending.append(self._fitted(table))
+        self._rows += table.num_rows
+        if self._rows >= _ROW_GROUP:
+            self._flush()
+
+    def close(self, delta: Path | None) -> None:
+        """The file complete; with ``delta``, its rows committed there as a Delta table
+        and the file removed."""
+        self._flush()
+        assert self._writer is not None
+        self._writer.close()
+        if delta is None:
+            return
+        from deltalake import write_deltalake
+
+        source = pq.ParquetFile(self.path)
+        reader = pa.RecordBatchReader.from_batches(source.schema_arrow, source.iter_batches())
+        write_deltalake(
+            str(delta),
+            reader,
+            mode="overwrite",
+            schema_mode="overwrite",
+            configuration=_TABLE_PROPERTIES,
+        )
+        source.close()
+        self.path.unlink()
+
+    def discard(self) -> None:
+        """Close the file and remove it."""
+        if self._writer is not None:
+            self._writer.close()
+        self._pending = []
+        self.path.unlink(missing_ok=True)
+
+    def _fitted(self, table: pa.Table) -> pa.Table:
+        """``table`` in the file's schema: the same columns, cast where they differ."""
+        assert self._writer is not None
+        schema = self._writer.schema
+        if table.schema.equals(schema):
+            return table
+        try:
+            return table.select(schema.names).cast(schema)
+        except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+            raise ReplayOutputError(
+                f"{self.path.stem}: rows of another layout than the first rows "
+                f"({table.schema.names} against {schema.names}: {err}); write the outputs "
+                "as JSON lines (--format jsonl)"
+            ) from None
+
+    def _flush(self) -> None:
+        if self._pending and self._writer is not None:
+            self._writer.write_table(pa.concat_tables(self._pending))
+            self._pending, self._rows = [], 0

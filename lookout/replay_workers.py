@@ -5,8 +5,9 @@ A worker process is forked once the rules are loaded and before any reading is (
 starts at once, with the plan, and holds no input); Arrow's thread pools are safe
 across a fork. It runs Python's collector as the engine's workers do
 (`engine.python_gc`), takes each batch's share of the admitted readings as Arrow
-tables, and sends back everything it produced when told to end. The parent judges
-the next batch while the workers evaluate this one.
+tables, sends back the rows it emitted so far when asked to drain them (a replay
+writing its outputs as they become final) and everything else it produced when told
+to end. The parent judges the next batch while the workers evaluate this one.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from engine.core.partitions import PartitionWorker, Produced, Shares
 from engine.core.plan import Plan
+from engine.core.runners import SinkRows
 from engine.python_gc import collector_paused, freeze_batch_survivors, freeze_worker_heap
 from lookout.replay_outputs import rendered
 
@@ -50,8 +52,18 @@ class WorkerProcess:
         """Send the final advance (the worker ends while the caller goes on)."""
         self._send(("end", None if ends is None else dict(ends)))
 
+    def drain(self) -> list[SinkRows]:
+        """Wait for the rows the worker emitted since the last drain."""
+        self._send(("drain",))
+        drained: list[SinkRows] = self._reply()
+        return drained
+
     def produced(self) -> Produced:
-        """Wait for everything the worker produced."""
+        """Wait for everything the worker produced but the rows drained."""
+        produced: Produced = self._reply()
+        return produced
+
+    def _reply(self) -> Any:
         try:
             reply = self._conn.recv()
         except EOFError:
@@ -79,8 +91,9 @@ class WorkerProcess:
 
 
 def _serve(conn: Connection, plan: Plan, groups: dict[int, frozenset[int]], render: bool) -> None:
-    """A worker process's loop: feed batches until told to end, then send the result or,
-    after an error, its traceback as text."""
+    """A worker process's loop: feed batches (and send the rows emitted so far when told
+    to drain) until told to end, then send the result or, after an error, its traceback
+    as text."""
     failed: str | None = None
     worker = None
     try:
@@ -91,6 +104,15 @@ def _serve(conn: Connection, plan: Plan, groups: dict[int, frozenset[int]], rend
     with collector_paused():
         while True:
             kind, *args = conn.recv()
+            if kind == "drain":
+                reply: list[SinkRows] | str | None = failed
+                if worker is not None and failed is None:
+                    try:
+                        reply = _drained(worker, plan if render else None)
+                    except Exception:  # reported now and at the end
+                        reply = failed = traceback.format_exc()
+                conn.send(reply)
+                continue
             if kind == "end":
                 if worker is None or failed is not None:
                     conn.send(failed)
@@ -103,6 +125,13 @@ def _serve(conn: Connection, plan: Plan, groups: dict[int, frozenset[int]], rend
                 except Exception:  # reported at the end
                     failed = traceback.format_exc()
                 freeze_batch_survivors()
+
+
+def _drained(worker: PartitionWorker, render: Plan | None) -> list[SinkRows]:
+    """The rows the worker emitted since the last drain, as JSON lines of ``render``'s
+    streams (if given)."""
+    emitted = worker.drain()
+    return emitted if render is None else [rendered(item, render) for item in emitted]
 
 
 def _ended(

@@ -187,6 +187,11 @@ class Produced:
             rows[emitted.sink] += emitted.table.num_rows
         return rows
 
+    def drain(self) -> list[SinkRows]:
+        """The output rows taken in since the last drain (no longer held here)."""
+        emitted, self.emitted = self.emitted, []
+        return emitted
+
 
 class PartitionWorker:
     """One worker: a pipeline per group it runs (index: the group's stages), each fed
@@ -209,8 +214,12 @@ class PartitionWorker:
                 closed += self.result.take(pipeline.feed({}, ends))
             self.result.closed = closed
 
+    def drain(self) -> list[SinkRows]:
+        """The rows emitted since the last drain."""
+        return self.result.drain()
+
     def produced(self) -> Produced:
-        """Everything the worker produced."""
+        """Everything the worker produced (but the rows drained)."""
         return self.result
 
 

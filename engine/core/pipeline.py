@@ -146,6 +146,22 @@ def dependency_order(stages: Iterable[tuple[int, Stage]]) -> list[tuple[int, Sta
     return ordered
 
 
+def stream_watermarks(
+    stages: Iterable[tuple[int, Stage]], sources: Mapping[str, int]
+) -> dict[str, int]:
+    """Every stream's watermark once ``stages`` (in dependency order) have advanced to
+    their inputs' with the source streams at ``sources``: a derived stream's is the lowest
+    of the watermarks its producing stages advanced to, since what a stage emits from
+    then on has ts at or above the watermark it advanced to (for a UNION ALL, the lowest
+    producer's)."""
+    watermarks = dict(sources)
+    for _, stage in stages:
+        watermark = watermarks[stage.input]
+        for sink in stage_sinks(stage):
+            watermarks[sink] = min(watermarks.get(sink, watermark), watermark)
+    return watermarks
+
+
 def _numbers(column: pa.ChunkedArray | pa.Array, dtype: type) -> np.ndarray:
     return np.asarray(column.to_numpy(zero_copy_only=False), dtype=dtype)
 
@@ -545,9 +561,9 @@ class Pipeline:
         """Advance every stage to its input's watermark in dependency order, feeding each
         derived row to the stages reading it (they come later in that order), after the
         held readings the watermarks have passed."""
-        watermarks = dict(watermarks)
         for name in self.sources:
             self._at[name] = max(self._at[name], watermarks[name])
+        watermarks = stream_watermarks(self.stages, watermarks)
         for stream, held in self.held.items():
             released = held.release(watermarks[stream])
             if released is not None:
@@ -563,10 +579,6 @@ class Pipeline:
             evicted = self.runners[i].take_evicted()
             if stage.input in self.caps:
                 self.caps[stage.input].note_evicted(i, evicted)
-            # What the stage emits from now on has ts >= watermark: its sinks' watermark,
-            # the lowest of their producers' for a UNION ALL.
-            for sink in stage_sinks(stage):
-                watermarks[sink] = min(watermarks.get(sink, watermark), watermark)
         for alert, tracker in self.trackers.items():
             # Every report and observation below both watermarks is in.
             watermark = min(watermarks[alert], watermarks[tracker.spec.observe or alert])

@@ -18,13 +18,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from engine.core.evaluator import Output
 from engine.core.incidents import IncidentUpdate
 from engine.core.keycap import CappedReading
+from engine.core.output_order import STAGE, OutputOrder, Runs
 from engine.core.partitions import (
     DistinctKeys,
     IncidentKey,
@@ -38,15 +37,19 @@ from engine.core.pipeline import (
     Conflict,
     LateReading,
     Pipeline,
+    fed_stages,
+    stream_watermarks,
 )
 from engine.core.plan import END_OF_TIME, Plan, StreamSchema
-from engine.core.runners import KEY, SEQ, TS, SinkRows, emitted_outputs, key_of
+from engine.core.runners import SinkRows, emitted_outputs
 from engine.core.schema import arrival_type
 from engine.core.sequencer import sort_key
 
 Row = dict[str, Any]
 
 __all__ = [
+    "STAGE",
+    "Finished",
     "LateReading",
     "ReplayResult",
     "arrival_table",
@@ -77,7 +80,13 @@ class ReplayResult:
     """How many output rows the final heartbeat produced, per output (sink)."""
     emitted: list[SinkRows] = field(default_factory=list)
     """The output rows as the stages emitted them, batch after batch (:attr:`outputs`
-    holds them in output order as rows; :func:`sink_tables` as a table per sink)."""
+    holds them in output order as rows; :func:`sink_tables` as a table per sink); empty
+    when they were handed on as they became final (``finished``)."""
+
+
+Finished = Callable[[Runs], None]
+"""Takes output rows as they become final: each sink's next rows in output order
+(:class:`~engine.core.output_order.OutputOrder`)."""
 
 
 def arrival_table(schema: StreamSchema, rows: list[Row]) -> pa.Table:
@@ -160,22 +169,27 @@ def run_arrivals(
     end_at: int | None = END_OF_TIME,
     progress: Callable[[int], None] | None = None,
     caps: Mapping[str, int] | None = None,
+    finished: Finished | None = None,
 ) -> ReplayResult:
     """Evaluate ``plan`` over batches of arrivals, each ``{stream: table}`` as
     :meth:`Pipeline.process` takes it (every stream's readings in arrival order; a
     ``seq`` left NULL is numbered by the pipeline's own arrival count), then end with a
     heartbeat at ``end_at`` as :func:`run` does. The outputs are left as the stages
-    emitted them (:attr:`ReplayResult.emitted`; :func:`sink_tables` orders them), and
-    ``progress`` is told how many readings each batch held once it is evaluated;
-    ``caps`` as :func:`run` takes them."""
+    emitted them (:attr:`ReplayResult.emitted`; :func:`sink_tables` orders them) or,
+    given ``finished``, handed to it in output order after every batch, as far as they
+    are final (so that a long input's outputs need not fit in memory). ``progress`` is
+    told how many readings each batch held once it is evaluated; ``caps`` as :func:`run`
+    takes them."""
     pipeline = Pipeline(plan, caps=caps)
     result = ReplayResult()
     produced = Produced()
+    ordered = _Handing(plan, finished)
     for tables in arrivals:
         step = pipeline.process(tables)
         _sealed(pipeline)
         _set_aside(result, step)
         produced.take(step)
+        ordered.hand_on([produced], step.watermarks)
         result.watermarks = {s: step.watermarks[s] for s in pipeline.sources}
         if progress is not None:
             progress(sum(t.num_rows for t in tables.values()))
@@ -183,7 +197,32 @@ def run_arrivals(
         step = pipeline.finish(end_at)
         _set_aside(result, step)
         produced.closed = produced.take(step)
+    ordered.hand_on([produced], None)
     return _merged(result, [produced])
+
+
+class _Handing:
+    """Output rows handed to ``finished`` as they become final (none: left alone)."""
+
+    def __init__(self, plan: Plan, finished: Finished | None) -> None:
+        self.finished = finished
+        self.stages = fed_stages(plan, [s.name for s in plan.sources()])
+        self.order = OutputOrder()
+
+    def hand_on(
+        self, produced: Iterable[Produced | Worker], watermarks: Mapping[str, int] | None
+    ) -> None:
+        """Take the rows each of ``produced`` emitted since the last time and hand on
+        those final once every stage has advanced to the source streams' ``watermarks``
+        (None: every row, at the end)."""
+        if self.finished is None:
+            return
+        for part in produced:
+            self.order.add(part.drain())
+        bounds = None if watermarks is None else stream_watermarks(self.stages, watermarks)
+        runs = self.order.finished(bounds)
+        if runs:
+            self.finished(runs)
 
 
 class Worker(Protocol):
@@ -195,8 +234,17 @@ class Worker(Protocol):
     def end(self, ends: Mapping[str, int] | None) -> None:
         """The final advance (None: none)."""
 
+    def drain(self) -> list[SinkRows]:
+        """The rows the worker emitted since the last drain, every batch fed so far
+        evaluated."""
+
     def produced(self) -> Produced:
-        """Everything the worker produced (once it has ended)."""
+        """Everything the worker produced (once it has ended) but the rows drained."""
+
+
+DRAIN_BATCHES = 8
+"""A split evaluation handing on final rows takes the workers' rows every this many
+batches (each time it waits for them to catch up)."""
 
 
 def run_split(
@@ -207,17 +255,21 @@ def run_split(
     end_at: int | None = END_OF_TIME,
     progress: Callable[[int], None] | None = None,
     caps: Mapping[str, int] | None = None,
+    finished: Finished | None = None,
+    drain_every: int = DRAIN_BATCHES,
 ) -> ReplayResult:
     """:func:`run_arrivals`, the evaluation split among ``workers`` as ``split`` says
     (:mod:`engine.core.partitions`; worker ``i`` runs ``split.groups_of(i)``), the
-    central stages here: the same result. Raises
+    central stages here: the same result; ``finished`` is handed the final rows every
+    ``drain_every`` batches. Raises
     :class:`~engine.core.partitions.CapReachable` as soon as a cap on live keys could
     quarantine a reading (then evaluate with :func:`run_arrivals`)."""
     judge = Pipeline(plan, only=split.central)
     keys = DistinctKeys(plan, caps or {})
     result = ReplayResult()
     central = Produced()
-    for tables in arrivals:
+    ordered = _Handing(plan, finished)
+    for number, tables in enumerate(arrivals, start=1):
         step, admitted = judge.judge(tables)
         _sealed(judge)
         _set_aside(result, step)
@@ -225,6 +277,8 @@ def run_split(
         for worker, share in zip(workers, split.split(admitted), strict=True):
             worker.feed(share, step.watermarks)
         central.take(judge.feed(admitted, step.watermarks))
+        if number % drain_every == 0:
+            ordered.hand_on([central, *workers], step.watermarks)
         result.watermarks = dict(step.watermarks)
         if progress is not None:
             progress(sum(t.num_rows for t in tables.values()))
@@ -233,7 +287,9 @@ def run_split(
         worker.end(ends)
     if ends is not None:
         central.closed = central.take(judge.feed({}, ends))
-    return _merged(result, [central, *(worker.produced() for worker in workers)])
+    produced = [central, *(worker.produced() for worker in workers)]
+    ordered.hand_on(produced, None)
+    return _merged(result, produced)
 
 
 def _sealed(pipeline: Pipeline) -> None:
@@ -265,49 +321,17 @@ def _merged(result: ReplayResult, produced: Sequence[Produced]) -> ReplayResult:
     return result
 
 
-STAGE = "_stage"
-"""The column :func:`sink_tables` adds: the plan index of the stage that emitted the row."""
-
-
 def sink_tables(emitted: Iterable[SinkRows]) -> dict[str, pa.Table] | None:
     """The emitted rows of each sink in one table, in :func:`run`'s output order (event
     time, stage, key, the evaluator's own order), with the engine's columns and
-    ``_stage``; sinks are in order of their first rows. None when the tables of some
+    :data:`STAGE`; sinks are in order of their first rows. None when the tables of some
     sink differ in their columns' names, order or types (a NULL column aside), which
     one table cannot hold as the rows hold them: take :func:`run`'s rows then."""
-    by_sink: dict[str, list[pa.Table]] = {}
-    for item in emitted:
-        table = item.table.append_column(
-            STAGE, pa.array(np.full(item.table.num_rows, item.stage, np.int64))
-        )
-        by_sink.setdefault(item.sink, []).append(table)
+    order = OutputOrder()
+    order.add(emitted)
     tables = {}
-    for sink, parts in by_sink.items():
-        if not _one_layout(parts):
+    for sink, runs in order.finished().items():
+        if len(runs) > 1:
             return None
-        whole = pa.concat_tables(parts, promote_options="permissive")
-        # The key's order is sort_key's: the repr of its values, ranked once per key.
-        keys = pc.unique(whole.column(KEY)).to_pylist()
-        ranked = sorted(keys, key=lambda k: sort_key(key_of(k)))
-        rank = pc.index_in(whole.column(KEY), value_set=pa.array(ranked, pa.string()))
-        order = pc.sort_indices(
-            pa.table([whole.column(TS), whole.column(STAGE), rank, whole.column(SEQ)],
-                     names=["ts", "stage", "key", "seq"]),
-            sort_keys=[("ts", "ascending"), ("stage", "ascending"), ("key", "ascending"),
-                       ("seq", "ascending")],
-        )  # fmt: skip
-        tables[sink] = whole.take(order)
+        tables[sink] = runs[0]
     return tables
-
-
-def _one_layout(parts: list[pa.Table]) -> bool:
-    """Whether ``parts`` have the same column names in the same order, and per column
-    one type besides NULL."""
-    names = parts[0].column_names
-    if any(p.column_names != names for p in parts):
-        return False
-    for i in range(len(names)):
-        kinds = {p.schema.types[i] for p in parts} - {pa.null()}
-        if len(kinds) > 1:
-            return False
-    return True

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.core.output_order import Runs
 from engine.core.partitions import (
     CapReachable,
     PartitionWorker,
@@ -260,6 +261,50 @@ def test_the_split_evaluation_gives_one_pipelines_result(
         end,
     )
     assert summary(got) == summary(expected)
+
+
+def handed_on(runs_seen: list[Runs]) -> dict[str, list[dict[str, Any]]]:
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for runs in runs_seen:
+        for sink, ordered in runs.items():
+            for table in ordered:
+                rows.setdefault(sink, []).extend(table.to_pylist())
+    return rows
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    batched=arrivals(),
+    workers=st.integers(2, 3),
+    drain_every=st.integers(1, 3),
+    end=st.sampled_from([END_OF_TIME, None]),
+)
+def test_rows_handed_on_as_they_become_final_are_the_rows_of_the_whole_run(
+    split_plan: Plan,
+    batched: list[list[dict[str, Any]]],
+    workers: int,
+    drain_every: int,
+    end: int | None,
+) -> None:
+    """One pipeline and the split evaluation handing on their rows batch by batch give
+    the rows (in order) and everything else of a run that keeps every row to the end."""
+    expected = summary(run_arrivals(split_plan, batches(split_plan, batched), end))
+    one: list[Runs] = []
+    got = run_arrivals(split_plan, batches(split_plan, batched), end, finished=one.append)
+    assert got.emitted == []
+    assert {**summary(got), "outputs": handed_on(one)} == expected
+    split = partitioning(split_plan, workers)
+    several: list[Runs] = []
+    got = run_split(
+        split_plan,
+        batches(split_plan, batched),
+        split,
+        [PartitionWorker(split_plan, split.groups_of(i)) for i in range(workers)],
+        end,
+        finished=several.append,
+        drain_every=drain_every,
+    )
+    assert {**summary(got), "outputs": handed_on(several)} == expected
 
 
 def test_the_rules_under_test_produce_every_output_and_incident_kind(split_plan: Plan) -> None:

@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lookout.replay import run_replay
+from engine.core.output_order import Runs
+from engine.core.partitions import partitioning
+from engine.core.replay import run_arrivals, run_split, sink_tables
+from lookout.replay import run_replay, start_workers
+from lookout.replay_inputs import Readings, parse_inputs
 from lookout.replay_workers import WorkerFailed, WorkerProcess
 from rules.language.loader import RULES_DIR, load_rules
 from simulators.cli import FILE_START
@@ -71,6 +77,33 @@ def test_workers_split_by_station_write_the_files_one_process_writes(tmp_path: P
     assert {"accident.jsonl", "speeding.jsonl", "incidents.jsonl"} <= set(names)
     for name in names:
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+
+
+def test_worker_processes_hand_back_their_rows_as_the_run_goes(tmp_path: Path) -> None:
+    """Drained every two batches of 2,000 readings, worker processes hand back rows that,
+    with the rest at the end, are one process's rows in its order."""
+    recording = simulate(tmp_path)
+    plan = load_rules([RULES_DIR / "traffic.sql"]).plan
+
+    def batches() -> Iterator[dict[str, pa.Table]]:
+        return Readings(parse_inputs([str(recording)], plan), batch=2_000).batches()
+
+    expected = sink_tables(run_arrivals(plan, batches()).emitted)
+    assert expected is not None
+    processes = start_workers(plan, 2)
+    handed: list[Runs] = []
+    try:
+        run_split(plan, batches(), partitioning(plan, 2), processes,
+                  finished=handed.append, drain_every=2)  # fmt: skip
+    finally:
+        for process in processes:
+            process.close()
+    assert len(handed) > 2
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for runs in handed:
+        for sink, ordered in runs.items():
+            rows.setdefault(sink, []).extend(r for t in ordered for r in t.to_pylist())
+    assert rows == {sink: table.to_pylist() for sink, table in expected.items()}
 
 
 def test_a_worker_that_fails_is_reported_with_its_traceback() -> None:
