@@ -25,7 +25,7 @@ Every reading without a ``seq`` gets its arrival index over the whole input, as
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,7 +211,7 @@ class Readings:
         self.notes: list[str] = []
         """What the readers say about their inputs (a table's arrival order)."""
         self._tables = [_read_table(i, window) for i in inputs if i.kind != "jsonl"]
-        self.notes = [note for _, _, note in self._tables]
+        self.notes = [t.note for t in self._tables]
         self._sizes = {id(i): (i.path.stat().st_size if i.kind == "jsonl" else 1) for i in inputs}
 
     def batches(self) -> Iterator[dict[str, pa.Table]]:
@@ -247,19 +247,20 @@ class Readings:
                 for stream, table, offset in _read_json_lines(inp, self.window, self):
                     yield _Piece(stream, table, (before + offset) / max(total, 1))
             else:
-                schema, table, _ = next(tables)
                 # A table's share of the input counts its rows as they go.
-                yield from self._numbered_rows(schema.name, table, before, size, total)
+                yield from self._numbered_rows(next(tables), before, size, total)
             before += size
 
     def _numbered_rows(
-        self, stream: str, table: pa.Table, before: int, size: int, total: int
+        self, source: _TableInput, before: int, size: int, total: int
     ) -> Iterator[_Piece]:
-        rows = max(table.num_rows, 1)
-        for start in range(0, table.num_rows, self.batch):
-            part = self.number(table.slice(start, self.batch))
-            done = start + part.num_rows
-            yield _Piece(stream, part, (before + size * done / rows) / max(total, 1))
+        rows, done = max(source.rows, 1), 0
+        for table in source.pieces():
+            for start in range(0, table.num_rows, self.batch):
+                part = self.number(table.slice(start, self.batch))
+                done += part.num_rows
+                share = min(done / rows, 1.0)
+                yield _Piece(source.stream.name, part, (before + size * share) / max(total, 1))
 
     def number(self, table: pa.Table) -> pa.Table:
         """``table``'s readings with their arrival index where ``seq`` is NULL."""
@@ -605,9 +606,41 @@ def _time_filter(field_type: pa.DataType, name: str, window: TimeRange) -> ds.Ex
 _PER_MS = {"ms": 1, "us": 1_000, "ns": 1_000_000}
 
 
-def _read_table(inp: Input, window: TimeRange) -> tuple[StreamSchema, pa.Table, str]:
-    """The input table's readings in the window, as one arrival table in arrival order
-    (``seq`` still NULL where the table has none), and the arrival rule applied."""
+@dataclass
+class _TableInput:
+    """An input table: its stream, its readings in the window and the arrival rule
+    applied (:attr:`note`); :meth:`pieces` gives the readings in arrival order."""
+
+    inp: Input
+    stream: StreamSchema
+    window: TimeRange
+    rows: int
+    note: str
+    whole: pa.Table | None
+    """The readings as one arrival table, when arrival order needed a sort (None: read
+    piece by piece in stored order)."""
+    scan: Callable[[], Iterator[pa.Table]]
+    """The stored rows in the window, piece by piece, as stored."""
+
+    def pieces(self) -> Iterator[pa.Table]:
+        """Arrival tables in arrival order (``seq`` still NULL where the table has
+        none); a misfit value raises :class:`ReplayInputError` naming the reading's
+        place in arrival order."""
+        if self.whole is not None:
+            yield self.whole
+            return
+        before = 0
+        for stored in self.scan():
+            arrivals = _table_arrivals(self.inp, self.stream, stored, before)
+            before += stored.num_rows
+            yield _in_window(arrivals, self.stream, self.window)
+
+
+def _read_table(inp: Input, window: TimeRange) -> _TableInput:
+    """The input table's readings in the window: read now and sorted into arrival order
+    when a column gives it (or the table is Delta, which keeps no row order), else
+    counted now and read piece by piece in stored order, so that memory holds a piece
+    at a time."""
     try:
         dataset = _dataset(inp)
     except ReplayInputError:
@@ -621,32 +654,59 @@ def _read_table(inp: Input, window: TimeRange) -> tuple[StreamSchema, pa.Table, 
     ts_name = stream.timestamp or "ts"
     extra = [c for c in (*IDENTITY, *order) if c in names]
     wanted = list(dict.fromkeys([*(c.name for c in stream.columns), *extra]))
-    try:
-        table = dataset.to_table(
-            columns=wanted,
-            filter=_time_filter(dataset.schema.field(ts_name).type, ts_name, window),
-        )
-    except Exception as err:
-        raise ReplayInputError(f"--input {inp.spec!r}: cannot read {inp.path}: {err}") from None
+    where = _time_filter(dataset.schema.field(ts_name).type, ts_name, window)
     if not order and inp.kind == "delta":
         order = [ts_name, *(c for c in IDENTITY if c in names)]
-    if order:
-        table = table.take(pc.sort_indices(table, [(c, "ascending") for c in order]))
-    arrivals = _table_arrivals(inp, stream, table)
-    arrivals = _in_window(arrivals, stream, window)
-    note = f"{inp.spec}: {arrivals.num_rows:,} readings, arrival order {rule}"
+
+    def scan() -> Iterator[pa.Table]:
+        # In order (files by path, rows as stored); reading ahead one batch and one file
+        # at most, or the reader decodes most of a large file ahead of the evaluation.
+        batches = dataset.to_batches(
+            columns=wanted,
+            filter=where,
+            batch_size=BATCH_READINGS,
+            batch_readahead=1,
+            fragment_readahead=1,
+        )
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except Exception as err:  # a file that cannot be read after all
+                raise ReplayInputError(
+                    f"--input {inp.spec!r}: cannot read {inp.path}: {err}"
+                ) from None
+            if batch.num_rows:
+                yield pa.Table.from_batches([batch])
+
+    whole = None
+    try:
+        if order:
+            table = dataset.to_table(columns=wanted, filter=where)
+            table = table.take(pc.sort_indices(table, [(c, "ascending") for c in order]))
+            whole = _in_window(_table_arrivals(inp, stream, table), stream, window)
+            rows = whole.num_rows
+        else:
+            rows = dataset.count_rows(filter=where)
+    except ReplayInputError:
+        raise
+    except Exception as err:
+        raise ReplayInputError(f"--input {inp.spec!r}: cannot read {inp.path}: {err}") from None
+    note = f"{inp.spec}: {rows:,} readings, arrival order {rule}"
     if ARRIVAL_WATERMARK in order and stream.source_idle_ms is not None:
         note += (
             f"; '{stream.name}' has a clock per source and the table holds no heartbeats: "
             "a source the engine waited for on its heartbeats alone may be idle or new "
             "here, and some of its readings late"
         )
-    return stream, arrivals, note
+    return _TableInput(inp, stream, window, rows, note, whole, scan)
 
 
-def _table_arrivals(inp: Input, stream: StreamSchema, table: pa.Table) -> pa.Table:
+def _table_arrivals(inp: Input, stream: StreamSchema, table: pa.Table, before: int = 0) -> pa.Table:
     """A table's columns (checked by :func:`_check_columns`) in the engine's types, as
-    an arrival table; a value ingest would reject is refused with its reason."""
+    an arrival table; a value ingest would reject is refused with its reason and its
+    place in arrival order (``before``: readings of the input ahead of ``table``)."""
     n = table.num_rows
     columns: dict[str, Any] = {}
     for column in stream.columns:
@@ -654,7 +714,7 @@ def _table_arrivals(inp: Input, stream: StreamSchema, table: pa.Table) -> pa.Tab
             columns[column.name] = _convert(table.column(column.name), column.type)
         except _OutOfRange as err:
             raise ReplayInputError(
-                f"--input {inp.spec!r}: reading {err.index + 1} in arrival order: field "
+                f"--input {inp.spec!r}: reading {before + err.index + 1} in arrival order: field "
                 f"'{column.name}' is out of the {column.type} range ({shown(err.value)})"
             ) from None
     have = set(table.column_names)
@@ -677,7 +737,7 @@ def _table_arrivals(inp: Input, stream: StreamSchema, table: pa.Table) -> pa.Tab
     if bad is not None:
         index, reason = bad
         raise ReplayInputError(
-            f"--input {inp.spec!r}: reading {index + 1} in arrival order: {reason}"
+            f"--input {inp.spec!r}: reading {before + index + 1} in arrival order: {reason}"
         )
     return arrivals
 

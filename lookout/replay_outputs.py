@@ -360,6 +360,7 @@ class OutputFiles:
         self._lines: dict[str, BinaryIO] = {}
         self._tables: dict[str, _TableFile] = {}
         self._staging = folder / ".staging"
+        self._made = not folder.exists()  # a replay that fails leaves no folder it made
 
     def write(self, runs: Runs) -> None:
         """Each sink's next rows, in output order."""
@@ -416,8 +417,9 @@ class OutputFiles:
         for table_file in self._tables.values():
             table_file.discard()
         self._lines, self._tables, self.rows = {}, {}, 0
-        if self._staging.exists() and not any(self._staging.iterdir()):
-            self._staging.rmdir()
+        for made in (self._staging, self.folder if self._made else None):
+            if made is not None and made.exists() and not any(made.iterdir()):
+                made.rmdir()
 
     def _write_lines(
         self,

@@ -168,6 +168,7 @@ ENDS = st.sampled_from([END_OF_TIME, None, BASE + 10 * 20_000])
     st.integers(1, 4),
     st.sampled_from(["ms", "us", "ns"]),
     st.integers(0, 1000),
+    st.integers(1, 50),
 )
 def test_delta_and_parquet_give_what_the_same_json_lines_give(
     tmp_path_factory: pytest.TempPathFactory,
@@ -178,7 +179,10 @@ def test_delta_and_parquet_give_what_the_same_json_lines_give(
     files: int,
     unit: str,
     seed: int,
+    piece: int,
 ) -> None:
+    """... and a Parquet input read ``piece`` rows at a time (in stored order it is read
+    piece by piece, not whole)."""
     folder = tmp_path_factory.mktemp("inputs")
     jsonl = write_jsonl(folder / "traffic.jsonl", readings)
     parquet = write_parquet(folder / "parquet", readings, files, unit)
@@ -186,7 +190,8 @@ def test_delta_and_parquet_give_what_the_same_json_lines_give(
     expected = reference(jsonl, end_at)
     with patch.object(replay_inputs, "CHUNK_BYTES", chunk):
         assert_same(replayed(f"traffic={jsonl}", end_at, batch), expected)
-    assert_same(replayed(f"traffic={parquet}", end_at, batch), expected)
+    with patch.object(replay_inputs, "BATCH_READINGS", piece):
+        assert_same(replayed(f"traffic={parquet}", end_at, batch), expected)
     assert_same(replayed(f"traffic={delta}", end_at, batch), expected)
     assert_same(replayed(str(delta), end_at, batch), expected)  # the table's columns name it
 
@@ -321,6 +326,23 @@ def test_a_table_that_does_not_fit_its_stream_is_refused_with_the_column_and_why
     assert main([*args, "--input", f"traffic={path}"]) == 2
     err = capsys.readouterr().err
     assert f"lookout replay: --input 'traffic={path}': {message}" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_misfit_value_in_a_later_piece_is_located_in_arrival_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Parquet file read 4 readings at a time: reading 11 is refused by its place in
+    the whole input, and no output is left."""
+    rows = [dict(FITTING[i % len(FITTING)], ts=BASE + i * 1_000, seq=i) for i in range(20)]
+    rows[10] = dict(rows[10], speed=-1.5)
+    path = tmp_path / "t.parquet"
+    pq.write_table(as_table(rows), path)
+    args = ["replay", "--rules", str(RULES_DIR / "traffic.sql"), "--out", str(tmp_path / "o")]
+    with patch.object(replay_inputs, "BATCH_READINGS", 4):
+        assert main([*args, "--input", f"traffic={path}"]) == 2
+    err = capsys.readouterr().err
+    assert f"--input 'traffic={path}': reading 11 in arrival order: field 'speed' is " in err
     assert not (tmp_path / "o").exists()
 
 
