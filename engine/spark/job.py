@@ -36,7 +36,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from engine import tables
-from engine.alerts import AlertSpec
+from engine.alerts import AlertSpec, iso_utc
 from engine.core.pipeline import fed_stages
 from engine.core.plan import Plan
 from engine.maintenance import MaintenanceProcess, TableMaintenance
@@ -62,6 +62,24 @@ from lookout.health import ARRIVALS, HEALTH_FOLDER, RecentFigures, write_health
 from lookout.storage import lakehouse_options, uses_object_store
 
 log = logging.getLogger("lookout.engine")
+
+
+_CLOCK_APART_MS = 86_400_000
+"""A watermark further than this from the machine's clock is given as a time, not a lag:
+its readings carry a clock of their own (a recording, a simulation of another day)."""
+
+
+def watermark_lag(stream: str, watermark_ms: float, now_ms: float) -> str:
+    """How far ``stream``'s watermark is behind this machine's clock, for the progress
+    log; as a time when the two are more than a day apart."""
+    lag_ms = now_ms - watermark_ms
+    if abs(lag_ms) <= _CLOCK_APART_MS:
+        return f"{stream} watermark {lag_ms / 1000:.1f} s behind"
+    try:
+        at = iso_utc(int(watermark_ms))
+    except (OverflowError, ValueError, OSError):  # beyond the calendar (a far heartbeat)
+        at = f"{int(watermark_ms)} ms"
+    return f"{stream} watermark at {at} (a clock a day or more apart)"
 
 
 class EngineJob:
@@ -504,7 +522,7 @@ class EngineJob:
             if not durations:
                 continue
             lag = ", ".join(
-                f"{name} watermark {(time.time() * 1000 - f['watermark_ms']) / 1000:.1f} s behind"
+                watermark_lag(name, f["watermark_ms"], time.time() * 1000)
                 for name, f in streams
                 if f.get("watermark_ms") is not None
             )

@@ -16,6 +16,7 @@ from pyspark.sql.streaming.tws_tester import TwsTester
 
 from engine import tables
 from engine.spark.commit import merge_figures, table_schemas
+from engine.spark.job import watermark_lag
 from engine.spark.metrics import ProgressListener, observe_step
 from engine.spark.processor import EngineProcessor
 from lookout.config import Config
@@ -154,3 +155,15 @@ def test_the_state_stores_memory_and_files_are_summed_over_the_query_operators()
     sample = REGISTRY.get_sample_value
     assert sample("lookout_state_store_memory_bytes", {"query": "engine"}) == 1_500
     assert sample("lookout_state_store_files_bytes", {"query": "engine"}) == 10_000
+
+
+def test_the_progress_log_gives_a_lag_or_a_time_for_a_clock_of_its_own() -> None:
+    """A watermark near this machine's clock is a lag; one a day or more away (a
+    recording, a simulated day, a far heartbeat) is a time, not months of lag."""
+    now = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+    assert watermark_lag("traffic", now - 3_400, now) == "traffic watermark 3.4 s behind"
+    assert watermark_lag("traffic", now - 86_400_000, now) == ("traffic watermark 86400.0 s behind")
+    assert watermark_lag("tag_readings", now - 275 * 86_400_000, now) == (
+        "tag_readings watermark at 2025-04-01T00:00:00.000+00:00 (a clock a day or more apart)"
+    )
+    assert watermark_lag("traffic", 2**62, now).startswith(f"traffic watermark at {2**62} ms")
