@@ -436,8 +436,8 @@ class OutputFiles:
                 for record in incidents
             ],
         }
-        for name, lines in files.items():
-            if lines or name != "quarantine":
+        for name, lines in files.items():  # late readings and quarantine only if any
+            if lines or name == "incidents":
                 (self.folder / f"{name}.jsonl").write_bytes(b"".join(lines))
 
     def _line_file(self, sink: str) -> BinaryIO:

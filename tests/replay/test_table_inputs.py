@@ -346,6 +346,24 @@ def test_a_misfit_value_in_a_later_piece_is_located_in_arrival_order(
     assert not (tmp_path / "o").exists()
 
 
+def test_late_readings_and_quarantine_files_are_written_only_when_there_are_any(
+    tmp_path: Path,
+) -> None:
+    """JSON lines: a file per output (empty if it has no rows) and incidents always;
+    late readings and quarantine only when a reading was set aside."""
+    jsonl = write_jsonl(tmp_path / "t.jsonl", FITTING)
+    args = ["replay", "--rules", str(RULES_DIR / "traffic.sql"), "--input", f"traffic={jsonl}"]
+    assert main([*args, "--out", str(tmp_path / "o")]) == 0
+    names = {p.name for p in (tmp_path / "o").iterdir()}
+    assert {"incidents.jsonl", "lane_reports.jsonl", "accident.jsonl"} <= names
+    assert not {"late_readings.jsonl", "quarantine.jsonl"} & names
+    late = dict(FITTING[0], ts=BASE - 60_000, seq=99)
+    jsonl = write_jsonl(tmp_path / "late.jsonl", [*FITTING, late])
+    args[-1] = f"traffic={jsonl}"
+    assert main([*args, "--out", str(tmp_path / "o2")]) == 0
+    assert (tmp_path / "o2" / "late_readings.jsonl").read_bytes().count(b"\n") == 1
+
+
 # ---- output formats ---------------------------------------------------------------------
 
 
