@@ -14,6 +14,10 @@ stream has none), `incidents` the `incidents` table's engine columns.
 
 from __future__ import annotations
 
+import json
+import os
+import time
+import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -481,26 +485,36 @@ class _TableFile:
             self._flush()
 
     def close(self, delta: Path | None) -> None:
-        """The file complete; with ``delta``, its rows committed there as a Delta table
-        and the file removed."""
+        """The file complete; with ``delta``, made the one data file of a Delta table
+        there (written anew), its rows in the order written."""
         self._flush()
         assert self._writer is not None
         self._writer.close()
         if delta is None:
             return
-        from deltalake import write_deltalake
+        from deltalake import Schema
+        from deltalake.transaction import AddAction, create_table_with_add_actions
 
-        source = pq.ParquetFile(self.path)
-        reader = pa.RecordBatchReader.from_batches(source.schema_arrow, source.iter_batches())
-        write_deltalake(
+        # Committed as it is: delta-rs writing a stream of batches reorders the rows.
+        delta.mkdir(parents=True, exist_ok=True)
+        data = delta / f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        os.replace(self.path, data)
+        rows = pq.read_metadata(data).num_rows
+        add = AddAction(
+            data.name,
+            data.stat().st_size,
+            {},
+            int(time.time() * 1000),
+            True,
+            json.dumps({"numRecords": rows}),
+        )
+        create_table_with_add_actions(
             str(delta),
-            reader,
+            Schema.from_arrow(self._writer.schema),
+            [add],
             mode="overwrite",
-            schema_mode="overwrite",
             configuration=_TABLE_PROPERTIES,
         )
-        source.close()
-        self.path.unlink()
 
     def discard(self) -> None:
         """Close the file and remove it."""

@@ -36,7 +36,7 @@ from engine.core.pipeline import ARRIVAL_WATERMARK, Pipeline
 from engine.core.plan import END_OF_TIME, Column, ColumnType, StreamSchema
 from engine.core.replay import ReplayResult, ordered_outputs, run, run_arrivals
 from ingest.validate import normalize_reading
-from lookout import replay_inputs
+from lookout import replay_inputs, replay_outputs
 from lookout.cli import main
 from lookout.replay import read_readings
 from lookout.replay_inputs import Readings, TimeRange, parse_inputs
@@ -392,12 +392,14 @@ def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_delta_and_parquet_outputs_hold_the_json_lines_rows(tmp_path: Path) -> None:
+    """In the same order, the tables written 5 rows a row group."""
     from deltalake import DeltaTable
 
     recording = write_jsonl(tmp_path / "traffic.jsonl", _recording())
     base = ["replay", "--rules", str(RULES_DIR / "traffic.sql"), "--input", f"traffic={recording}"]
     for fmt in ("jsonl", "parquet", "delta"):
-        assert main([*base, "--out", str(tmp_path / fmt), "--format", fmt, "--quiet"]) == 0
+        with patch.object(replay_outputs, "_ROW_GROUP", 5):
+            assert main([*base, "--out", str(tmp_path / fmt), "--format", fmt, "--quiet"]) == 0
     names = sorted(p.stem for p in (tmp_path / "jsonl").glob("*.jsonl"))
     assert {"late_readings", "incidents", "congestion", "station_speed"} <= set(names)
     assert sorted(p.stem for p in (tmp_path / "parquet").glob("*.parquet")) == names
@@ -420,6 +422,28 @@ def test_delta_and_parquet_outputs_hold_the_json_lines_rows(tmp_path: Path) -> N
     assert [(i["rule"], i["key"]) for i in incidents if i["rule"] == "congestion"] == [
         ("congestion", "station=3")
     ]
+
+
+def test_a_delta_output_keeps_the_order_of_many_row_groups(tmp_path: Path) -> None:
+    """70,000 lane reports written 1,000 rows a row group: the Delta table's rows in the
+    Parquet file's order (delta-rs writing a stream of batches would reorder them)."""
+    from deltalake import DeltaTable
+
+    readings = [
+        {"station": 1 + i % 7, "lane": 1, "speed": 20.0, "length": 4.0, "ts": BASE + i * 10,
+         "source": "s", "seq": i}
+        for i in range(70_000)
+    ]  # fmt: skip
+    recording = write_jsonl(tmp_path / "traffic.jsonl", readings)
+    base = ["replay", "--rules", str(RULES_DIR / "traffic.sql"), "--input", f"traffic={recording}"]
+    with patch.object(replay_outputs, "_ROW_GROUP", 1_000):
+        for fmt in ("parquet", "delta"):
+            assert main([*base, "--out", str(tmp_path / fmt), "--format", fmt, "--quiet"]) == 0
+    parquet = pq.read_table(tmp_path / "parquet" / "lane_reports.parquet")
+    delta = DeltaTable(str(tmp_path / "delta" / "lane_reports"))
+    assert parquet.num_rows == 70_000
+    assert delta.to_pyarrow_table().equals(parquet)
+    assert delta.metadata().configuration["delta.enableDeletionVectors"] == "false"
 
 
 # ---- a readings table the engine wrote -----------------------------------------------------
