@@ -8,6 +8,7 @@ writes the rows of a run that keeps them to the end."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
@@ -65,11 +66,13 @@ def batches(draw: Any) -> list[tuple[list[SinkRows], dict[str, int]]]:
     return result
 
 
-def as_rows(runs: Runs) -> dict[str, list[dict[str, Any]]]:
+def handed_rows(handed: Iterable[Runs]) -> dict[str, list[dict[str, Any]]]:
+    """Each sink's rows handed on, one hand-over after another, as Python rows."""
     rows: dict[str, list[dict[str, Any]]] = {}
-    for sink, ordered in runs.items():
-        for table in ordered:
-            rows.setdefault(sink, []).extend(table.to_pylist())
+    for runs in handed:
+        for sink, ordered in runs.items():
+            for table in ordered:
+                rows.setdefault(sink, []).extend(table.to_pylist())
     return rows
 
 
@@ -97,8 +100,8 @@ def test_rows_handed_on_are_every_row_once_in_output_order(
                 assert all(ts < bounds[sink] for ts in table.column(TS).to_pylist())
                 # One layout a run: its rows keep their own columns and types.
                 assert table.schema.field("v").type in {pa.float64(), pa.int64(), pa.null()}
-            handed.setdefault(sink, []).extend(as_rows({sink: ordered})[sink])
-    for sink, rows in as_rows(order.finished()).items():
+            handed.setdefault(sink, []).extend(handed_rows([{sink: ordered}])[sink])
+    for sink, rows in handed_rows([order.finished()]).items():
         handed.setdefault(sink, []).extend(rows)
     assert order.held_rows == 0
     expected = brute_force([p for parts, _ in batched for p in parts])
@@ -172,8 +175,4 @@ def test_a_sink_of_two_clocks_is_handed_on_below_the_slower_one(
     assert expected is not None
     handed: list[Runs] = []
     run_arrivals(two_clocks, tables(), finished=handed.append)
-    rows: dict[str, list[dict[str, Any]]] = {}
-    for runs in handed:
-        for sink, ordered in runs.items():
-            rows.setdefault(sink, []).extend(r for t in ordered for r in t.to_pylist())
-    assert rows == {sink: table.to_pylist() for sink, table in expected.items()}
+    assert handed_rows(handed) == {sink: table.to_pylist() for sink, table in expected.items()}

@@ -31,6 +31,7 @@ from engine.core.replay import (
     sink_tables,
 )
 from rules.language.loader import RULES_DIR, load_rules
+from tests.engine.test_output_order import handed_rows
 
 BASE = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -253,23 +254,16 @@ def test_the_split_evaluation_gives_one_pipelines_result(
     assert set(groups(split_plan, workers).values()) == {("station",), ("lane",), None}
     assert [split_plan.stages()[i].name for i in split.central] == ["fast"]
     expected = run_arrivals(split_plan, batches(split_plan, batched), end)
-    got = run_split(
-        split_plan,
-        batches(split_plan, batched),
-        split,
-        [PartitionWorker(split_plan, split.groups_of(i)) for i in range(workers)],
-        end,
-    )
-    assert summary(got) == summary(expected)
+    assert summary(split_run(split_plan, batched, workers, end)) == summary(expected)
 
 
-def handed_on(runs_seen: list[Runs]) -> dict[str, list[dict[str, Any]]]:
-    rows: dict[str, list[dict[str, Any]]] = {}
-    for runs in runs_seen:
-        for sink, ordered in runs.items():
-            for table in ordered:
-                rows.setdefault(sink, []).extend(table.to_pylist())
-    return rows
+def split_run(
+    plan: Plan, batched: list[list[dict[str, Any]]], workers: int, end: int | None, **extra: Any
+) -> ReplayResult:
+    """``run_split`` over the batches among ``workers`` workers in this process."""
+    split = partitioning(plan, workers)
+    evaluators = [PartitionWorker(plan, split.groups_of(i)) for i in range(workers)]
+    return run_split(plan, batches(plan, batched), split, evaluators, end, **extra)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -292,19 +286,12 @@ def test_rows_handed_on_as_they_become_final_are_the_rows_of_the_whole_run(
     one: list[Runs] = []
     got = run_arrivals(split_plan, batches(split_plan, batched), end, finished=one.append)
     assert got.emitted == []
-    assert {**summary(got), "outputs": handed_on(one)} == expected
-    split = partitioning(split_plan, workers)
+    assert {**summary(got), "outputs": handed_rows(one)} == expected
     several: list[Runs] = []
-    got = run_split(
-        split_plan,
-        batches(split_plan, batched),
-        split,
-        [PartitionWorker(split_plan, split.groups_of(i)) for i in range(workers)],
-        end,
-        finished=several.append,
-        drain_every=drain_every,
+    got = split_run(
+        split_plan, batched, workers, end, finished=several.append, drain_every=drain_every
     )
-    assert {**summary(got), "outputs": handed_on(several)} == expected
+    assert {**summary(got), "outputs": handed_rows(several)} == expected
 
 
 def test_the_rules_under_test_produce_every_output_and_incident_kind(split_plan: Plan) -> None:

@@ -11,7 +11,6 @@ import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pyarrow as pa
@@ -26,6 +25,7 @@ from lookout.replay_inputs import Readings, parse_inputs
 from lookout.replay_workers import WorkerFailed, WorkerProcess
 from rules.language.loader import RULES_DIR, load_rules
 from simulators.cli import FILE_START
+from tests.engine.test_output_order import handed_rows
 from tests.simulators.test_cli import demo_simulators
 
 
@@ -99,11 +99,7 @@ def test_worker_processes_hand_back_their_rows_as_the_run_goes(tmp_path: Path) -
         for process in processes:
             process.close()
     assert len(handed) > 2
-    rows: dict[str, list[dict[str, Any]]] = {}
-    for runs in handed:
-        for sink, ordered in runs.items():
-            rows.setdefault(sink, []).extend(r for t in ordered for r in t.to_pylist())
-    assert rows == {sink: table.to_pylist() for sink, table in expected.items()}
+    assert handed_rows(handed) == {sink: table.to_pylist() for sink, table in expected.items()}
 
 
 def test_a_worker_that_fails_is_reported_with_its_traceback() -> None:
