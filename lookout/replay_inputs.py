@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -608,32 +609,20 @@ _PER_MS = {"ms": 1, "us": 1_000, "ns": 1_000_000}
 
 @dataclass
 class _TableInput:
-    """An input table: its stream, its readings in the window and the arrival rule
-    applied (:attr:`note`); :meth:`pieces` gives the readings in arrival order."""
+    """An input table: its stream, its readings in the window, the arrival rule applied
+    (:attr:`note`), and :attr:`pieces`."""
 
-    inp: Input
     stream: StreamSchema
-    window: TimeRange
     rows: int
     note: str
-    whole: pa.Table | None
-    """The readings as one arrival table, when arrival order needed a sort (None: read
-    piece by piece in stored order)."""
-    scan: Callable[[], Iterator[pa.Table]]
-    """The stored rows in the window, piece by piece, as stored."""
+    pieces: Callable[[], Iterator[pa.Table]]
+    """The readings as arrival tables in arrival order (``seq`` still NULL where the
+    table has none); a misfit value raises :class:`ReplayInputError` naming the
+    reading's place in arrival order."""
 
-    def pieces(self) -> Iterator[pa.Table]:
-        """Arrival tables in arrival order (``seq`` still NULL where the table has
-        none); a misfit value raises :class:`ReplayInputError` naming the reading's
-        place in arrival order."""
-        if self.whole is not None:
-            yield self.whole
-            return
-        before = 0
-        for stored in self.scan():
-            arrivals = _table_arrivals(self.inp, self.stream, stored, before)
-            before += stored.num_rows
-            yield _in_window(arrivals, self.stream, self.window)
+
+def _unreadable(inp: Input, err: Exception) -> ReplayInputError:
+    return ReplayInputError(f"--input {inp.spec!r}: cannot read {inp.path}: {err}")
 
 
 def _read_table(inp: Input, window: TimeRange) -> _TableInput:
@@ -646,7 +635,7 @@ def _read_table(inp: Input, window: TimeRange) -> _TableInput:
     except ReplayInputError:
         raise
     except Exception as err:  # delta-rs and Arrow raise their own kinds
-        raise ReplayInputError(f"--input {inp.spec!r}: cannot read {inp.path}: {err}") from None
+        raise _unreadable(inp, err) from None
     names = set(dataset.schema.names)
     stream = _table_stream(inp, names)
     _check_columns(inp, stream, dataset.schema)
@@ -658,9 +647,9 @@ def _read_table(inp: Input, window: TimeRange) -> _TableInput:
     if not order and inp.kind == "delta":
         order = [ts_name, *(c for c in IDENTITY if c in names)]
 
-    def scan() -> Iterator[pa.Table]:
-        # In order (files by path, rows as stored); reading ahead one batch and one file
-        # at most, or the reader decodes most of a large file ahead of the evaluation.
+    def in_stored_order() -> Iterator[pa.Table]:
+        # Files by path, rows as stored; reading ahead one batch and one file at most,
+        # or the reader decodes most of a large file ahead of the evaluation.
         batches = dataset.to_batches(
             columns=wanted,
             filter=where,
@@ -668,31 +657,34 @@ def _read_table(inp: Input, window: TimeRange) -> _TableInput:
             batch_readahead=1,
             fragment_readahead=1,
         )
+        before = 0
         while True:
             try:
                 batch = next(batches)
             except StopIteration:
                 return
             except Exception as err:  # a file that cannot be read after all
-                raise ReplayInputError(
-                    f"--input {inp.spec!r}: cannot read {inp.path}: {err}"
-                ) from None
+                raise _unreadable(inp, err) from None
             if batch.num_rows:
-                yield pa.Table.from_batches([batch])
+                stored = pa.Table.from_batches([batch])
+                arrivals = _table_arrivals(inp, stream, stored, before)
+                before += stored.num_rows
+                yield _in_window(arrivals, stream, window)
 
-    whole = None
+    pieces: Callable[[], Iterator[pa.Table]] = in_stored_order
     try:
         if order:
             table = dataset.to_table(columns=wanted, filter=where)
             table = table.take(pc.sort_indices(table, [(c, "ascending") for c in order]))
             whole = _in_window(_table_arrivals(inp, stream, table), stream, window)
             rows = whole.num_rows
+            pieces = partial(iter, [whole])
         else:
             rows = dataset.count_rows(filter=where)
     except ReplayInputError:
         raise
     except Exception as err:
-        raise ReplayInputError(f"--input {inp.spec!r}: cannot read {inp.path}: {err}") from None
+        raise _unreadable(inp, err) from None
     note = f"{inp.spec}: {rows:,} readings, arrival order {rule}"
     if ARRIVAL_WATERMARK in order and stream.source_idle_ms is not None:
         note += (
@@ -700,7 +692,7 @@ def _read_table(inp: Input, window: TimeRange) -> _TableInput:
             "a source the engine waited for on its heartbeats alone may be idle or new "
             "here, and some of its readings late"
         )
-    return _TableInput(inp, stream, window, rows, note, whole, scan)
+    return _TableInput(stream, rows, note, pieces)
 
 
 def _table_arrivals(inp: Input, stream: StreamSchema, table: pa.Table, before: int = 0) -> pa.Table:
