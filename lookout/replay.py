@@ -109,17 +109,6 @@ def incident_records(rule_set: RuleSet, result: ReplayResult) -> list[dict[str, 
     ]
 
 
-def incident_lines(rule_set: RuleSet, result: ReplayResult) -> list[dict[str, Any]]:
-    """Every incident in its final state, as `DIR/incidents.jsonl` holds it (times as
-    ISO-8601 UTC text; a firing incident's `resolved_at` null)."""
-    records = incident_records(rule_set, result)
-    for record in records:
-        for name in ("opened_at", "last_report_at", "resolved_at"):
-            if record[name] is not None:
-                record[name] = iso_utc(record[name])
-    return records
-
-
 def parse_end_at(text: str) -> int | None:
     """`--end-at`: `infinity` (END_OF_TIME), `watermark` (None: no final heartbeat), or
     the final heartbeat's time as ISO-8601 with offset or epoch ms; ValueError if none."""
