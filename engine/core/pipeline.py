@@ -568,7 +568,7 @@ class Pipeline:
             released = held.release(watermarks[stream])
             if released is not None:
                 for i in self._readers[stream]:
-                    self.runners[i].insert(released)
+                    self.runners[i].insert(released, tie_ordered=True)
         for i, stage in self.stages:
             watermark = watermarks[stage.input]
             for emitted in self.runners[i].advance(watermark):

@@ -196,9 +196,11 @@ class StageRunner(Protocol):
     kind: str
     """Which runner (saved with its state: another kind's state is not resumed)."""
 
-    def insert(self, rows: pa.Table) -> None:
+    def insert(self, rows: pa.Table, tie_ordered: bool = False) -> None:
         """Buffer the stage's input rows (the stream's columns, timestamps as epoch ms,
-        ``source`` and ``seq``), in arrival order; none below the last watermark."""
+        ``source`` and ``seq``), in arrival order; none below the last watermark.
+        ``tie_ordered``: the rows are in (ts, source, seq) order (a runner may sort
+        them by key alone)."""
         ...
 
     def advance(self, watermark: int) -> list[SinkRows]:
@@ -396,7 +398,7 @@ class RowRunner:
             self._pieces = evaluator_pieces(self.stage)
         return self._pieces
 
-    def insert(self, rows: pa.Table) -> None:
+    def insert(self, rows: pa.Table, tie_ordered: bool = False) -> None:
         if not rows.num_rows:
             return
         if self._columnar_pre:

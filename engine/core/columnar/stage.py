@@ -103,6 +103,7 @@ class ColumnarRunner:
         self.owner = owner
         self.query = stage.query
         self.pending: list[pa.Table] = []
+        self._tie_ordered = False  # whether ``pending`` is one table in tie order
         self._pending_saved = True  # whether the store may hold pending rows
         self._shared_saved: Any = None  # the shared() object last saved
         self.states: dict[Key, Any] = {}
@@ -186,8 +187,10 @@ class ColumnarRunner:
         """Take back what :meth:`shared` gave."""
 
     # -- running ------------------------------------------------------------------------
-    def insert(self, rows: pa.Table) -> None:
+    def insert(self, rows: pa.Table, tie_ordered: bool = False) -> None:
         if rows.num_rows:
+            # The pre steps (filters, lookups, projections) keep the rows' order.
+            self._tie_ordered = tie_ordered and not self.pending
             self.pending.append(ops.apply(self.query.pre, rows)[0] if self.query.pre else rows)
 
     def advance(self, watermark: int) -> list[SinkRows]:
@@ -202,9 +205,12 @@ class ColumnarRunner:
         batches: list[tuple[Key, tuple[int, int]]] = []
         self._batch = self.empty_rows
         if final is not None and final.num_rows:
-            final = self._batch = final.take(
-                ops.sort_order(final, [*key_names, ts_name, "source", "seq"])
-            )
+            # Rows already in tie order (a source stream's, as the pipeline released
+            # them) are sorted by key alone, ties kept: no string column is ranked.
+            tied = [] if self._tie_ordered else [ts_name, "source", "seq"]
+            if key_names or tied:
+                final = final.take(ops.sort_order(final, [*key_names, *tied]))
+            self._batch = final
             self.begin(final)
             batches = ops.keyed_segments(final, key_names)
         seen = {key for key, _ in batches}
@@ -413,6 +419,7 @@ class ColumnarRunner:
             return stale + self.rests.restore(saved)
         for _, (_, _, pending, *shared) in own:
             self.pending = [pending] if pending is not None else []
+            self._tie_ordered = False
             if shared:
                 self.load_shared(shared[0])
                 self._shared_saved = self.shared()
