@@ -152,16 +152,18 @@ class IncidentTracker:
             keyed = rows.select(list(self.key_columns or ()))
         names = keyed.column_names
         if not names:
-            self._observe(key_json(()), ts)
+            self._observe(key_json(()), np.unique(ts))
             return
         order = np.asarray(ops.sort_order(keyed, names), dtype=np.int64)
         keyed, ts = keyed.take(order), ts[order]
-        for key, (start, end) in ops.keyed_segments(keyed, names):
-            self._observe(key[0] if column is not None else key_json(key), ts[start:end])
+        spans = ops.keyed_segments(keyed, names)
+        instants, bounds = _distinct_by_key(ts, [end - start for _, (start, end) in spans])
+        for (key, _), start, end in zip(spans, bounds[:-1], bounds[1:], strict=True):
+            self._observe(key[0] if column is not None else key_json(key), instants[start:end])
 
-    def _observe(self, key: str, instants: np.ndarray) -> None:
+    def _observe(self, key: str, new: np.ndarray) -> None:
+        """Take a key's new observed instants ``new`` (sorted, each once)."""
         state = self._state(key)
-        new = np.unique(instants)
         held = state.observed
         # Instants mostly arrive after those held: then no merge is needed.
         whole = np.concatenate([held, new])
@@ -355,3 +357,24 @@ class IncidentTracker:
     def firing(self) -> int:
         """How many incidents are open now (firing, or within KEEP FIRING FOR)."""
         return self._open
+
+
+def _distinct_by_key(ts: np.ndarray, sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The instants of consecutive groups of ``sizes`` rows, each group's sorted and
+    each once, end to end, and where each group's begin (and the last ends): one sort
+    for every group, not one per group."""
+    group = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+    if not len(ts):
+        return ts, np.zeros(len(sizes) + 1, dtype=np.int64)
+    least = int(ts.min())
+    span = int(ts.max()) - least + 1
+    if span * len(sizes) < 1 << 62:  # (group, instant) as one integer
+        code = np.sort(group * span + (ts - least))
+        group, ts = code // span, code % span + least
+    else:
+        order = np.lexsort((ts, group))
+        group, ts = group[order], ts[order]
+    first = np.concatenate([[True], (ts[1:] != ts[:-1]) | (group[1:] != group[:-1])])
+    group, ts = group[first], ts[first]
+    bounds = np.searchsorted(group, np.arange(len(sizes) + 1, dtype=np.int64))
+    return ts, bounds

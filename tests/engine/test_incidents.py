@@ -196,6 +196,12 @@ def incidents(
 _REPEATED = [
     {"k": 1, "v": -1 if seq < 5 else 0, "ts": 0, "source": "g", "seq": seq} for seq in range(6)
 ]
+# The second batch's advance observes key 1 last and key 2 first at one instant (15):
+# key 2's observation there resolves its incident.
+_SHARED_INSTANT = [
+    {"k": k, "v": v, "ts": ts, "source": "g", "seq": seq}
+    for seq, (k, v, ts) in enumerate([(2, 1, 1), (1, 0, 15), (2, 0, 15), (1, 0, 40)])
+]
 
 
 @settings(max_examples=examples(300), deadline=None)
@@ -213,6 +219,10 @@ _REPEATED = [
 @example(
     data=(_REPEATED, [*_REPEATED[:4], _REPEATED[5], _REPEATED[4]], None),
     form="when", pending=0, keep=0, quiet=1, cuts=[4, 5], restart=True, old_saves=True,
+)  # fmt: skip
+@example(
+    data=(_SHARED_INSTANT, _SHARED_INSTANT, None),
+    form="default", pending=0, keep=0, quiet=1, cuts=[2], restart=False, old_saves=False,
 )  # fmt: skip
 def test_incidents_equal_the_brute_force(
     data: tuple,
