@@ -124,11 +124,12 @@ class KeyCap:
         one is needed after each step."""
         known = self._known(held)
         counts = [self._count(s, k) for s, k in zip(self.stages, known, strict=True)]
+        columns = [s.stage.key for s in self.stages]  # a property, computed each time
 
         def decide(row: Row) -> str | None:
             new = []
             for j, stage in enumerate(self.stages):
-                key = tuple(row.get(c) for c in stage.stage.key)
+                key = tuple(row.get(c) for c in columns[j])
                 if key in known[j] or key in stage.evicted or stage.runner.is_live(key):
                     continue
                 if counts[j] >= self.cap:
