@@ -31,6 +31,7 @@ from lookout.replay_inputs import (
     Readings,
     ReplayInputError,
     TimeRange,
+    batch_readings,
     parse_inputs,
     stream_of,
 )
@@ -224,7 +225,9 @@ def run_replay(
         # The live engine's caps on live keys ([engine] of lookout.toml), so that replay
         # quarantines what it quarantines.
         caps = load_config().engine.live_key_caps([s.name for s in plan.sources()])
-        readings = Readings(parse_inputs(input_specs, plan), window, meter)
+        readings = Readings(
+            parse_inputs(input_specs, plan), window, meter, batch=batch_readings(caps)
+        )
         for note in readings.notes:
             print(f"replay: {note}", file=sys.stderr)
         result = _evaluated(plan, readings, processes, end_at, meter, caps, files)

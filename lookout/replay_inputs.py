@@ -25,7 +25,7 @@ Every reading without a ``seq`` gets its arrival index over the whole input, as
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -46,9 +46,18 @@ from ingest.validate import MAX_STRING_CHARS, NON_NEGATIVE, normalize_reading, s
 
 CHUNK_BYTES = 8 << 20
 """How much of a JSON-lines file is parsed at once."""
-BATCH_READINGS = 100_000
+BATCH_READINGS = 250_000
 """Readings per pipeline batch (by snapshot-equivalence any batching gives the same
-rows; larger batches cost the engine less per reading)."""
+rows; larger batches cost the engine less per reading, since a key's window runs once
+a batch whatever its rows, and hold more memory: `benchmarks/README.md` has both)."""
+
+
+def batch_readings(caps: Mapping[str, int]) -> int:
+    """Readings per batch under caps on live keys: at most half the smallest cap, so
+    that a batch alone does not bring a stream near its cap (a batch that could take a
+    rule to its cap is admitted reading by reading, in Python)."""
+    return max(1, min([BATCH_READINGS, *(cap // 2 for cap in caps.values())]))
+
 
 IDENTITY = ("source", "epoch", "seq")
 ARRIVAL = "arrival"
