@@ -165,9 +165,12 @@ class IncidentTracker:
         """Take a key's new observed instants ``new`` (sorted, each once)."""
         state = self._state(key)
         held = state.observed
-        # Instants mostly arrive after those held: then no merge is needed.
         whole = np.concatenate([held, new])
-        state.observed = whole if not len(held) or held[-1] < new[0] else np.unique(whole)
+        if len(held) and held[-1] >= new[0]:
+            # Two sorted runs: a stable sort (timsort) merges them in one pass.
+            whole.sort(kind="stable")
+            whole = whole[np.concatenate([[True], whole[1:] != whole[:-1]])]
+        state.observed = whole
         self._fed.add(key)
 
     def _cleared(self, rows: pa.Table) -> np.ndarray:
