@@ -208,9 +208,11 @@ class ColumnarRunner:
             # Rows already in tie order (a source stream's, as the pipeline released
             # them) are sorted by key alone, ties kept: no string column is ranked.
             tied = [] if self._tie_ordered else [ts_name, "source", "seq"]
-            if key_names or tied:
-                final = final.take(ops.sort_order(final, [*key_names, *tied]))
-            self._batch = final
+            order = ops.sort_order(final, [*key_names, *tied]) if key_names or tied else None
+            # The sort is the last reader of the rows' ids (no rule can select them):
+            # the rows go on without them, which makes the take a third cheaper.
+            final = final.drop_columns([c for c in ("source", "seq") if c in final.column_names])
+            self._batch = final = final if order is None else final.take(order)
             self.begin(final)
             batches = ops.keyed_segments(final, key_names)
         seen = {key for key, _ in batches}
