@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine.core.columnar.ops import sort_order
 from engine.core.runners import KEY, SEQ, TS, SinkRows, key_of
 from engine.core.sequencer import sort_key
 
@@ -101,12 +102,12 @@ def _ordered_runs(parts: list[pa.Table]) -> list[pa.Table]:
     keys = pc.unique(engine.column(KEY)).to_pylist()
     ranked = sorted(keys, key=lambda k: sort_key(key_of(k)))
     rank = pc.index_in(engine.column(KEY), value_set=pa.array(ranked, pa.string()))
-    order = pc.sort_indices(
-        pa.table([engine.column(TS), engine.column(STAGE), rank, engine.column(SEQ)],
-                 names=["ts", "stage", "key", "seq"]),
-        sort_keys=[("ts", "ascending"), ("stage", "ascending"), ("key", "ascending"),
-                   ("seq", "ascending")],
-    ).to_numpy()  # fmt: skip
+    # Four integer columns: sorted as one integer where their spans fit (sort_order).
+    sortable = pa.table(
+        [engine.column(TS), engine.column(STAGE), rank, engine.column(SEQ)],
+        names=["ts", "stage", "key", "seq"],
+    )
+    order = np.asarray(sort_order(sortable, sortable.column_names), np.int64)
     wholes = [pa.concat_tables(lay.parts, promote_options="permissive") for lay in layouts]
     if len(wholes) == 1:
         return [wholes[0].take(order)]
