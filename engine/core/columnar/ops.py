@@ -187,8 +187,16 @@ def sort_order(table: pa.Table, names: Sequence[str]) -> pa.Array:
         if width >= 1 << 62:
             return pa.array(np.lexsort(leading[::-1]).astype(np.int64))
         composite = composite * span + (rank - least)
-    narrow = np.uint8 if width <= 1 << 8 else np.uint16 if width <= 1 << 16 else np.int64
-    return pa.array(np.argsort(composite.astype(narrow), kind="stable").astype(np.int64))
+    if width <= 1 << 16:
+        narrow = np.uint8 if width <= 1 << 8 else np.uint16
+        return pa.array(np.argsort(composite.astype(narrow), kind="stable").astype(np.int64))
+    n = table.num_rows
+    if width <= (1 << 62) // n:
+        # Each row's place as the last digit makes every value distinct: an unstable
+        # sort gives the stable order, and numpy's quicksort is about four times as
+        # fast as its stable sort of 64-bit integers.
+        return pa.array(np.argsort(composite * n + np.arange(n, dtype=np.int64)))
+    return pa.array(np.argsort(composite, kind="stable"))
 
 
 def _ordered_from(ranks: Sequence[np.ndarray]) -> int:
