@@ -445,12 +445,20 @@ class Pipeline:
         duplicates = int((verdicts == Verdict.DUPLICATE).sum())
         if duplicates:
             result.duplicates[stream] = result.duplicates.get(stream, 0) + duplicates
-        aside = np.flatnonzero((verdicts == Verdict.LATE) | (verdicts == Verdict.CONFLICT))
-        for index, row in zip(aside.tolist(), reading_rows(table, aside), strict=True):
-            if verdicts[index] == Verdict.LATE:
-                result.late.append(
-                    LateReading(stream, row, int(ts[index]), int(judged.threshold[index]))
-                )
+        late = verdicts == Verdict.LATE
+        aside = np.flatnonzero(late | (verdicts == Verdict.CONFLICT))
+        # Plain lists, not an array element and an enum member per reading: one reading
+        # in a hundred may be late.
+        for index, row, is_late, when, threshold in zip(
+            aside.tolist(),
+            reading_rows(table, aside),
+            late[aside].tolist(),
+            ts[aside].tolist(),
+            judged.threshold[aside].tolist(),
+            strict=True,
+        ):
+            if is_late:
+                result.late.append(LateReading(stream, row, when, threshold))
                 continue
             first = int(judged.original_ts[index])
             reason = (
@@ -460,7 +468,7 @@ class Pipeline:
                 "is too far back to compare"
             )
             result.conflicts.append(
-                Conflict(stream, row, int(ts[index]), reason, first if first >= 0 else None)
+                Conflict(stream, row, when, reason, first if first >= 0 else None)
             )
         rest = on_time.copy()
         rest[:handed] = False
