@@ -177,7 +177,10 @@ class _Segment:
 
     @staticmethod
     def of(number: int, ids: np.ndarray, contents: np.ndarray, ts: np.ndarray) -> _Segment:
-        order = np.argsort(ids, kind="stable")
+        # A segment's ids are distinct (``id_hashes`` is a bijection of the seq; two
+        # (source, epoch)s meet only by a 64-bit collision), so the sort need not be
+        # stable: numpy's quicksort is four times as fast.
+        order = np.argsort(ids)
         return _Segment(number, ids[order], contents[order], ts[order])
 
     def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
