@@ -108,30 +108,32 @@ class ShortRowsRunner(OverRunner):
                 valid.append(column.valid[p.index[0] : p.index[-1] + 1])
             joined = _join(*pieces)
             laid = agg.Column(joined, np.concatenate(valid), joined.dtype != object)
-            values = values.append_column(call.alias, agg.finish(call, self._parts(laid, lo, at)))
+            parts = self._parts(laid, lo, at, call.name)
+            values = values.append_column(call.alias, agg.finish(call, parts))
         return values.append_column(TS, values.column(self.stage.timestamp))
 
-    def _parts(self, laid: agg.Column, lo: np.ndarray, at: np.ndarray) -> agg.Parts:
-        """Rows, non-NULL values, least and greatest of each frame ``[lo, at]``."""
+    def _parts(self, laid: agg.Column, lo: np.ndarray, at: np.ndarray, kind: str) -> agg.Parts:
+        """Rows and non-NULL values of each frame ``[lo, at]``, and its least (``kind``
+        min) or greatest (max) value: a count reads neither."""
         rows = at - lo + 1
+        before = np.concatenate([[0], np.cumsum(laid.valid, dtype=np.int64)])
+        valid = before[at + 1] - before[lo]
+        unused = np.zeros(len(at))
+        if kind == "count":
+            return agg.Parts(rows, valid, unused, unused, unused)
         if not laid.numeric:
             least, most = agg.extremes(laid, lo, at + 1)
-            valid = np.array([laid.valid[a : b + 1].sum() for a, b in zip(lo, at, strict=True)])
-            return agg.Parts(rows, valid, np.zeros(len(at)), least, most)
-        low = agg._identity(laid.values.dtype, np.minimum)
-        high = agg._identity(laid.values.dtype, np.maximum)
-        valid = np.zeros(len(at), dtype=np.int64)
-        least = np.full(len(at), low, dtype=laid.values.dtype)
-        most = np.full(len(at), high, dtype=laid.values.dtype)
+            return agg.Parts(rows, valid, unused, least, most)
+        pick = np.minimum if kind == "min" else np.maximum
+        extreme = np.full(len(at), agg._identity(laid.values.dtype, pick), laid.values.dtype)
         for back in range(self.n + 1):
             position = at - back
             inside = position >= lo
             ok = inside & laid.valid[np.where(inside, position, at)]
-            value = laid.values[np.where(ok, position, at)]
-            valid += ok
-            least = np.where(ok, np.minimum(least, value), least)
-            most = np.where(ok, np.maximum(most, value), most)
-        return agg.Parts(rows, valid, np.zeros(len(at)), least, most)
+            extreme = np.where(ok, pick(extreme, laid.values[np.where(ok, position, at)]), extreme)
+        if kind == "min":
+            return agg.Parts(rows, valid, unused, extreme, unused)
+        return agg.Parts(rows, valid, unused, unused, extreme)
 
 
 def _join(*arrays: np.ndarray) -> np.ndarray:
