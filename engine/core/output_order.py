@@ -19,15 +19,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.core.columnar.ops import sort_order
-from engine.core.runners import KEY, SEQ, TS, SinkRows, key_of
+from engine.core.runners import KEY, SEQ, SOURCE, TS, SinkRows, key_of
 from engine.core.sequencer import sort_key
 
 STAGE = "_stage"
 """The column :class:`OutputOrder` adds: the plan index of the stage that emitted the row."""
 
 Runs = dict[str, list[pa.Table]]
-"""Each sink's rows in output order, as consecutive runs of tables of one layout (column
-names, order and types; a column of NULLs fits any type)."""
+"""Each sink's rows in output order (without ``_source``), as consecutive runs of tables
+of one layout (column names, order and types; a column of NULLs fits any type)."""
 
 
 class OutputOrder:
@@ -37,12 +37,17 @@ class OutputOrder:
         self._held: dict[str, list[pa.Table]] = {}
 
     def add(self, emitted: Iterable[SinkRows]) -> None:
-        """Hold emitted rows (any order, any batch)."""
+        """Hold emitted rows (any order, any batch) without their ``_source``: a derived
+        row's source is its stage and key, and a string column per row is most of what
+        ordering the rows costs."""
         for item in emitted:
             n = item.table.num_rows
             if n:
+                table = item.table
+                if SOURCE in table.column_names:
+                    table = table.drop_columns([SOURCE])
                 stage = pa.array(np.full(n, item.stage, np.int64))
-                self._held.setdefault(item.sink, []).append(item.table.append_column(STAGE, stage))
+                self._held.setdefault(item.sink, []).append(table.append_column(STAGE, stage))
 
     def finished(self, bounds: Mapping[str, int] | None = None) -> Runs:
         """Each sink's held rows with ts below its bound in ``bounds`` (a sink without
