@@ -69,8 +69,7 @@ def join(op: LookupJoin, table: pa.Table) -> tuple[pa.Table, np.ndarray]:
         values, codes = _codes(vector(table), n)
         code = code * (len(values) + 1) + codes
         dictionaries.append(values)
-    distinct, inverse = np.unique(code, return_inverse=True)
-    inverse = inverse.reshape(-1)
+    distinct, inverse = _distinct(code)
     # The matches of each distinct key, one after another (``first``: where its begin).
     matched: list[dict[str, Any] | None] = []
     first = np.zeros(len(distinct), dtype=np.int64)
@@ -93,7 +92,9 @@ def join(op: LookupJoin, table: pa.Table) -> tuple[pa.Table, np.ndarray]:
     # Output row j, the k-th of its input row, takes that row's key's k-th match.
     began = np.cumsum(per_row) - per_row
     which = np.repeat(first[inverse], per_row) + (np.arange(len(rows)) - np.repeat(began, per_row))
-    joined = table.take(pa.array(rows, pa.int64()))
+    # Each row once, in order (a lookup of a unique key): the rows as they are.
+    once = len(rows) == n and bool((per_row == 1).all())
+    joined = table if once else table.take(pa.array(rows, pa.int64()))
     taken = pa.array(which, pa.int64())
     for column in op.columns:
         name = f"{op.label}.{column}"
@@ -103,6 +104,16 @@ def join(op: LookupJoin, table: pa.Table) -> tuple[pa.Table, np.ndarray]:
             values = values.cast(pa.array([row[at] for row in op.rows]).type)
         joined = joined.append_column(name, values.take(taken))
     return joined, rows
+
+
+def _distinct(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``code``'s distinct values, sorted, and each row's index among them: counted
+    where the codes are few (dictionary codes), else sorted."""
+    if len(code) and int(code.max()) < 4 * len(code) + 1024:
+        present = np.bincount(code) > 0
+        return np.flatnonzero(present), (np.cumsum(present) - 1)[code]
+    distinct, inverse = np.unique(code, return_inverse=True)
+    return distinct, inverse.reshape(-1)
 
 
 def _codes(value: Any, length: int) -> tuple[list[Any], np.ndarray]:
