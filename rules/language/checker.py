@@ -29,6 +29,13 @@ from rules.language.recognize import (
     unbounded,
 )
 
+READING_COLUMNS = (
+    "source", "epoch", "seq", "topic", "received_at", "arrival_watermark", "heartbeat"
+)  # fmt: skip
+"""What a reading carries besides its stream's columns (its id, where and when it
+arrived, whether it is a heartbeat): a stream column of one of these names would meet
+it in the readings table and in every stage's rows."""
+
 TYPE_ALIASES = {
     "INT": "INT",
     "INTEGER": "INT",
@@ -248,6 +255,15 @@ class Checker:
 
     def _create_stream(self, stmt: ast.CreateStream) -> None:
         columns = self._columns(stmt.file, stmt.columns)
+        for col in stmt.columns:
+            if col.name.name.lower() in READING_COLUMNS:
+                self.error(
+                    stmt.file,
+                    col.name.pos,
+                    f"column '{col.name.name}' is reserved: every reading carries "
+                    f"{', '.join(READING_COLUMNS)} beside its stream's columns; name it "
+                    "otherwise",
+                )
         ts = stmt.order_by.name
         if ts not in columns:
             self.error(

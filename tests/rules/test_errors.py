@@ -156,6 +156,14 @@ CASES = [
         id="duplicate-column",
     ),
     pytest.param(
+        "CREATE STREAM t (k INT, seq INT, ts TIMESTAMP) ORDER BY ts SLACK 1 SECOND SOURCE 'x';",
+        "1:25",
+        "column 'seq' is reserved: every reading carries source, epoch, seq, topic, "
+        "received_at, arrival_watermark, heartbeat beside its stream's columns; name it "
+        "otherwise",
+        id="reserved-column",
+    ),
+    pytest.param(
         TRAFFIC + "CREATE STREAM s AS SELECT station, lane AS station FROM traffic;",
         "3:44",
         "duplicate column name 'station' in the SELECT list",
