@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.core.clocks import SlackClock, SourceClocks
+from engine.core.columnar.ops import stable_argsort
 
 #: How far behind a stream's watermark (in event time) a repeated id is still recognised.
 DEDUPE_HORIZON_MS = 60 * 60_000
@@ -144,13 +145,13 @@ class _Ranges:
 
     def add(self, seqs: np.ndarray, ts: np.ndarray) -> None:
         """Record ``seqs`` (none present yet) seen at times ``ts``, merging ranges."""
-        order = np.argsort(seqs, kind="stable")
+        order = stable_argsort(seqs)
         seqs, ts = seqs[order], ts[order]
         starts = np.flatnonzero(np.concatenate([[True], np.diff(seqs) != 1]))
         lo = np.concatenate([self.lo, seqs[starts]])
         hi = np.concatenate([self.hi, seqs[np.concatenate([starts[1:], [len(seqs)]]) - 1]])
         newest = np.concatenate([self.newest, np.maximum.reduceat(ts, starts)])
-        order = np.argsort(lo, kind="stable")
+        order = stable_argsort(lo)
         lo, hi, newest = lo[order], hi[order], newest[order]
         # A range starts anew where it does not touch every range before it.
         reach = np.maximum.accumulate(hi)
@@ -290,7 +291,7 @@ class StreamSequencer:
         mine = seqs[at]
         ranges = self._seen.get(key)
         seen = ranges.contains(mine) if ranges is not None else np.zeros(len(at), dtype=bool)
-        order = np.argsort(mine, kind="stable")  # equal seqs keep their arrival order
+        order = stable_argsort(mine)  # equal seqs keep their arrival order
         sorted_seqs = mine[order]
         first_sorted = np.concatenate([[True], sorted_seqs[1:] != sorted_seqs[:-1]])
         first = np.zeros(len(at), dtype=bool)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -435,6 +436,21 @@ def test_sort_order_is_arrows_stable_sort(data: st.DataObject, kinds: list) -> N
     expected = table.sort_by([(name, "ascending") for name in names]).column("position")
     got = table.take(ops.sort_order(table, names)).column("position")
     assert got.to_pylist() == expected.to_pylist()
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(
+            st.integers(-3, 3), st.integers(-(2**40), 2**40), st.integers(-(2**63), 2**63 - 1)
+        ),
+        max_size=60,
+    )
+)
+def test_stable_argsort_is_numpys_stable_sort(values: list[int]) -> None:
+    """Ties keep their order whether the span allows the quicksort or not."""
+    array = np.array(values, dtype=np.int64)
+    assert ops.stable_argsort(array).tolist() == np.argsort(array, kind="stable").tolist()
 
 
 key_value = st.one_of(st.none(), st.integers(0, 3))
