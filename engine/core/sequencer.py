@@ -80,7 +80,10 @@ def _text_hashes(column: pa.ChunkedArray) -> np.ndarray:
     for chunk in text.chunks:
         encoded = pc.dictionary_encode(chunk)
         words = np.asarray(encoded.dictionary.to_pylist(), dtype=object)
-        parts.append(pd.util.hash_array(words)[encoded.indices.to_numpy(zero_copy_only=False)])
+        # Not categorized: pandas' factorizing takes "a\x00b" for "a" (C strings), so a
+        # value's hash would depend on the values beside it; each is distinct already.
+        hashed = pd.util.hash_array(words, categorize=False)
+        parts.append(hashed[encoded.indices.to_numpy(zero_copy_only=False)])
     return np.concatenate(parts)
 
 
