@@ -220,9 +220,7 @@ def _id_groups(
         codes.append(np.asarray(encoded.indices.to_numpy(), dtype=np.int64)[readings])
     width = max(len(names[1]), 1)
     code = codes[0] * width + codes[1]
-    if len(names[0]) * width <= 1 << 16:
-        code = code.astype(np.uint16)  # numpy sorts 16 bits by radix
-    order = np.argsort(code, kind="stable")  # arrival order within a group
+    order = stable_argsort(code)  # arrival order within a group
     ordered = code[order]
     starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
     ends = np.concatenate([starts[1:], [len(ordered)]])
