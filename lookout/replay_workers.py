@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
+from engine.core.output_order import unsourced
 from engine.core.partitions import PartitionWorker, Produced, Shares
 from engine.core.plan import Plan
-from engine.core.runners import SOURCE, SinkRows
+from engine.core.runners import SinkRows
 from engine.python_gc import collector_paused, freeze_batch_survivors, freeze_worker_heap
 from lookout.replay_outputs import rendered
 
@@ -134,12 +135,7 @@ def _drained(worker: PartitionWorker, render: Plan | None) -> list[SinkRows]:
     if render is not None:
         return [rendered(item, render) for item in emitted]
     # Without the string column output order leaves behind anyway: a third less to send.
-    return [
-        SinkRows(item.stage, item.sink, item.table.drop_columns([SOURCE]))
-        if SOURCE in item.table.column_names
-        else item
-        for item in emitted
-    ]
+    return [unsourced(item) for item in emitted]
 
 
 def _ended(

@@ -43,11 +43,9 @@ class OutputOrder:
         for item in emitted:
             n = item.table.num_rows
             if n:
-                table = item.table
-                if SOURCE in table.column_names:
-                    table = table.drop_columns([SOURCE])
                 stage = pa.array(np.full(n, item.stage, np.int64))
-                self._held.setdefault(item.sink, []).append(table.append_column(STAGE, stage))
+                table = unsourced(item).table.append_column(STAGE, stage)
+                self._held.setdefault(item.sink, []).append(table)
 
     def finished(self, bounds: Mapping[str, int] | None = None) -> Runs:
         """Each sink's held rows with ts below its bound in ``bounds`` (a sink without
@@ -69,6 +67,13 @@ class OutputOrder:
     def held_rows(self) -> int:
         """Rows held, not yet final."""
         return sum(p.num_rows for parts in self._held.values() for p in parts)
+
+
+def unsourced(item: SinkRows) -> SinkRows:
+    """``item`` without its ``_source`` column, as :class:`OutputOrder` holds it."""
+    if SOURCE not in item.table.column_names:
+        return item
+    return SinkRows(item.stage, item.sink, item.table.drop_columns([SOURCE]))
 
 
 def _below(parts: list[pa.Table], bound: int | None) -> tuple[list[pa.Table], list[pa.Table]]:
