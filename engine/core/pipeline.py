@@ -470,6 +470,8 @@ class Pipeline:
             result.conflicts.append(
                 Conflict(stream, row, when, reason, first if first >= 0 else None)
             )
+        if not handed:
+            return kept
         rest = on_time.copy()
         rest[:handed] = False
         return table.filter(pa.array(rest))

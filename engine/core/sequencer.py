@@ -56,19 +56,31 @@ def content_hashes(values: pa.Table) -> np.ndarray:
     NULLs elsewhere in the batch)."""
     digest = np.full(values.num_rows, 0x9E3779B97F4A7C15, dtype=np.uint64)
     for column in values.columns:
-        nulls = np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)
         kind = column.type
         if pa.types.is_integer(kind) or pa.types.is_boolean(kind) or pa.types.is_timestamp(kind):
-            plain = pc.fill_null(pc.cast(column, pa.int64()), 0).to_numpy()
-            hashed = pd.util.hash_array(np.asarray(plain))
+            hashed = _number_hashes(column, pa.int64())
         elif pa.types.is_floating(kind):
-            plain = pc.fill_null(pc.cast(column, pa.float64()), 0.0).to_numpy()
-            hashed = pd.util.hash_array(np.asarray(plain))
+            hashed = _number_hashes(column, pa.float64())
         else:
             hashed = _text_hashes(column)
-        hashed = hashed ^ (nulls.astype(np.uint64) * np.uint64(0x632BE59BD9B4E019))
-        digest = _mix(digest ^ hashed)
+        if column.null_count:
+            nulls = np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+            hashed ^= nulls.astype(np.uint64) * np.uint64(0x632BE59BD9B4E019)
+        digest ^= hashed
+        _mix_in_place(digest)
     return digest
+
+
+def _number_hashes(column: pa.ChunkedArray, kind: pa.DataType) -> np.ndarray:
+    """Each row's number as ``kind`` (NULL as 0) hashed as pandas' ``hash_array`` hashes
+    64-bit numbers (splitmix64's finaliser of their bits): the digests saved state holds."""
+    if column.type != kind:
+        column = pc.cast(column, kind)
+    if column.null_count:
+        column = pc.fill_null(column, 0)
+    bits = np.array(column.to_numpy(), dtype=kind.to_pandas_dtype()).view(np.uint64)
+    _mix_in_place(bits)
+    return bits
 
 
 def _text_hashes(column: pa.ChunkedArray) -> np.ndarray:
@@ -87,12 +99,17 @@ def _text_hashes(column: pa.ChunkedArray) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: every input bit moves every output bit."""
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+def _mix_in_place(x: np.ndarray) -> None:
+    """splitmix64's finaliser of each of ``x``, in place (no new array per step): every
+    input bit moves every output bit."""
+    step = np.right_shift(x, np.uint64(30))
+    x ^= step
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    np.right_shift(x, np.uint64(27), out=step)
+    x ^= step
+    x *= np.uint64(0x94D049BB133111EB)
+    np.right_shift(x, np.uint64(31), out=step)
+    x ^= step
 
 
 def _source_hash(source: str, epoch: str) -> int:
@@ -103,7 +120,9 @@ def _source_hash(source: str, epoch: str) -> int:
 def id_hashes(source_hash: int, seqs: np.ndarray) -> np.ndarray:
     """64-bit digests of the ids (source, epoch, seq) of one (source, epoch): its own
     digest mixed with each seq."""
-    return _mix(np.uint64(source_hash) ^ seqs.astype(np.int64).view(np.uint64))
+    ids = seqs.astype(np.int64).view(np.uint64) ^ np.uint64(source_hash)
+    _mix_in_place(ids)
+    return ids
 
 
 class Verdict(IntEnum):
@@ -147,9 +166,9 @@ class _Ranges:
         return inside
 
     def add(self, seqs: np.ndarray, ts: np.ndarray) -> None:
-        """Record ``seqs`` (none present yet) seen at times ``ts``, merging ranges."""
-        order = stable_argsort(seqs)
-        seqs, ts = seqs[order], ts[order]
+        """Record ``seqs`` (distinct, none present yet) seen at times ``ts``, merging
+        ranges. In any order: each run of consecutive seqs is a range, and the ranges are
+        sorted and merged."""
         starts = np.flatnonzero(np.concatenate([[True], np.diff(seqs) != 1]))
         lo = np.concatenate([self.lo, seqs[starts]])
         hi = np.concatenate([self.hi, seqs[np.concatenate([starts[1:], [len(seqs)]]) - 1]])

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from engine.core.pipeline import Pipeline
 from engine.core.plan import Column, ColumnType, Plan, Query, Sink, SinkKind, StreamSchema
 from engine.core.replay import run
-from engine.core.sequencer import _mix, content_hashes
+from engine.core.sequencer import content_hashes
 from engine.core.state import MemoryStore
 from engine.landed_files import read_quarantine_file, read_stream_file
 from ingest.landing import LandingWriter
@@ -253,29 +253,38 @@ def test_a_damaged_landed_line_is_quarantined_naming_its_file_and_line(tmp_path)
 @given(
     st.lists(st.lists(st.one_of(st.none(), st.text(max_size=4)), max_size=12), max_size=4),
     st.lists(st.one_of(st.none(), st.integers(-5, 5)), max_size=48),
+    st.lists(st.one_of(st.none(), st.floats(allow_nan=False)), max_size=48),
 )
 # pandas' factorizing took "\x00" for "" (C strings): hypothesis found it.
-@example(chunks=[[None, "\x00"]], numbers=[])
-def test_content_hashes_hash_each_rows_text_as_itself(chunks, numbers) -> None:
-    """A text column's digests, each distinct value hashed once per chunk, equal those of
-    every row's text hashed alone (NULL as "", marked apart): what a restarted engine
-    compares a redelivery with must not change with the batch's other values."""
+@example(chunks=[[None, "\x00"]], numbers=[], floats=[])
+def test_content_hashes_hash_each_rows_text_as_itself(chunks, numbers, floats) -> None:
+    """A column's digests equal those of every row's value hashed alone by pandas'
+    ``hash_array`` (NULL as "" or 0, marked apart), mixed column after column: what a
+    restarted engine compares a redelivery with must not change with the batch's other
+    values, nor with the code that computes it. A text column's distinct values are
+    hashed once per chunk; numbers of every width as 64 bits."""
     texts = pa.chunked_array([pa.array(c, pa.string()) for c in chunks], pa.string())
     table = pa.table({"name": texts})
     flat = [v for c in chunks for v in c]
     if len(numbers) >= len(flat):
         table = table.append_column("n", pa.array(numbers[: len(flat)], pa.int64()))
+        table = table.append_column("narrow", pa.array(numbers[: len(flat)], pa.int32()))
+    if len(floats) >= len(flat):
+        table = table.append_column("f", pa.array(floats[: len(flat)], pa.float64()))
     digest = np.full(len(flat), 0x9E3779B97F4A7C15, dtype=np.uint64)
     for column in table.columns:
         values = column.to_pylist()
         nulls = np.array([v is None for v in values], dtype=bool)
         if pa.types.is_integer(column.type):
             hashed = pd.util.hash_array(np.array([v or 0 for v in values], dtype=np.int64))
+        elif pa.types.is_floating(column.type):
+            hashed = pd.util.hash_array(np.array([v or 0.0 for v in values], dtype=np.float64))
         else:
             hashed = np.array(
                 [pd.util.hash_array(np.array(["" if v is None else v], dtype=object))[0]
                  for v in values], dtype=np.uint64,
             )  # fmt: skip
         hashed = hashed ^ (nulls.astype(np.uint64) * np.uint64(0x632BE59BD9B4E019))
-        digest = _mix(digest ^ hashed)
+        # pandas hashes 64-bit numbers by splitmix64's finaliser, as the digest mixes.
+        digest = pd.util.hash_array(digest ^ hashed)
     assert content_hashes(table).tolist() == digest.tolist()
