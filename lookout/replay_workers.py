@@ -1,5 +1,5 @@
 """`lookout replay --workers N`: each worker of a split evaluation
-(`engine.core.partitions`) in its own process, fed over a pipe.
+(`engine.core.partitions`) in its own process, fed over a socket pair.
 
 A worker process is forked once the rules are loaded and before any reading is (so it
 starts at once, with the plan, and holds no input); Arrow's thread pools are safe
@@ -8,14 +8,20 @@ across a fork. It runs Python's collector as the engine's workers do
 tables, sends back the rows it emitted so far when asked to drain them (a replay
 writing its outputs as they become final) and everything else it produced when told
 to end. The parent judges the next batch while the workers evaluate this one.
+
+Messages are pickled with their Arrow buffers out of band (:class:`Channel`): a buffer
+is written from where it lies and read into one new buffer that the table then wraps,
+not copied into and out of pickle's byte stream on each side.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import pickle
+import socket
+import struct
 import traceback
 from collections.abc import Mapping
-from multiprocessing.connection import Connection
 from typing import Any
 
 from engine.core.output_order import unsourced
@@ -39,7 +45,7 @@ class WorkerProcess:
         self, plan: Plan, groups: Mapping[int, frozenset[int]], render: bool = False
     ) -> None:
         context = multiprocessing.get_context("fork")
-        self._conn, theirs = context.Pipe()
+        self._conn, theirs = Channel.pair()
         args = (theirs, plan, dict(groups), render)
         self._process = context.Process(target=_serve, args=args, daemon=True)
         self._process.start()
@@ -67,7 +73,7 @@ class WorkerProcess:
     def _reply(self) -> Any:
         try:
             reply = self._conn.recv()
-        except EOFError:
+        except (EOFError, OSError):
             raise WorkerFailed(self._stopped()) from None
         if isinstance(reply, str):
             raise WorkerFailed(f"a replay worker failed:\n{reply}")
@@ -91,7 +97,57 @@ class WorkerProcess:
         return f"a replay worker stopped (exit code {self._process.exitcode})"
 
 
-def _serve(conn: Connection, plan: Plan, groups: dict[int, frozenset[int]], render: bool) -> None:
+class Channel:
+    """One end of a socket pair carrying pickled messages, their buffers out of band."""
+
+    BUFFER_BYTES = 4 << 20
+    """Each socket's send and receive buffer: fewer, larger writes and reads."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    @classmethod
+    def pair(cls) -> tuple[Channel, Channel]:
+        """Two connected ends."""
+        ends = socket.socketpair()
+        for end in ends:
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, cls.BUFFER_BYTES)
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, cls.BUFFER_BYTES)
+        return cls(ends[0]), cls(ends[1])
+
+    def send(self, message: Any) -> None:
+        """Send ``message``: its pickle, then each buffer pickle left out of it."""
+        buffers: list[pickle.PickleBuffer] = []
+        head = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+        parts = [memoryview(head), *(b.raw() for b in buffers)]
+        sizes = [len(parts), *(p.nbytes for p in parts)]
+        self._sock.sendall(struct.pack(f"<{len(sizes)}q", *sizes))
+        for part in parts:
+            self._sock.sendall(part)
+
+    def recv(self) -> Any:
+        """The next message; EOFError once the other end is closed."""
+        (count,) = struct.unpack("<q", self._exactly(8))
+        sizes = struct.unpack(f"<{count}q", self._exactly(8 * count))
+        head, *buffers = (self._exactly(size) for size in sizes)
+        return pickle.loads(head, buffers=buffers)
+
+    def _exactly(self, size: int) -> bytearray:
+        data = bytearray(size)
+        view, got = memoryview(data), 0
+        while got < size:
+            read = self._sock.recv_into(view[got:], size - got)
+            if not read:
+                raise EOFError("the other end closed")
+            got += read
+        return data
+
+    def close(self) -> None:
+        """Close this end."""
+        self._sock.close()
+
+
+def _serve(conn: Channel, plan: Plan, groups: dict[int, frozenset[int]], render: bool) -> None:
     """A worker process's loop: feed batches (and send the rows emitted so far when told
     to drain) until told to end, then send the result or, after an error, its traceback
     as text."""
