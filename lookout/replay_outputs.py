@@ -31,14 +31,13 @@ import pyarrow.parquet as pq
 from engine import tables
 from engine.alerts import iso_utc
 from engine.core.keycap import CappedReading
-from engine.core.output_order import Runs
+from engine.core.output_order import Runs, row_columns
 from engine.core.plan import ColumnType, Plan, StreamSchema
-from engine.core.replay import STAGE, LateReading
-from engine.core.runners import KEY, SEQ, SOURCE, TS, SinkRows
+from engine.core.replay import LateReading
+from engine.core.runners import KEY, SEQ, TS, SinkRows
 from engine.core.schema import ARROW_TYPES
 
 FORMATS = ("jsonl", "delta", "parquet")
-ENGINE_COLUMNS = (TS, SOURCE, SEQ, KEY, STAGE)
 
 _ISO_SAFE_MS = 8_500_000_000_000
 """Within ±this many ms of the epoch (the years 1700 to 2239) Arrow's formatting gives
@@ -109,11 +108,6 @@ def _stamp_names(schema: StreamSchema | None) -> set[str]:
     return {c.name for c in schema.columns if c.type == ColumnType.TIMESTAMP}
 
 
-def row_columns(table: pa.Table) -> pa.Table:
-    """An emitted table without the engine's own columns."""
-    return table.select([n for n in table.column_names if n not in ENGINE_COLUMNS])
-
-
 def _render(row: dict[str, Any], schema: StreamSchema | None) -> dict[str, Any]:
     """Timestamps as ISO-8601 UTC text, everything else as is."""
     stamps = _stamp_names(schema)
@@ -161,7 +155,7 @@ def sink_lines(table: pa.Table, schema: StreamSchema | None) -> list[bytes]:
     """A sink's ordered rows as JSON lines, rendered ahead (:data:`LINE`) or now."""
     if LINE in table.column_names:
         return [_joined(chunk) for chunk in table.column(LINE).chunks]
-    return json_lines(row_columns(table), schema)
+    return json_lines(table, schema)
 
 
 _PIECE_ROWS = 100_000
@@ -376,7 +370,7 @@ class OutputFiles:
                         b"".join(sink_lines(table, self.plan.streams.get(sink)))
                     )
                 else:
-                    typed = _typed(row_columns(table), self.plan.streams.get(sink))
+                    typed = _typed(table, self.plan.streams.get(sink))
                     self._table_file(sink).write(typed)
 
     def close(

@@ -25,16 +25,22 @@ from engine.core.sequencer import sort_key
 STAGE = "_stage"
 """The column :class:`OutputOrder` adds: the plan index of the stage that emitted the row."""
 
+ENGINE_COLUMNS = (TS, SOURCE, SEQ, KEY, STAGE)
+"""The columns emitted rows carry besides the sink's own."""
+
 Runs = dict[str, list[pa.Table]]
 """Each sink's rows in output order (without ``_source``), as consecutive runs of tables
 of one layout (column names, order and types; a column of NULLs fits any type)."""
 
 
 class OutputOrder:
-    """Emitted rows held per sink until they are final, then handed on in output order."""
+    """Emitted rows held per sink until they are final, then handed on in output order;
+    ``rows_only``: as the sink's own columns (what an output file keeps), without the
+    engine's that order them, which are then not taken into order at all."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows_only: bool = False) -> None:
         self._held: dict[str, list[pa.Table]] = {}
+        self._rows_only = rows_only
 
     def add(self, emitted: Iterable[SinkRows]) -> None:
         """Hold emitted rows (any order, any batch) without their ``_source``: a derived
@@ -59,7 +65,7 @@ class OutputOrder:
             done, kept = _below(parts, bound)
             self._held[sink] = kept
             if done:
-                runs[sink] = _ordered_runs(done)
+                runs[sink] = _ordered_runs(done, self._rows_only)
         self._held = {sink: parts for sink, parts in self._held.items() if parts}
         return runs
 
@@ -67,6 +73,11 @@ class OutputOrder:
     def held_rows(self) -> int:
         """Rows held, not yet final."""
         return sum(p.num_rows for parts in self._held.values() for p in parts)
+
+
+def row_columns(table: pa.Table) -> pa.Table:
+    """An emitted table without the engine's own columns."""
+    return table.select([n for n in table.column_names if n not in ENGINE_COLUMNS])
 
 
 def unsourced(item: SinkRows) -> SinkRows:
@@ -95,8 +106,14 @@ def _below(parts: list[pa.Table], bound: int | None) -> tuple[list[pa.Table], li
     return done, kept
 
 
-def _ordered_runs(parts: list[pa.Table]) -> list[pa.Table]:
-    """The rows of ``parts`` in output order, as runs of one layout each."""
+def _ordered_runs(parts: list[pa.Table], rows_only: bool) -> list[pa.Table]:
+    """The rows of ``parts`` in output order, as runs of one layout each (``rows_only``:
+    of the sink's own columns)."""
+    engine = pa.concat_tables(
+        [p.select([TS, STAGE, KEY, SEQ]) for p in parts], promote_options="permissive"
+    )
+    if rows_only:
+        parts = [row_columns(p) for p in parts]
     layouts: list[_Layout] = []
     of_part: list[int] = []
     for part in parts:
@@ -105,9 +122,6 @@ def _ordered_runs(parts: list[pa.Table]) -> list[pa.Table]:
             layouts.append(_Layout(part.column_names, list(part.schema.types)))
         layouts[number].add(part)
         of_part.append(number)
-    engine = pa.concat_tables(
-        [p.select([TS, STAGE, KEY, SEQ]) for p in parts], promote_options="permissive"
-    )
     # The key's order is sort_key's: the repr of its values, ranked once per key.
     keys = pc.unique(engine.column(KEY)).to_pylist()
     ranked = sorted(keys, key=lambda k: sort_key(key_of(k)))

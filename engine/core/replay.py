@@ -85,8 +85,8 @@ class ReplayResult:
 
 
 Finished = Callable[[Runs], None]
-"""Takes output rows as they become final: each sink's next rows in output order
-(:class:`~engine.core.output_order.OutputOrder`)."""
+"""Takes output rows as they become final: each sink's next rows in output order, as the
+sink's own columns (:class:`~engine.core.output_order.OutputOrder`)."""
 
 
 def arrival_table(schema: StreamSchema, rows: list[Row]) -> pa.Table:
@@ -207,7 +207,7 @@ class _Handing:
     def __init__(self, plan: Plan, finished: Finished | None) -> None:
         self.finished = finished
         self.stages = fed_stages(plan, [s.name for s in plan.sources()])
-        self.order = OutputOrder()
+        self.order = OutputOrder(rows_only=True)
 
     def hand_on(
         self, produced: Iterable[Produced | Worker], watermarks: Mapping[str, int] | None

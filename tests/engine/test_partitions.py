@@ -31,7 +31,7 @@ from engine.core.replay import (
     sink_tables,
 )
 from rules.language.loader import RULES_DIR, load_rules
-from tests.engine.test_output_order import handed_rows
+from tests.engine.test_output_order import handed_rows, own_rows
 
 BASE = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -281,8 +281,12 @@ def test_rows_handed_on_as_they_become_final_are_the_rows_of_the_whole_run(
     end: int | None,
 ) -> None:
     """One pipeline and the split evaluation handing on their rows batch by batch give
-    the rows (in order) and everything else of a run that keeps every row to the end."""
-    expected = summary(run_arrivals(split_plan, batches(split_plan, batched), end))
+    the rows (in order, as the sinks' own columns) and everything else of a run that
+    keeps every row to the end."""
+    whole = run_arrivals(split_plan, batches(split_plan, batched), end)
+    tables = sink_tables(whole.emitted)
+    assert tables is not None
+    expected = {**summary(whole), "outputs": own_rows(tables)}
     one: list[Runs] = []
     got = run_arrivals(split_plan, batches(split_plan, batched), end, finished=one.append)
     assert got.emitted == []

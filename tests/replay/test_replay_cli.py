@@ -25,7 +25,7 @@ from lookout.replay_inputs import Readings, parse_inputs
 from lookout.replay_workers import WorkerFailed, WorkerProcess
 from rules.language.loader import RULES_DIR, load_rules
 from simulators.cli import FILE_START
-from tests.engine.test_output_order import handed_rows
+from tests.engine.test_output_order import handed_rows, own_rows
 from tests.simulators.test_cli import demo_simulators
 
 
@@ -99,7 +99,7 @@ def test_worker_processes_hand_back_their_rows_as_the_run_goes(tmp_path: Path) -
         for process in processes:
             process.close()
     assert len(handed) > 2
-    assert handed_rows(handed) == {sink: table.to_pylist() for sink, table in expected.items()}
+    assert handed_rows(handed) == own_rows(expected)
 
 
 def test_a_worker_that_fails_is_reported_with_its_traceback() -> None:
