@@ -79,6 +79,7 @@ from engine.core.runners import (
     STAGE_STATE_KINDS,
     SinkRows,
     StageRunner,
+    arrange,
     input_rows,
 )
 from engine.core.sequencer import StreamSequencer, Verdict, content_hashes
@@ -577,8 +578,17 @@ class Pipeline:
         for stream, held in self.held.items():
             released = held.release(watermarks[stream])
             if released is not None:
+                # Sorted once per arrangement (key), not once per stage.
+                arranged: dict[tuple[str, ...], pa.Table] = {}
                 for i in self._readers[stream]:
-                    self.runners[i].insert(released, tie_ordered=True)
+                    runner = self.runners[i]
+                    key = runner.arrangement
+                    if key is None:
+                        runner.insert(released)
+                        continue
+                    if key not in arranged:
+                        arranged[key] = arrange(released, key)
+                    runner.insert(arranged[key], arranged=True)
         for i, stage in self.stages:
             watermark = watermarks[stage.input]
             for emitted in self.runners[i].advance(watermark):

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import pickle
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -196,11 +196,18 @@ class StageRunner(Protocol):
     kind: str
     """Which runner (saved with its state: another kind's state is not resumed)."""
 
-    def insert(self, rows: pa.Table, tie_ordered: bool = False) -> None:
+    @property
+    def arrangement(self) -> tuple[str, ...] | None:
+        """The columns this runner sorts its rows by before their tie order (its key),
+        so that a source stream's released rows are sorted once for every runner of one
+        arrangement; None: it takes rows as they come, with their ids."""
+        ...
+
+    def insert(self, rows: pa.Table, arranged: bool = False) -> None:
         """Buffer the stage's input rows (the stream's columns, timestamps as epoch ms,
         ``source`` and ``seq``), in arrival order; none below the last watermark.
-        ``tie_ordered``: the rows are in (ts, source, seq) order (a runner may sort
-        them by key alone)."""
+        ``arranged``: the rows are sorted by :attr:`arrangement`, then (ts, source, seq),
+        and come without ``source`` and ``seq`` (:func:`arrange`)."""
         ...
 
     def advance(self, watermark: int) -> list[SinkRows]:
@@ -361,6 +368,14 @@ class SpillOrder(Generic[V]):
         return out
 
 
+def arrange(rows: pa.Table, key: Sequence[str]) -> pa.Table:
+    """Rows in tie order (a source stream's, as released) sorted by ``key``, ties kept,
+    without their ids (``source``, ``seq``: no rule can select them): what a runner of
+    that :attr:`~StageRunner.arrangement` takes as arranged."""
+    ids = rows.drop_columns(["source", "seq"])
+    return ids.take(ops.sort_order(rows, list(key))) if key else ids
+
+
 class RowRunner:
     """One :class:`KeyedEvaluator` per key, driven row by row; an evaluator is advanced
     when it got rows or its ``next_wakeup`` is due (a schedule of wakeups: idle keys cost
@@ -398,7 +413,11 @@ class RowRunner:
             self._pieces = evaluator_pieces(self.stage)
         return self._pieces
 
-    def insert(self, rows: pa.Table, tie_ordered: bool = False) -> None:
+    @property
+    def arrangement(self) -> None:
+        return None  # an evaluator orders its own rows, by their ids too
+
+    def insert(self, rows: pa.Table, arranged: bool = False) -> None:
         if not rows.num_rows:
             return
         if self._columnar_pre:

@@ -103,7 +103,7 @@ class ColumnarRunner:
         self.owner = owner
         self.query = stage.query
         self.pending: list[pa.Table] = []
-        self._tie_ordered = False  # whether ``pending`` is one table in tie order
+        self._arranged = False  # whether ``pending`` is one table in :attr:`arrangement`
         self._pending_saved = True  # whether the store may hold pending rows
         self._shared_saved: Any = None  # the shared() object last saved
         self.states: dict[Key, Any] = {}
@@ -187,10 +187,14 @@ class ColumnarRunner:
         """Take back what :meth:`shared` gave."""
 
     # -- running ------------------------------------------------------------------------
-    def insert(self, rows: pa.Table, tie_ordered: bool = False) -> None:
+    @property
+    def arrangement(self) -> tuple[str, ...]:
+        return tuple(self.stage.key)
+
+    def insert(self, rows: pa.Table, arranged: bool = False) -> None:
         if rows.num_rows:
             # The pre steps (filters, lookups, projections) keep the rows' order.
-            self._tie_ordered = tie_ordered and not self.pending
+            self._arranged = arranged and not self.pending
             self.pending.append(ops.apply(self.query.pre, rows)[0] if self.query.pre else rows)
 
     def advance(self, watermark: int) -> list[SinkRows]:
@@ -205,14 +209,12 @@ class ColumnarRunner:
         batches: list[tuple[Key, tuple[int, int]]] = []
         self._batch = self.empty_rows
         if final is not None and final.num_rows:
-            # Rows already in tie order (a source stream's, as the pipeline released
-            # them) are sorted by key alone, ties kept: no string column is ranked.
-            tied = [] if self._tie_ordered else [ts_name, "source", "seq"]
-            order = ops.sort_order(final, [*key_names, *tied]) if key_names or tied else None
-            # The sort is the last reader of the rows' ids (no rule can select them):
-            # the rows go on without them, which makes the take a third cheaper.
-            final = final.drop_columns([c for c in ("source", "seq") if c in final.column_names])
-            self._batch = final = final if order is None else final.take(order)
+            if not self._arranged:
+                # As :func:`~engine.core.runners.arrange` arranges a source stream's
+                # rows: the sort is the last reader of the rows' ids.
+                order = ops.sort_order(final, [*key_names, ts_name, "source", "seq"])
+                final = final.drop_columns(["source", "seq"]).take(order)
+            self._batch = final
             self.begin(final)
             batches = ops.keyed_segments(final, key_names)
         seen = {key for key, _ in batches}
@@ -421,7 +423,7 @@ class ColumnarRunner:
             return stale + self.rests.restore(saved)
         for _, (_, _, pending, *shared) in own:
             self.pending = [pending] if pending is not None else []
-            self._tie_ordered = False
+            self._arranged = False
             if shared:
                 self.load_shared(shared[0])
                 self._shared_saved = self.shared()
