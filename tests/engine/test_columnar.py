@@ -39,7 +39,7 @@ from engine.core.key_index import KEY_STATE
 from engine.core.pipeline import HEARTBEAT, Pipeline
 from engine.core.plan import Plan
 from engine.core.replay import arrival_table
-from engine.core.runners import SLICE_PAGE, emitted_outputs
+from engine.core.runners import SLICE_PAGE, arrange, emitted_outputs
 from engine.core.schema import arrival_type
 from engine.core.state import MemoryStore
 from rules.language.loader import load_rules
@@ -349,6 +349,34 @@ def test_the_library_runs_its_windows_per_column() -> None:
     plan = load_rules([Path(__file__).resolve().parents[2] / "rules"]).plan
     row_stages = {s.name for s in plan.stages() if not planner.columnar(s)}
     assert row_stages == {"packing_groups", "larceny"}
+
+
+@pytest.mark.parametrize("arranged", [False, True])
+def test_a_runner_holds_its_rows_at_or_past_the_watermark(arranged: bool) -> None:
+    """A runner advanced to w evaluates its rows before w, in key and tie order, and
+    holds the rest for a later advance, however the rows came."""
+    plan = plan_of(
+        "CREATE STREAM out AS SELECT station, ts, count(*) OVER (PARTITION BY station "
+        "ROWS 1 PRECEDING) AS n FROM traffic;\n"
+    )
+    pipeline = Pipeline(plan)
+    ((index, _),) = pipeline.stages
+    runner = pipeline.runners[index]
+    assert isinstance(runner, ColumnarRunner)
+    rows = [{"station": s, "ts": t, "source": "a", "seq": t} for s, t in
+            [(2, 3000), (1, 2000), (2, 1000), (1, 2500), (1, 1000)]]  # fmt: skip
+    table = arrival_table(plan.streams["traffic"], rows).drop_columns([HEARTBEAT])
+    if arranged:  # as the pipeline hands a source stream's released rows
+        table = arrange(table.take(ops.sort_order(table, ["ts", "source", "seq"])), ["station"])
+    runner.insert(table, arranged=arranged)
+
+    def advanced(watermark: int) -> list[tuple[int, int, int]]:
+        return [(o.row["station"], o.ts, o.row["n"]) for emitted in runner.advance(watermark)
+                for _, o in emitted_outputs(emitted)]  # fmt: skip
+
+    assert advanced(2500) == [(1, 1000, 1), (1, 2000, 2), (2, 1000, 1)]
+    assert advanced(2500) == []
+    assert advanced(3001) == [(1, 2500, 2), (2, 3000, 2)]
 
 
 def test_a_rows_frame_run_by_its_time_slide_keeps_its_columns() -> None:

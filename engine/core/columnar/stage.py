@@ -202,9 +202,14 @@ class ColumnarRunner:
         final = None
         if self.pending:
             rows = pa.concat_tables(self.pending, promote_options="permissive")
-            below = pc.less(rows.column(ts_name), watermark)
-            final, rest = rows.filter(below), rows.filter(pc.invert(below))
-            self.pending = [rest] if rest.num_rows else []
+            ts = rows.column(ts_name)
+            top = pc.max(ts).as_py()
+            if not ts.null_count and (top is None or top < watermark):  # as released: all
+                final, self.pending = rows, []
+            else:
+                below = pc.less(ts, watermark)
+                final, rest = rows.filter(below), rows.filter(pc.invert(below))
+                self.pending = [rest] if rest.num_rows else []
         key_names = self.stage.key
         batches: list[tuple[Key, tuple[int, int]]] = []
         self._batch = self.empty_rows
