@@ -13,9 +13,10 @@ stored chunk's rows at or above the saved watermark and is exact.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -46,15 +47,13 @@ class HeldRows:
         if rows.num_rows:
             self._held.append(_Part.of(rows, self.ts, saved=False))
 
-    def release(self, watermark: int) -> pa.Table | None:
-        """The held rows the watermark has passed, in their tie order (event time,
-        ``source``, ``seq``: every stage's order, so that a stage reading them sorts them
-        by its key alone); they are held no more."""
+    def release(self, watermark: int) -> Released | None:
+        """The held rows the watermark has passed (None: none); they are held no more."""
         passed, self._held = _split(self._held, watermark, self.ts)
         if not passed:
             return None
-        rows = _concat(passed)
-        return rows.take(sort_order(rows, [self.ts, "source", "seq"]))
+        rows = pa.concat_tables(passed)
+        return Released(rows, np.asarray(sort_order(rows, [self.ts, "source", "seq"])))
 
     def save(self, store: StateStore, watermark: int) -> None:
         """Store the rows added since the last save as a chunk, and delete the chunks
@@ -84,6 +83,30 @@ class HeldRows:
 
     def _key(self, number: int) -> StateKey:
         return (KIND, self.stream, "", number)
+
+
+@dataclass(frozen=True)
+class Released:
+    """Rows the watermark has passed, as they were held, with their tie order (event
+    time, ``source``, ``seq``: every stage's order among equal keys). Each stage reads
+    them in an order of its own; the rows are copied once per order asked for."""
+
+    rows: pa.Table
+    tie: np.ndarray
+
+    def in_tie_order(self) -> pa.Table:
+        """The rows in tie order."""
+        return self.rows.take(self.tie)
+
+    def arranged(self, key: Sequence[str]) -> pa.Table:
+        """The rows sorted by ``key``, ties in tie order, without their ids (``source``,
+        ``seq``: no rule can select them): what a runner of that
+        :attr:`~engine.core.runners.StageRunner.arrangement` takes."""
+        order = self.tie
+        if key:
+            keys = self.rows.select(list(key)).take(order)
+            order = order[np.asarray(sort_order(keys, list(key)))]
+        return self.rows.drop_columns(["source", "seq"]).take(order)
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,6 @@ from engine.core.runners import (
     STAGE_STATE_KINDS,
     SinkRows,
     StageRunner,
-    arrange,
     input_rows,
 )
 from engine.core.sequencer import StreamSequencer, Verdict, content_hashes
@@ -579,16 +578,15 @@ class Pipeline:
             released = held.release(watermarks[stream])
             if released is not None:
                 # Sorted once per arrangement (key), not once per stage.
-                arranged: dict[tuple[str, ...], pa.Table] = {}
+                arranged: dict[tuple[str, ...] | None, pa.Table] = {}
                 for i in self._readers[stream]:
                     runner = self.runners[i]
                     key = runner.arrangement
-                    if key is None:
-                        runner.insert(released)
-                        continue
                     if key not in arranged:
-                        arranged[key] = arrange(released, key)
-                    runner.insert(arranged[key], arranged=True)
+                        arranged[key] = (
+                            released.in_tie_order() if key is None else released.arranged(key)
+                        )
+                    runner.insert(arranged[key], arranged=key is not None)
         for i, stage in self.stages:
             watermark = watermarks[stage.input]
             for emitted in self.runners[i].advance(watermark):

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import pickle
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -207,7 +207,8 @@ class StageRunner(Protocol):
         """Buffer the stage's input rows (the stream's columns, timestamps as epoch ms,
         ``source`` and ``seq``), in arrival order; none below the last watermark.
         ``arranged``: the rows are sorted by :attr:`arrangement`, then (ts, source, seq),
-        and come without ``source`` and ``seq`` (:func:`arrange`)."""
+        and come without ``source`` and ``seq``
+        (:meth:`~engine.core.held.Released.arranged`)."""
         ...
 
     def advance(self, watermark: int) -> list[SinkRows]:
@@ -366,14 +367,6 @@ class SpillOrder(Generic[V]):
             del written[key]
             out.append((key, left))
         return out
-
-
-def arrange(rows: pa.Table, key: Sequence[str]) -> pa.Table:
-    """Rows in tie order (a source stream's, as released) sorted by ``key``, ties kept,
-    without their ids (``source``, ``seq``: no rule can select them): what a runner of
-    that :attr:`~StageRunner.arrangement` takes as arranged."""
-    ids = rows.drop_columns(["source", "seq"])
-    return ids.take(ops.sort_order(rows, list(key))) if key else ids
 
 
 class RowRunner:

@@ -35,11 +35,12 @@ import engine.core.columnar.short_rows as short_rows
 import engine.core.planner.runners as planner
 from engine.core.columnar import ops
 from engine.core.columnar.stage import ColumnarRunner
+from engine.core.held import Released
 from engine.core.key_index import KEY_STATE
 from engine.core.pipeline import HEARTBEAT, Pipeline
 from engine.core.plan import Plan
 from engine.core.replay import arrival_table
-from engine.core.runners import SLICE_PAGE, arrange, emitted_outputs
+from engine.core.runners import SLICE_PAGE, emitted_outputs
 from engine.core.schema import arrival_type
 from engine.core.state import MemoryStore
 from rules.language.loader import load_rules
@@ -367,7 +368,8 @@ def test_a_runner_holds_its_rows_at_or_past_the_watermark(arranged: bool) -> Non
             [(2, 3000), (1, 2000), (2, 1000), (1, 2500), (1, 1000)]]  # fmt: skip
     table = arrival_table(plan.streams["traffic"], rows).drop_columns([HEARTBEAT])
     if arranged:  # as the pipeline hands a source stream's released rows
-        table = arrange(table.take(ops.sort_order(table, ["ts", "source", "seq"])), ["station"])
+        tie = np.asarray(ops.sort_order(table, ["ts", "source", "seq"]))
+        table = Released(table, tie).arranged(["station"])
     runner.insert(table, arranged=arranged)
 
     def advanced(watermark: int) -> list[tuple[int, int, int]]:

@@ -215,7 +215,7 @@ class ColumnarRunner:
         self._batch = self.empty_rows
         if final is not None and final.num_rows:
             if not self._arranged:
-                # As :func:`~engine.core.runners.arrange` arranges a source stream's
+                # As :meth:`~engine.core.held.Released.arranged` arranges a source stream's
                 # rows: the sort is the last reader of the rows' ids.
                 order = ops.sort_order(final, [*key_names, ts_name, "source", "seq"])
                 final = final.drop_columns(["source", "seq"]).take(order)
