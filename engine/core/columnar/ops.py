@@ -87,14 +87,18 @@ def join(op: LookupJoin, table: pa.Table) -> tuple[pa.Table, np.ndarray]:
         elif op.left:
             matched.append(None)
         count[u] = len(matched) - first[u]
-    per_row = count[inverse]
-    rows = np.repeat(np.arange(n, dtype=np.int64), per_row)
-    # Output row j, the k-th of its input row, takes that row's key's k-th match.
-    began = np.cumsum(per_row) - per_row
-    which = np.repeat(first[inverse], per_row) + (np.arange(len(rows)) - np.repeat(began, per_row))
-    # Each row once, in order (a lookup of a unique key): the rows as they are.
-    once = len(rows) == n and bool((per_row == 1).all())
-    joined = table if once else table.take(pa.array(rows, pa.int64()))
+    if bool((count == 1).all()):
+        # Each row once, in order (a lookup of a unique key): the rows as they are.
+        rows, which, joined = np.arange(n, dtype=np.int64), first[inverse], table
+    else:
+        per_row = count[inverse]
+        rows = np.repeat(np.arange(n, dtype=np.int64), per_row)
+        # Output row j, the k-th of its input row, takes that row's key's k-th match.
+        began = np.cumsum(per_row) - per_row
+        which = np.repeat(first[inverse], per_row) + (
+            np.arange(len(rows)) - np.repeat(began, per_row)
+        )
+        joined = table.take(pa.array(rows, pa.int64()))
     taken = pa.array(which, pa.int64())
     for column in op.columns:
         name = f"{op.label}.{column}"
