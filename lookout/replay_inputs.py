@@ -24,6 +24,7 @@ Every reading without a ``seq`` gets its arrival index over the whole input, as
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -383,12 +384,13 @@ def _violation(table: pa.Table, schema: StreamSchema) -> tuple[int, str] | None:
         if values.null_count:
             first(pc.is_null(values), lambda i, name=name: f"field '{name}' is null")
             continue
-        if column.type == ColumnType.DOUBLE:
+        # Each check looks for the row only once a whole-column test fails.
+        if column.type == ColumnType.DOUBLE and not pc.all(pc.is_finite(values)).as_py():
             first(
                 pc.invert(pc.is_finite(values)),
                 lambda i, name=name: f"field '{name}' is not a finite number",
             )
-        if column.name in NON_NEGATIVE and column.type in _NUMBERS:
+        if column.name in NON_NEGATIVE and column.type in _NUMBERS and _least(values) < 0:
             first(
                 pc.less(values, 0),
                 lambda i, name=name, v=values: (
@@ -399,7 +401,11 @@ def _violation(table: pa.Table, schema: StreamSchema) -> tuple[int, str] | None:
         "source",
         "epoch",
     ]:
-        lengths = pc.utf8_length(table.column(name))
+        text = table.column(name)
+        # No value has more characters than bytes.
+        if (pc.max(pc.binary_length(text)).as_py() or 0) <= MAX_STRING_CHARS:
+            continue
+        lengths = pc.utf8_length(text)
         first(
             pc.fill_null(pc.greater(lengths, MAX_STRING_CHARS), False),
             lambda i, name=name, n=lengths: (
@@ -741,6 +747,12 @@ def _table_arrivals(inp: Input, stream: StreamSchema, table: pa.Table, before: i
             f"--input {inp.spec!r}: reading {before + index + 1} in arrival order: {reason}"
         )
     return arrivals
+
+
+def _least(values: pa.ChunkedArray) -> float:
+    """The column's least value (+infinity for none)."""
+    least = pc.min(values).as_py()
+    return math.inf if least is None else least
 
 
 class _OutOfRange(ValueError):

@@ -295,6 +295,15 @@ MISFITS = {
         _set("speed", pa.array([1.0, -1.5, 3.0, 4.0, 5.0])),
         "reading 2 in arrival order: field 'speed' is negative (-1.5)",
     ),
+    "not a number": (
+        _set("speed", pa.array([1.0, 2.0, 3.0, float("nan"), 5.0])),
+        "reading 4 in arrival order: field 'speed' is not a finite number",
+    ),
+    "a source too long": (
+        # 256 two-byte characters pass (a byte count alone would refuse them); 257 do not.
+        _set("source", pa.array(["é" * 256, "é" * 256, "é" * 257, "a", "a"])),
+        "reading 3 in arrival order: field 'source' is 257 characters; the limit is 256",
+    ),
     "beyond INT": (
         _set("lane", pa.array([3_000_000_000, 1, 1, 1, 1], pa.int64())),
         "reading 1 in arrival order: field 'lane' is out of the INT range (3000000000)",
