@@ -154,11 +154,16 @@ class IncidentTracker:
         if not names:
             self._observe(key_json(()), np.unique(ts))
             return
-        order = np.asarray(ops.sort_order(keyed, names), dtype=np.int64)
-        keyed, ts = keyed.take(order), ts[order]
-        spans = ops.keyed_segments(keyed, names)
-        instants, bounds = _distinct_by_key(ts, [end - start for _, (start, end) in spans])
-        for (key, _), start, end in zip(spans, bounds[:-1], bounds[1:], strict=True):
+        ranks = ops.key_ranks(keyed, names)
+        if ranks is None:  # a key column not ranked: rows by key, then instants by key
+            order = np.asarray(ops.sort_order(keyed, names), dtype=np.int64)
+            keyed, ts = keyed.take(order), ts[order]
+            spans = ops.keyed_segments(keyed, names)
+            found: list[tuple[Any, ...]] = [key for key, _ in spans]
+            instants, bounds = _distinct_by_key(ts, [end - start for _, (start, end) in spans])
+        else:
+            found, instants, bounds = _distinct_by_rank(keyed, ranks, ts)
+        for key, start, end in zip(found, bounds[:-1], bounds[1:], strict=True):
             self._observe(key[0] if column is not None else key_json(key), instants[start:end])
 
     def _observe(self, key: str, new: np.ndarray) -> None:
@@ -360,6 +365,36 @@ class IncidentTracker:
     def firing(self) -> int:
         """How many incidents are open now (firing, or within KEEP FIRING FOR)."""
         return self._open
+
+
+def _distinct_by_rank(
+    keyed: pa.Table, ranks: np.ndarray, ts: np.ndarray
+) -> tuple[list[tuple[Any, ...]], np.ndarray, np.ndarray]:
+    """The keys of ``keyed``'s rows (by rank), each key's instants sorted and each once,
+    end to end, and where each key's begin (and the last ends): one sort of (key rank,
+    instant) for every row, as one integer where it fits."""
+    least = int(ts.min())
+    span = int(ts.max()) - least + 1
+    if (int(ranks.max()) + 1) * span < 1 << 62:
+        code = np.sort(ranks * span + (ts - least))
+        rank, instants = code // span, code % span + least
+    else:
+        order = np.lexsort((ts, ranks))
+        rank, instants = ranks[order], ts[order]
+    first = np.concatenate([[True], (instants[1:] != instants[:-1]) | (rank[1:] != rank[:-1])])
+    rank, instants = rank[first], instants[first]
+    starts = np.flatnonzero(np.concatenate([[True], rank[1:] != rank[:-1]]))
+    # A row of each key, to read its values from: by a table of ranks where they are
+    # few (dictionary codes), else by a search among the distinct ranks.
+    if int(ranks.max()) < 4 * len(ranks) + 1024:
+        row_of = np.zeros(int(ranks.max()) + 1, dtype=np.int64)
+        row_of[ranks] = np.arange(len(ranks), dtype=np.int64)
+        rows = pa.array(row_of[rank[starts]], pa.int64())
+    else:
+        distinct, first_row = np.unique(ranks, return_index=True)
+        rows = pa.array(first_row[np.searchsorted(distinct, rank[starts])], pa.int64())
+    values = [column.take(rows).to_pylist() for column in keyed.columns]
+    return list(zip(*values, strict=True)), instants, np.append(starts, len(rank))
 
 
 def _distinct_by_key(ts: np.ndarray, sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:

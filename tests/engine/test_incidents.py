@@ -19,17 +19,20 @@ lies below its watermark is decided).
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from engine.core.incidents import KeyState
+from engine.core.columnar import ops
+from engine.core.incidents import KeyState, _distinct_by_rank
 from engine.core.pipeline import HEARTBEAT, Pipeline
 from engine.core.plan import END_OF_TIME
 from engine.core.replay import arrival_table
@@ -283,3 +286,37 @@ def test_the_timeline_of_the_docs(pending: int, keep: int, want: set) -> None:
     ]
     got, _, _ = incidents(rule("default", pending, keep, 0), rows, None, [], False)
     assert got == want
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([-(10**17), -3, 0, 7, 10**17]),
+            st.sampled_from(["a", "b", None]),
+            st.one_of(st.integers(0, 50), st.just(10**6)),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_a_batchs_observed_instants_per_key_equal_the_brute_force(rows) -> None:
+    """Each key of a batch's observed rows, in key order (NULLs last), with its instants
+    sorted and each once: with keys sparse or dense, as one integer or not."""
+    keyed = pa.table(
+        {
+            "v": pa.array([r[0] for r in rows], pa.int64()),
+            "s": pa.array([r[1] for r in rows], pa.string()),
+        }
+    )
+    ts = np.array([r[2] for r in rows], np.int64)
+    ranks = ops.key_ranks(keyed, ["v", "s"])
+    assert ranks is not None
+    found, instants, bounds = _distinct_by_rank(keyed, ranks, ts)
+    expected: dict[tuple[Any, ...], set[int]] = {}
+    for v, text, t in rows:
+        expected.setdefault((v, text), set()).add(t)
+    keys = sorted(expected, key=lambda k: (k[0], k[1] is None, k[1] or ""))
+    assert found == keys
+    got = [instants[a:b].tolist() for a, b in itertools.pairwise(bounds.tolist())]
+    assert got == [sorted(expected[k]) for k in keys]

@@ -192,17 +192,36 @@ def sort_order(table: pa.Table, names: Sequence[str]) -> pa.Array:
     leading = ranks[: _ordered_from(ranks)]
     if not leading:
         return pa.array(np.arange(table.num_rows, dtype=np.int64))
-    # One integer key, each column's rank offset from its least, when their spans fit
-    # (stable_argsort then sorts it the fastest way its span allows).
-    composite, width = np.zeros(table.num_rows, dtype=np.int64), 1
-    for rank in leading:
+    # One integer key when the columns' spans fit (stable_argsort then sorts it the
+    # fastest way its span allows).
+    composite = _composite(leading, table.num_rows)
+    if composite is None:
+        return pa.array(np.lexsort(leading[::-1]).astype(np.int64))
+    return pa.array(stable_argsort(composite))
+
+
+def key_ranks(table: pa.Table, names: Sequence[str]) -> np.ndarray | None:
+    """One integer per row (from 0) that orders the rows by ``names`` as
+    :func:`sort_order` does, equal for equal keys; None for a column type that is not
+    ranked or keys too many to number in 62 bits."""
+    ranks = [_ranks(table.column(name)) for name in names]
+    if any(rank is None for rank in ranks):
+        return None
+    return _composite([r for r in ranks if r is not None], table.num_rows)
+
+
+def _composite(ranks: Sequence[np.ndarray], rows: int) -> np.ndarray | None:
+    """The columns' ranks as one integer, each offset from its least (None: their spans
+    do not fit 62 bits)."""
+    composite, width = np.zeros(rows, dtype=np.int64), 1
+    for rank in ranks:
         least = int(rank.min())
         span = int(rank.max()) - least + 1
         width *= span
         if width >= 1 << 62:
-            return pa.array(np.lexsort(leading[::-1]).astype(np.int64))
+            return None
         composite = composite * span + (rank - least)
-    return pa.array(stable_argsort(composite))
+    return composite
 
 
 def stable_argsort(values: np.ndarray) -> np.ndarray:
