@@ -154,15 +154,7 @@ class IncidentTracker:
         if not names:
             self._observe(key_json(()), np.unique(ts))
             return
-        ranks = ops.key_ranks(keyed, names)
-        if ranks is None:  # a key column not ranked: rows by key, then instants by key
-            order = np.asarray(ops.sort_order(keyed, names), dtype=np.int64)
-            keyed, ts = keyed.take(order), ts[order]
-            spans = ops.keyed_segments(keyed, names)
-            found: list[tuple[Any, ...]] = [key for key, _ in spans]
-            instants, bounds = _distinct_by_key(ts, [end - start for _, (start, end) in spans])
-        else:
-            found, instants, bounds = _distinct_by_rank(keyed, ranks, ts)
+        found, instants, bounds = _observed_by_key(keyed, ts)
         for key, start, end in zip(found, bounds[:-1], bounds[1:], strict=True):
             self._observe(key[0] if column is not None else key_json(key), instants[start:end])
 
@@ -367,12 +359,20 @@ class IncidentTracker:
         return self._open
 
 
-def _distinct_by_rank(
-    keyed: pa.Table, ranks: np.ndarray, ts: np.ndarray
+def _observed_by_key(
+    keyed: pa.Table, ts: np.ndarray
 ) -> tuple[list[tuple[Any, ...]], np.ndarray, np.ndarray]:
-    """The keys of ``keyed``'s rows (by rank), each key's instants sorted and each once,
-    end to end, and where each key's begin (and the last ends): one sort of (key rank,
-    instant) for every row, as one integer where it fits."""
+    """The keys of rows (``keyed``: their key columns) in key order, each key's
+    instants of ``ts`` sorted and each once, end to end, and where each key's begin (and
+    the last ends): one sort of (key rank, instant) for every row, as one integer where
+    it fits."""
+    names = keyed.column_names
+    ranks = ops.key_ranks(keyed, names)
+    if ranks is None:  # a key column not ranked: each key's place in Arrow's sort
+        order = np.asarray(ops.sort_order(keyed, names), dtype=np.int64)
+        keyed, ts = keyed.take(order), ts[order]
+        sizes = [end - start for start, end in ops.segments(keyed, names)]
+        ranks = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
     least = int(ts.min())
     span = int(ts.max()) - least + 1
     if (int(ranks.max()) + 1) * span < 1 << 62:
@@ -395,24 +395,3 @@ def _distinct_by_rank(
         rows = pa.array(first_row[np.searchsorted(distinct, rank[starts])], pa.int64())
     values = [column.take(rows).to_pylist() for column in keyed.columns]
     return list(zip(*values, strict=True)), instants, np.append(starts, len(rank))
-
-
-def _distinct_by_key(ts: np.ndarray, sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """The instants of consecutive groups of ``sizes`` rows, each group's sorted and
-    each once, end to end, and where each group's begin (and the last ends): one sort
-    for every group, not one per group."""
-    group = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
-    if not len(ts):
-        return ts, np.zeros(len(sizes) + 1, dtype=np.int64)
-    least = int(ts.min())
-    span = int(ts.max()) - least + 1
-    if span * len(sizes) < 1 << 62:  # (group, instant) as one integer
-        code = np.sort(group * span + (ts - least))
-        group, ts = code // span, code % span + least
-    else:
-        order = np.lexsort((ts, group))
-        group, ts = group[order], ts[order]
-    first = np.concatenate([[True], (ts[1:] != ts[:-1]) | (group[1:] != group[:-1])])
-    group, ts = group[first], ts[first]
-    bounds = np.searchsorted(group, np.arange(len(sizes) + 1, dtype=np.int64))
-    return ts, bounds

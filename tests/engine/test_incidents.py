@@ -31,8 +31,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from engine.core.columnar import ops
-from engine.core.incidents import KeyState, _distinct_by_rank
+from engine.core.incidents import KeyState, _observed_by_key
 from engine.core.pipeline import HEARTBEAT, Pipeline
 from engine.core.plan import END_OF_TIME
 from engine.core.replay import arrival_table
@@ -298,21 +297,21 @@ def test_the_timeline_of_the_docs(pending: int, keep: int, want: set) -> None:
         ),
         min_size=1,
         max_size=40,
-    )
+    ),
+    st.sampled_from([pa.int64(), pa.float64()]),
 )
-def test_a_batchs_observed_instants_per_key_equal_the_brute_force(rows) -> None:
+def test_a_batchs_observed_instants_per_key_equal_the_brute_force(rows, kind) -> None:
     """Each key of a batch's observed rows, in key order (NULLs last), with its instants
-    sorted and each once: with keys sparse or dense, as one integer or not."""
+    sorted and each once: keys sparse or dense, ranked as integers or sorted by Arrow (a
+    floating-point column), as one integer with the instant or not."""
     keyed = pa.table(
         {
-            "v": pa.array([r[0] for r in rows], pa.int64()),
+            "v": pa.array([float(r[0]) if kind == pa.float64() else r[0] for r in rows], kind),
             "s": pa.array([r[1] for r in rows], pa.string()),
         }
     )
     ts = np.array([r[2] for r in rows], np.int64)
-    ranks = ops.key_ranks(keyed, ["v", "s"])
-    assert ranks is not None
-    found, instants, bounds = _distinct_by_rank(keyed, ranks, ts)
+    found, instants, bounds = _observed_by_key(keyed, ts)
     expected: dict[tuple[Any, ...], set[int]] = {}
     for v, text, t in rows:
         expected.setdefault((v, text), set()).add(t)
