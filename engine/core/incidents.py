@@ -384,14 +384,10 @@ def _observed_by_key(
     first = np.concatenate([[True], (instants[1:] != instants[:-1]) | (rank[1:] != rank[:-1])])
     rank, instants = rank[first], instants[first]
     starts = np.flatnonzero(np.concatenate([[True], rank[1:] != rank[:-1]]))
-    # A row of each key, to read its values from: by a table of ranks where they are
-    # few (dictionary codes), else by a search among the distinct ranks.
-    if int(ranks.max()) < 4 * len(ranks) + 1024:
-        row_of = np.zeros(int(ranks.max()) + 1, dtype=np.int64)
-        row_of[ranks] = np.arange(len(ranks), dtype=np.int64)
-        rows = pa.array(row_of[rank[starts]], pa.int64())
-    else:
-        distinct, first_row = np.unique(ranks, return_index=True)
-        rows = pa.array(first_row[np.searchsorted(distinct, rank[starts])], pa.int64())
+    # A row of each key, to read its values from.
+    distinct, inverse = ops.distinct_codes(ranks)
+    row_of = np.empty(len(distinct), dtype=np.int64)
+    row_of[inverse] = np.arange(len(ranks), dtype=np.int64)
+    rows = pa.array(row_of[np.searchsorted(distinct, rank[starts])], pa.int64())
     values = [column.take(rows).to_pylist() for column in keyed.columns]
     return list(zip(*values, strict=True)), instants, np.append(starts, len(rank))

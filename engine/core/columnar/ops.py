@@ -69,7 +69,7 @@ def join(op: LookupJoin, table: pa.Table) -> tuple[pa.Table, np.ndarray]:
         values, codes = _codes(vector(table), n)
         code = code * (len(values) + 1) + codes
         dictionaries.append(values)
-    distinct, inverse = _distinct(code)
+    distinct, inverse = distinct_codes(code)
     # The matches of each distinct key, one after another (``first``: where its begin).
     matched: list[dict[str, Any] | None] = []
     first = np.zeros(len(distinct), dtype=np.int64)
@@ -110,9 +110,9 @@ def join(op: LookupJoin, table: pa.Table) -> tuple[pa.Table, np.ndarray]:
     return joined, rows
 
 
-def _distinct(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``code``'s distinct values, sorted, and each row's index among them: counted
-    where the codes are few (dictionary codes), else sorted."""
+def distinct_codes(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``code``'s distinct values (non-negative integers), sorted, and each row's index
+    among them: counted where the codes are few (dictionary codes), else sorted."""
     if len(code) and int(code.max()) < 4 * len(code) + 1024:
         present = np.bincount(code) > 0
         return np.flatnonzero(present), (np.cumsum(present) - 1)[code]
