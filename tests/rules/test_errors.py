@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.core.replay import arrival_table
+from engine.tables import readings_schema
+from rules.language.checker import READING_COLUMNS
 from rules.language.loader import RULES_DIR, RuleCheckError, check_paths, load_rules
 from tests.rules.helpers import TRAFFIC, check_text
 
@@ -392,3 +395,14 @@ def test_load_rules_raises_with_all_errors(tmp_path: Path) -> None:
 def test_unreadable_file_is_an_error(tmp_path: Path) -> None:
     errors = check_paths([tmp_path / "missing.sql"])
     assert len(errors) == 1 and "cannot read the file" in errors[0].message
+
+
+def test_the_reserved_column_names_are_every_column_a_reading_carries() -> None:
+    """The checker's list of reserved names against the engine's own: the columns the
+    readings table adds to a stream's and those an arrival table carries."""
+    plan = load_rules([RULES_DIR / "traffic.sql"]).plan
+    traffic = plan.streams["traffic"]
+    declared = {c.name for c in traffic.columns}
+    added = set(readings_schema(traffic).names) - declared
+    arriving = set(arrival_table(traffic, []).column_names) - declared
+    assert added | arriving == set(READING_COLUMNS)
