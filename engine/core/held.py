@@ -142,5 +142,5 @@ def _split(parts: list[_Part], watermark: int, ts: str) -> tuple[list[pa.Table],
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:
-    # One chunk per column: the stages' compute runs over it.
+    # One chunk per column: a stored chunk is read back, restored and released whole.
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables).combine_chunks()
