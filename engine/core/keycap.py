@@ -27,10 +27,11 @@ stage could reach its cap, every reading is admitted without looking at keys.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from engine.core.plan import Stage
@@ -110,12 +111,25 @@ class KeyCap:
                 stage.evicted.update(keys)
                 self._changed = True
 
-    def may_fill(self, held: int, arriving: int) -> bool:
-        """Whether ``arriving`` readings could take some stage to its cap, with ``held``
-        readings held: if not, they are all admitted (what the exact rule would do)."""
+    def may_fill(self, held: Sequence[pa.Table], arriving: pa.Table, admitted: np.ndarray) -> bool:
+        """Whether the ``admitted`` rows of ``arriving`` could take some stage to its cap,
+        with the ``held`` readings waiting: if not, they are all admitted (what the exact
+        rule would do). Each reading counted as a new key bounds it first; past that
+        bound, each stage's distinct keys among them (a backlog's batch holds far more
+        readings than keys)."""
+        rows = sum(t.num_rows for t in held) + int(admitted.sum())
+        full = [s for s in self.stages if self._known_bound(s) + rows >= self.cap]
+        if not full:
+            return False
+        tables = [t for t in (*held, arriving.filter(pa.array(admitted))) if t.num_rows]
         return any(
-            s.runner.live_keys() + len(s.evicted) + held + arriving >= self.cap for s in self.stages
+            self._known_bound(s) + _distinct(tables, list(s.stage.key)) >= self.cap for s in full
         )
+
+    @staticmethod
+    def _known_bound(stage: CappedStage) -> int:
+        """At least as many keys as ``stage`` knows before the readings'."""
+        return stage.runner.live_keys() + len(stage.evicted)
 
     def decider(self, held: Iterable[pa.Table]) -> Callable[[Row], str | None]:
         """What decides readings, in arrival order, from the stream's last step on:
@@ -185,3 +199,11 @@ class KeyCap:
             for stage in self.stages:
                 texts = evicted.get(stage.stage.name, ())
                 stage.evicted = {key_of(t) for t in texts}
+
+
+def _distinct(tables: Sequence[pa.Table], columns: list[str]) -> int:
+    """How many distinct values of ``columns`` the tables' rows hold together."""
+    if not tables:
+        return 0
+    keys = pa.concat_tables([t.select(columns) for t in tables], promote_options="permissive")
+    return keys.group_by(columns).aggregate([]).num_rows

@@ -513,8 +513,7 @@ class Pipeline:
         stages up to that step, with every reading admitted before it."""
         cap = self.caps[stream]
         held = self.held.get(stream)
-        waiting = sum(t.num_rows for t in held.rows) if held is not None else 0
-        if not cap.may_fill(waiting, int(on_time.sum())):
+        if not cap.may_fill(held.rows if held is not None else (), table, on_time):
             return on_time, 0
         admitted = on_time.copy()
         names = sorted({c for s in cap.stages for c in s.stage.key})

@@ -254,6 +254,27 @@ def test_a_key_evicted_after_a_step_is_still_known_until_the_next(rows_only: boo
             assert run(one_key_plan(250), rows, cuts, False, {"traffic": 1}, 1)[1] == [], cuts
 
 
+def test_a_batch_of_many_readings_of_few_keys_is_admitted_without_deciding_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A backlog's batch: 600 readings of 3 stations over 60 s (six steps) under a cap of
+    10 keys. More readings than the cap, fewer distinct keys: all are admitted without
+    deciding reading by reading (where each step passed is an advance of every stage).
+    Four stations under a cap of 3 are decided, and some quarantined."""
+    rows = readings(*((i * 100, 1 + i % 3, False) for i in range(600)))
+    plan = one_key_plan(250)
+    whole, none = run(plan, rows, [], False, None)
+
+    def decider(*_: object) -> None:
+        raise AssertionError("decided reading by reading")
+
+    with monkeypatch.context() as patched:
+        patched.setattr("engine.core.keycap.KeyCap.decider", decider)
+        assert run(plan, rows, [], False, {"traffic": 10}, 10) == (whole, none)
+    four = readings(*((i * 100, 1 + i % 4, False) for i in range(600)))
+    assert len(run(plan, four, [], False, {"traffic": 3}, 3)[1]) > 0
+
+
 def test_an_incident_changed_before_and_after_a_step_is_one_update() -> None:
     """A batch that passes a step advances twice; an incident reported in both is the
     batch's change once, in its state after the batch (a second row of it failed the
