@@ -11,14 +11,13 @@ whose batch is not yet committed.
 So an offset is the sorted list of the landing files admitted so far that were still in
 the folder when it was made. The next offset keeps the files of the previous one that
 are still there and adds the files the folder holds that it does not name, the oldest
-first and at most so many (a backlog, after a stop or a burst, is read in batches the
-driver can hold: one batch of 215 files, ≈ 900k readings, ran Spark's 1 GB driver out
-of memory); a batch
-reads the files its end offset names and its start does not; committing an offset
-removes every file it names. After a restart Spark hands back the last offsets from its
-log, and the same rules give the same batches: a re-run batch reads exactly its files
-(they leave only once its commit is done), and a file its start still names, whether
-or not it has been removed yet, is never taken for new.
+first and at most so many files and bytes (a backlog, after a stop or a burst, is read
+in batches the engine can hold); a batch reads the files its end offset names and its
+start does not; committing an offset removes every file it names. After a restart
+Spark hands back the last offsets from its log, and the same rules give the same
+batches: a re-run batch reads exactly its files (they leave only once its commit is
+done), and a file its start still names, whether or not it has been removed yet, is
+never taken for new.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import pairwise
 from typing import Any
 
 import orjson
@@ -49,16 +50,20 @@ ARROW_SCHEMA = pa.schema(
 )
 STREAM_FOLDER = "stream="
 # New files a batch admits at most, and their size together: ingest lands a file per
-# stream every `flush_ms` (200 ms), so a live batch holds a few; after a restart at 20k
-# readings/s the backlog is read 32 MB (≈ 300k readings) at a time. A batch has a fixed
-# cost of about half a second here: over a 2M-reading backlog, batches of 32 MB read
-# 134-143k readings/s where batches of 16 MB read 95-115k.
+# stream every `flush_ms` (200 ms), so a live batch holds a few; a backlog (after a
+# restart, a burst, or the engine falling behind) is read 128 MB (≈ 1.1M readings) at
+# a time. A batch has a fixed cost of half a second or more here: a 2M-reading backlog
+# of the 15-minute tumble took 12.9-13.2 s in batches of 128 MB, 13.6-17.7 s of 64 MB
+# and 14.5-18.8 s of 32 MB; the stateful step's Python worker peaked at ~1.5 GB.
 MAX_FILES_PER_BATCH = 200
-MAX_BYTES_PER_BATCH = 32 << 20
-# Files an executor task reads and parses together. Arrow parses a live batch's files
-# (20k readings) in ~30 ms, less than a task's own cost: a live batch is one task, a
-# backlog (up to MAX_FILES_PER_BATCH) several.
+MAX_BYTES_PER_BATCH = 128 << 20
+# Files an executor task reads and parses: at most FILES_PER_PARTITION, and a batch is
+# spread over every core (the source's `parallelism` option) as long as each task has
+# MIN_FILES_PER_PARTITION. Arrow parses 20k readings in ~30 ms, little more than a
+# task's own cost: a live batch's few files are one task, a backlog's are parsed on
+# every core (one task parsed a 32 MB batch in ~0.4 s while the other core idled).
 FILES_PER_PARTITION = 32
+MIN_FILES_PER_PARTITION = 4
 _S3_OPTIONS = ("endpoint", "region", "access_key", "secret_key")
 
 
@@ -84,12 +89,13 @@ def source_options(
     s3: S3Config,
     components: Mapping[str, Sequence[StreamSchema]],
     quarantine: str,
+    parallelism: int = 1,
 ) -> dict[str, str]:
     """The options `LandingSource` takes: where the landing folder (and the archive) is,
     how to reach S3 (`secret_key` is among the option names Spark redacts), the source
     streams' schemas with the component each belongs to (`components`: name -> its
-    streams), and the component that also takes the quarantine folder's files (empty:
-    none)."""
+    streams), the component that also takes the quarantine folder's files (empty:
+    none), and how many tasks may read a batch's files side by side (the cores)."""
     streams = [
         {**schema_json(stream), "component": name}
         for name, schemas in components.items()
@@ -100,9 +106,26 @@ def source_options(
         "archive": archive,
         "streams": orjson.dumps(streams).decode(),
         "quarantine": quarantine,
+        "parallelism": str(parallelism),
     }
     options.update({f"s3.{key}": getattr(s3, key) for key in _S3_OPTIONS})
     return options
+
+
+def file_partitions(files: Sequence[str], parallelism: int) -> list[tuple[str, ...]]:
+    """A batch's files (in landing order) cut into consecutive runs, one per executor
+    task: of sizes one apart at most, at most ``FILES_PER_PARTITION`` each, and ``parallelism``
+    runs where each still holds ``MIN_FILES_PER_PARTITION``."""
+    if not files:
+        return []
+    count = max(
+        -(-len(files) // FILES_PER_PARTITION),
+        min(parallelism, len(files) // MIN_FILES_PER_PARTITION),
+        1,
+    )
+    size, longer = divmod(len(files), count)  # the first `longer` runs hold one more
+    bounds = [i * size + min(i, longer) for i in range(count + 1)]
+    return [tuple(files[a:b]) for a, b in pairwise(bounds)]
 
 
 def landing_files(fs: pafs.FileSystem, root: str, folders: Sequence[str]) -> dict[str, int]:
@@ -154,6 +177,7 @@ class LandingReader(DataSourceStreamReader):
         if options.get("quarantine"):
             self.component_of[QUARANTINE_FOLDER] = options["quarantine"]
             self.folders.append(QUARANTINE_FOLDER)
+        self.parallelism = int(options.get("parallelism", "1"))
         self.s3 = S3Config(**{key: options.get(f"s3.{key}", "") for key in _S3_OPTIONS})
 
     @cached_property
@@ -181,10 +205,7 @@ class LandingReader(DataSourceStreamReader):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         files = batch_files(start, end)
-        return [
-            FilesPartition(tuple(files[i : i + FILES_PER_PARTITION]))
-            for i in range(0, len(files), FILES_PER_PARTITION)
-        ]
+        return [FilesPartition(run) for run in file_partitions(files, self.parallelism)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """One row per file of the partition: its arrivals (or quarantine lines) parsed."""

@@ -58,6 +58,7 @@ def start_query(
         config.s3,
         {part.name: [plan.streams[name] for name in part.sources] for part in parts},
         parts[0].name,
+        spark.sparkContext.defaultParallelism,
     )
     checkpoint = config.table(f"_checkpoints/{QUERY_NAME}")
     processor = EngineProcessor(parts, config, memo_id=checkpoint)

@@ -12,11 +12,19 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from engine.core.pipeline import HEARTBEAT
 from engine.core.plan import Column, ColumnType, StreamSchema
 from engine.ipc import read_ipc
-from engine.spark.landing_source import LandingReader, source_options
+from engine.spark.landing_source import (
+    FILES_PER_PARTITION,
+    MIN_FILES_PER_PARTITION,
+    LandingReader,
+    file_partitions,
+    source_options,
+)
 from ingest.landing import LandingWriter
 from lookout.config import S3Config
 
@@ -128,3 +136,17 @@ def test_quarantined_payloads_come_as_their_own_rows(tmp_path):
     (row,) = pa.Table.from_batches([batch]).to_pylist()
     assert row["stream"] == "_quarantine"
     assert json.loads(row["data"])[0]["reason"] == "payload is not JSON"
+
+
+@given(files=st.integers(0, 300), parallelism=st.integers(1, 16))
+def test_a_batch_is_spread_over_the_cores_in_runs_of_files(files: int, parallelism: int) -> None:
+    names = [f"stream=traffic/part-{i:05d}" for i in range(files)]
+    runs = file_partitions(names, parallelism)
+    assert [name for run in runs for name in run] == names  # consecutive, in order
+    assert all(0 < len(run) <= FILES_PER_PARTITION for run in runs)
+    sizes = [len(run) for run in runs]
+    assert not sizes or max(sizes) - min(sizes) <= 1
+    # A task per core where each still gets its share of files; more only where a task
+    # would read more than its most.
+    wanted = min(parallelism, files // MIN_FILES_PER_PARTITION)
+    assert len(runs) == (max(wanted, -(-files // FILES_PER_PARTITION), 1) if files else 0)
