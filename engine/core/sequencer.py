@@ -37,7 +37,6 @@ from enum import IntEnum
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -87,6 +86,10 @@ def _text_hashes(column: pa.ChunkedArray) -> np.ndarray:
     """Each row's hash of its value as text (NULL as ""): each distinct value of a
     chunk hashed once (a door, a name), then spread over its rows; the same hashes as
     hashing every row's text."""
+    # Imported here: a process that never hashes text (Spark's planning runners, which
+    # load the engine's modules to plan a batch) does not pay pandas' 0.3 s import.
+    import pandas as pd
+
     text = pc.fill_null(pc.cast(column, pa.string()), "")
     parts = [np.zeros(0, dtype=np.uint64)]
     for chunk in text.chunks:
@@ -262,7 +265,10 @@ class StreamSequencer:
     _seen: dict[tuple[str, str], _Ranges] = field(default_factory=dict, init=False)
     _sources: dict[tuple[str, str], int] = field(default_factory=dict, init=False)
     _segments: list[_Segment] = field(default_factory=list, init=False)
-    _open: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list, init=False)
+    # Each remembered reading's values since the last seal, and its place in the arrivals
+    # this sequencer judged (``_arrived`` so far): which are the latest.
+    _open: list[tuple[np.ndarray, ...]] = field(default_factory=list, init=False)
+    _arrived: int = field(default=0, init=False)
     _next_segment: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -295,6 +301,7 @@ class StreamSequencer:
             verdicts[readings] = np.where(on_time, Verdict.ON_TIME, Verdict.LATE)
             for key, positions in _id_groups(sources, epochs, readings):
                 self._judge_ids(key, positions, ts, seqs, contents, verdicts, original_ts)
+        self._arrived += n
         return Judgement(verdicts, before, after, original_ts, threshold)
 
     def _judge_ids(
@@ -354,7 +361,7 @@ class StreamSequencer:
             if ranges is None:
                 ranges = self._seen[key] = _Ranges()
             ranges.add(mine[new], ts[fresh])
-            self._open.append((ids[new], contents[fresh], ts[fresh]))
+            self._open.append((ids[new], contents[fresh], ts[fresh], fresh + self._arrived))
 
     def forget_old(self) -> None:
         """Forget ids far enough behind the watermark that no redelivery can still come,
@@ -374,17 +381,25 @@ class StreamSequencer:
 
     # -- state -------------------------------------------------------------------------------
     def seal(self) -> tuple[tuple[int, Any] | None, list[int]]:
-        """Close the segment of values remembered since the last seal: returns it
-        (number, arrays), None if empty, and the numbers of the oldest segments forgotten
-        to keep ``recent_ids``."""
+        """Close the segment of values remembered since the last seal (of its latest
+        ``recent_ids`` readings): returns it (number, arrays), None if empty, and the
+        numbers of the oldest segments forgotten to keep at most ``recent_ids``."""
         sealed = None
         if self._open:
-            number, self._next_segment = self._next_segment, self._next_segment + 1
-            ids, contents, ts = (np.concatenate(parts) for parts in zip(*self._open, strict=True))
-            segment = _Segment.of(number, ids, contents, ts)
-            self._segments.insert(0, segment)  # newest first: a redelivery is recent
+            ids, contents, ts, arrived = (
+                np.concatenate(parts) for parts in zip(*self._open, strict=True)
+            )
             self._open = []
-            sealed = (number, (segment.ids, segment.contents, segment.ts))
+            if len(ids) > self.recent_ids:
+                # Values of the latest ``recent_ids`` readings at most are kept: a
+                # backlog's batch of a million would otherwise store 24 MB of them.
+                latest = np.argsort(arrived)[len(ids) - self.recent_ids :]
+                ids, contents, ts = ids[latest], contents[latest], ts[latest]
+            if len(ids):
+                number, self._next_segment = self._next_segment, self._next_segment + 1
+                segment = _Segment.of(number, ids, contents, ts)
+                self._segments.insert(0, segment)  # newest first: a redelivery is recent
+                sealed = (number, (segment.ids, segment.contents, segment.ts))
         dropped = []
         held = sum(len(s.ids) for s in self._segments)
         while len(self._segments) > 1 and held > self.recent_ids:

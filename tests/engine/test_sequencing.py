@@ -12,6 +12,7 @@ are cut into batches, with its state saved and rebuilt from the store between ba
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 from engine.core.pipeline import Pipeline
 from engine.core.plan import Column, ColumnType, Plan, Query, Sink, SinkKind, StreamSchema
 from engine.core.replay import run
-from engine.core.sequencer import content_hashes
+from engine.core.sequencer import StreamSequencer, Verdict, content_hashes
 from engine.core.state import MemoryStore
 from engine.landed_files import read_quarantine_file, read_stream_file
 from ingest.landing import LandingWriter
@@ -208,6 +209,46 @@ def test_a_repeated_id_with_other_values_is_a_conflict_never_a_copy(tmp_path):
     (conflict,) = result.conflicts
     assert (conflict.ts, conflict.original_ts) == (BASE + 5_000, BASE + 1_000)
     assert conflict.row["speed"] == 9.0 and "other values" in conflict.reason
+
+
+@given(
+    arrivals=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 30)),
+                      min_size=1, max_size=40, unique=True),
+    keep=st.integers(0, 12),
+    batches=st.integers(1, 3),
+)  # fmt: skip
+def test_a_sequencer_keeps_the_values_of_its_latest_readings_only(arrivals, keep, batches):
+    """Readings judged in one to three batches (a seal after each), then each sent again
+    with its values: a repeat is a duplicate exactly while its first reading's values
+    are kept (else a conflict, too far back to compare). At most ``recent_ids`` values
+    are kept, in whole segments, the newest segment always: the latest arrivals of the
+    last batch, as many as ``recent_ids`` allows."""
+    sequencer = StreamSequencer(SLACK, recent_ids=keep)
+    n = len(arrivals)
+
+    def judge(at: list[int]) -> np.ndarray:
+        ts = np.full(len(at), BASE, dtype=np.int64)
+        judged = sequencer.judge(
+            ts,
+            np.zeros(len(at), dtype=bool),
+            pa.array([arrivals[i][0] for i in at]),
+            pa.array([""] * len(at)),
+            np.array([arrivals[i][1] for i in at], dtype=np.int64),
+            np.array([7 * arrivals[i][1] + 1 for i in at], dtype=np.uint64),
+        )
+        return judged.verdicts
+
+    cuts = sorted({0, n, *(n * k // batches for k in range(1, batches))})
+    for start, end in itertools.pairwise(cuts):
+        assert (judge(list(range(start, end))) == Verdict.ON_TIME).all()
+        sequencer.seal()
+    kept = sum(len(segment.ids) for segment in sequencer._segments)
+    last = min(keep, cuts[-1] - cuts[-2])
+    assert last <= kept <= keep
+    again = judge(list(range(n)))
+    assert set(again.tolist()) <= {Verdict.DUPLICATE, Verdict.CONFLICT}
+    assert (again == Verdict.DUPLICATE).sum() == kept
+    assert (again[n - last :] == Verdict.DUPLICATE).all()
 
 
 def test_late_readings_say_how_late_and_keep_the_reading(tmp_path):
