@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
 
-from engine.core.pipeline import HEARTBEAT
+from engine.core.batch import HEARTBEAT
 from engine.core.plan import Plan, StreamSchema
 from engine.core.schema import arrival_type
 from engine.tables import readings_table

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from engine.core.pipeline import HEARTBEAT
+from engine.core.batch import HEARTBEAT
 from engine.core.plan import StreamSchema
 from engine.core.schema import arrival_type
 from ingest.landing import QUARANTINE_PAYLOAD_BYTES, quarantine_record

@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.json as pj
 
-from engine.core.pipeline import HEARTBEAT
+from engine.core.batch import HEARTBEAT
 from engine.core.plan import ColumnType, Plan, StreamSchema
 from engine.core.replay import arrival_table
 from engine.core.schema import arrival_type

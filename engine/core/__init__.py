@@ -18,32 +18,3 @@
 * :mod:`engine.core.replay` — :func:`run` (a plan over recorded readings, through the
   same pipeline).
 """
-
-from engine.core.aggregates import BUILTINS, IncrementalAggregate, InWindow, WindowAggregate
-from engine.core.clocks import SlackClock, SourceClocks
-from engine.core.evaluator import KeyedEvaluator, Output
-from engine.core.pipeline import BatchResult, LateReading, Pipeline
-from engine.core.plan import END_OF_TIME, Plan, Stage
-from engine.core.replay import ReplayResult, run
-from engine.core.sequencer import StreamSequencer, Verdict
-
-__all__ = [
-    "BUILTINS",
-    "END_OF_TIME",
-    "BatchResult",
-    "InWindow",
-    "IncrementalAggregate",
-    "KeyedEvaluator",
-    "LateReading",
-    "Output",
-    "Pipeline",
-    "Plan",
-    "ReplayResult",
-    "SlackClock",
-    "SourceClocks",
-    "Stage",
-    "StreamSequencer",
-    "Verdict",
-    "WindowAggregate",
-    "run",
-]
