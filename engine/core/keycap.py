@@ -20,8 +20,10 @@ evicted since are remembered until the next one, and the keys of the readings he
 (admitted, not yet evaluated) are read from the held rows. A stage at its cap holds at
 most ``cap`` keys: every key it holds is known.
 
-The bound alone decides most batches: when even counting every reading as a new key no
-stage could reach its cap, every reading is admitted without looking at keys.
+A bound decides most batches: when even counting every reading as a new key no stage
+could reach its cap, every reading is admitted without looking at each; past that, the
+same with each stage's distinct keys among the readings counted instead (a backlog's
+batch holds far more readings than keys).
 """
 
 from __future__ import annotations
@@ -128,7 +130,8 @@ class KeyCap:
 
     @staticmethod
     def _known_bound(stage: CappedStage) -> int:
-        """At least as many keys as ``stage`` knows before the readings'."""
+        """No fewer keys than ``stage`` knows before the readings: those it holds and
+        those it evicted since the step."""
         return stage.runner.live_keys() + len(stage.evicted)
 
     def decider(self, held: Iterable[pa.Table]) -> Callable[[Row], str | None]:
