@@ -54,7 +54,7 @@ STREAM_FOLDER = "stream="
 # restart, a burst, or the engine falling behind) is read 128 MB (≈ 1.1M readings) at
 # a time. A batch has a fixed cost of half a second or more here: a 2M-reading backlog
 # of the 15-minute tumble took 12.9-13.2 s in batches of 128 MB, 13.6-17.7 s of 64 MB
-# and 14.5-18.8 s of 32 MB; the stateful step's Python worker peaked at ~1.5 GB.
+# and 14.5-18.8 s of 32 MB; the Python workers together peaked at ~1.5 GB.
 MAX_FILES_PER_BATCH = 200
 MAX_BYTES_PER_BATCH = 128 << 20
 # Files an executor task reads and parses: at most FILES_PER_PARTITION, and a batch is
