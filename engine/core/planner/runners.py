@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from engine.core.columnar import StatelessRunner
 from engine.core.columnar.aggregates import columnar_call
 from engine.core.columnar.expiry import NewestExpiryRunner, newest_only_call
 from engine.core.columnar.extents import ExtentRunner
@@ -29,6 +28,7 @@ from engine.core.columnar.frames import (
 from engine.core.columnar.ops import vectorised
 from engine.core.columnar.over import EveryRow, OverRunner, RowSlide, TimeSlide
 from engine.core.columnar.short_rows import SHORT_ROWS_BELOW, ShortRowsRunner, short_rows_calls
+from engine.core.columnar.stateless import StatelessRunner
 from engine.core.plan import R2S, ExtentWindow, FrameUnits, OverWindow, Stage
 from engine.core.runners import HasStore, RowRunner, StageRunner
 
