@@ -81,6 +81,11 @@ class CappedStage:
     runner: StageRunner
     evicted: set[Key]
 
+    def known_bound(self) -> int:
+        """No fewer keys than the stage knows before a batch's readings: those it holds
+        and those it evicted since the step."""
+        return self.runner.live_keys() + len(self.evicted)
+
 
 class KeyCap:
     """One source stream's cap (module docstring): ``cap`` keys per keyed stage reading it."""
@@ -120,19 +125,11 @@ class KeyCap:
         bound, each stage's distinct keys among them (a backlog's batch holds far more
         readings than keys)."""
         rows = sum(t.num_rows for t in held) + int(admitted.sum())
-        full = [s for s in self.stages if self._known_bound(s) + rows >= self.cap]
+        full = [s for s in self.stages if s.known_bound() + rows >= self.cap]
         if not full:
             return False
         tables = [t for t in (*held, arriving.filter(pa.array(admitted))) if t.num_rows]
-        return any(
-            self._known_bound(s) + _distinct(tables, list(s.stage.key)) >= self.cap for s in full
-        )
-
-    @staticmethod
-    def _known_bound(stage: CappedStage) -> int:
-        """No fewer keys than ``stage`` knows before the readings: those it holds and
-        those it evicted since the step."""
-        return stage.runner.live_keys() + len(stage.evicted)
+        return any(s.known_bound() + _distinct(tables, list(s.stage.key)) >= self.cap for s in full)
 
     def decider(self, held: Iterable[pa.Table]) -> Callable[[Row], str | None]:
         """What decides readings, in arrival order, from the stream's last step on:

@@ -121,7 +121,6 @@ def file_partitions(files: Sequence[str], parallelism: int) -> list[tuple[str, .
     count = max(
         -(-len(files) // FILES_PER_PARTITION),
         min(parallelism, len(files) // MIN_FILES_PER_PARTITION),
-        1,
     )
     size, longer = divmod(len(files), count)  # the first `longer` runs hold one more
     bounds = [i * size + min(i, longer) for i in range(count + 1)]
