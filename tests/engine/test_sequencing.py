@@ -298,6 +298,7 @@ def test_a_damaged_landed_line_is_quarantined_naming_its_file_and_line(tmp_path)
 )
 # pandas' factorizing took "\x00" for "" (C strings): hypothesis found it.
 @example(chunks=[[None, "\x00"]], numbers=[], floats=[])
+@example(chunks=[[None]], numbers=[], floats=[-0.0])
 def test_content_hashes_hash_each_rows_text_as_itself(chunks, numbers, floats) -> None:
     """A column's digests equal those of every row's value hashed alone by pandas'
     ``hash_array`` (NULL as "" or 0, marked apart), mixed column after column: what a
@@ -319,7 +320,9 @@ def test_content_hashes_hash_each_rows_text_as_itself(chunks, numbers, floats) -
         if pa.types.is_integer(column.type):
             hashed = pd.util.hash_array(np.array([v or 0 for v in values], dtype=np.int64))
         elif pa.types.is_floating(column.type):
-            hashed = pd.util.hash_array(np.array([v or 0.0 for v in values], dtype=np.float64))
+            # NULL as 0.0, and -0.0 as itself (``v or 0.0`` took it for 0.0).
+            filled = [0.0 if v is None else v for v in values]
+            hashed = pd.util.hash_array(np.array(filled, dtype=np.float64))
         else:
             hashed = np.array(
                 [pd.util.hash_array(np.array(["" if v is None else v], dtype=object))[0]
