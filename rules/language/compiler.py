@@ -33,6 +33,7 @@ from rules.language.checker import (
     window_key,
 )
 from rules.language.errors import RuleError, make_error
+from rules.language.integers import bigint_or_null
 from rules.language.recognize import match_reads, pattern_variables
 from rules.language.tables import TableLoadError, load_table
 from rules.language.vectors import compile_vector
@@ -66,11 +67,11 @@ class Unsupported(Exception):
 
 def _arith(op: str, a: Any, b: Any) -> Any:
     if op == "+":
-        return a + b
+        return bigint_or_null(a + b)
     if op == "-":
-        return a - b
+        return bigint_or_null(a - b)
     if op == "*":
-        return a * b
+        return bigint_or_null(a * b)
     if b == 0:
         return None  # division by zero is NULL rather than a crash of the job
     if op == "/":
@@ -101,7 +102,7 @@ def _coalesce(args: list[Fn]) -> Fn:
 
 
 _SCALARS: dict[str, Callable[..., Any]] = {
-    "abs": abs,
+    "abs": lambda x: bigint_or_null(abs(x)),
     "round": lambda x, n=0: round(x, int(n)),
     "floor": lambda x: math.floor(x),
     "ceil": lambda x: math.ceil(x),
@@ -165,7 +166,7 @@ def compile_expr(
             inner = build(node.operand)
             if node.op == "NOT":
                 return _strict(operator.not_, [inner])
-            return _strict(operator.neg, [inner])
+            return _strict(lambda a: bigint_or_null(-a), [inner])
         if isinstance(node, ast.Binary):
             return binary(node)
         if isinstance(node, ast.IsNull):

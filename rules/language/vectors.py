@@ -12,6 +12,7 @@ query on the per-row path. The equivalence is property-tested against the row cl
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
@@ -20,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rules.language import ast
+from rules.language.integers import bigint_or_null
 
 Datum: TypeAlias = pa.Array | pa.ChunkedArray | pa.Scalar
 Vector = Callable[[pa.Table], Datum]
@@ -33,7 +35,11 @@ _COMPARE = {
     ">": pc.greater,
     ">=": pc.greater_equal,
 }
-_ARITHMETIC = {"+": pc.add, "-": pc.subtract, "*": pc.multiply}
+_ARITHMETIC = {
+    "+": (pc.add_checked, operator.add),
+    "-": (pc.subtract_checked, operator.sub),
+    "*": (pc.multiply_checked, operator.mul),
+}
 
 
 class _RowOnly(Exception):
@@ -94,7 +100,7 @@ def _builder(  # one case per node kind
             return column(keys.get((node.qualifier, node.name), node.name))
         if isinstance(node, ast.Unary):
             inner = build(node.operand)
-            fn = pc.invert if node.op == "NOT" else pc.negate
+            fn = pc.invert if node.op == "NOT" else _exact(pc.negate_checked, operator.neg)
             return lambda batch: _strict(fn, inner(batch))
         if isinstance(node, ast.Binary):
             return binary(node)
@@ -122,8 +128,8 @@ def _builder(  # one case per node kind
             compare = _COMPARE[op]
             return lambda batch: _strict(compare, left(batch), right(batch))
         if op in _ARITHMETIC:
-            arithmetic = _ARITHMETIC[op]
-            return lambda batch: _strict(arithmetic, *_numbers(left(batch), right(batch)))
+            arithmetic = _exact(*_ARITHMETIC[op])
+            return lambda batch: _strict(arithmetic, left(batch), right(batch))
         if op == "/":
 
             def divide(batch: pa.Table) -> Datum:
@@ -198,7 +204,8 @@ def _builder(  # one case per node kind
 
             return first_valid
         if name == "abs":
-            return lambda batch: pc.abs(args[0](batch))
+            absolute = _exact(pc.abs_checked, abs)
+            return lambda batch: absolute(args[0](batch))
         if name in ("greatest", "least"):
             fn = pc.max_element_wise if name == "greatest" else pc.min_element_wise
 
@@ -261,6 +268,28 @@ def _strict(fn: Callable[..., Datum], *values: Datum) -> Datum:
     return fn(*values)
 
 
+def _exact(kernel: Callable[..., Datum], per_value: Callable[..., Any]) -> Callable[..., Datum]:
+    """`kernel`, a checked integer kernel, with the row form's overflow: where a result
+    is beyond BIGINT's 64 bits it is NULL. Arrow's checked kernels fail the whole batch
+    instead, so a batch that overflows anywhere is computed value by value (rare: the
+    fast path stays a kernel)."""
+
+    def run(*values: Datum) -> Datum:
+        values = tuple(_wide(v) for v in values)
+        try:
+            return kernel(*values)
+        except pa.ArrowInvalid:
+            arrays = [len(v) for v in values if not isinstance(v, pa.Scalar)]
+            if not arrays:  # constants only
+                return pa.scalar(bigint_or_null(per_value(*(v.as_py() for v in values))))
+            length = max(arrays)
+            rows = zip(*(as_array(v, length).to_pylist() for v in values), strict=True)
+            exact = [None if None in row else bigint_or_null(per_value(*row)) for row in rows]
+            return pa.array(exact, pa.int64())
+
+    return run
+
+
 def _typed(a: Datum, b: Datum, type_: pa.DataType) -> tuple[Datum, Datum]:
     """NULL constants as `type_` (Kleene logic needs booleans on both sides)."""
     return (
@@ -284,15 +313,11 @@ def _unified(values: list[pa.Array | pa.ChunkedArray]) -> list[pa.Array | pa.Chu
     return [pc.cast(v, target) for v in values]
 
 
-def _numbers(a: Datum, b: Datum) -> tuple[Datum, Datum]:
-    """Operands of + - *: integers as int64 (Python's ints do not wrap at 32 bits)."""
-
-    def widen(value: Datum) -> Datum:
-        if pa.types.is_integer(value.type) and value.type != pa.int64():
-            return pc.cast(value, pa.int64())
-        return value
-
-    return widen(a), widen(b)
+def _wide(value: Datum) -> Datum:
+    """Integers as int64 (Python's ints do not wrap at 32 bits)."""
+    if pa.types.is_integer(value.type) and value.type != pa.int64():
+        return pc.cast(value, pa.int64())
+    return value
 
 
 def _floor_bucket(ts: pa.Array | pa.ChunkedArray, width: Datum) -> pa.Array:

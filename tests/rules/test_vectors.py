@@ -14,7 +14,7 @@ from functools import cache
 from typing import Any
 
 import pyarrow as pa
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rules.language import ast
@@ -159,6 +159,14 @@ def same(a: Any, b: Any) -> bool:
 @given(
     st.sampled_from(["INT", "DOUBLE", "BOOLEAN", "STRING", "TIMESTAMP"]).flatmap(expr),
     rows_strategy,
+)
+@example(  # beyond BIGINT: NULL on both paths (Arrow's plain multiply wraps around)
+    ast.Binary("*", ast.Column("j", None, P), ast.Column("j", None, P), P),
+    [{**dict.fromkeys(COLUMNS), "j": 3_037_000_500}, {**dict.fromkeys(COLUMNS), "j": 2}],
+)
+@example(  # -(-2**63) overflows BIGINT, not an INT column's 32 bits
+    ast.Unary("-", ast.Column("i", None, P), P),
+    [{**dict.fromkeys(COLUMNS), "i": -(2**31)}],
 )
 def test_the_columnar_form_gives_the_row_values(node: ast.Expr, rows: list[dict]) -> None:
     vector = compile_vector(node)
