@@ -305,6 +305,22 @@ _PORT = _Limit(lambda port: 1 <= port <= 65535, "from 1 to 65535")
 _POSITIVE = _Limit(lambda number: number > 0, "greater than 0")
 _NOT_NEGATIVE = _Limit(lambda number: number >= 0, "of 0 or more")
 _NOT_EMPTY = _Limit(lambda value: len(value) > 0, "that is not empty")
+_JVM_SIZE_PATTERN = re.compile(r"\s*(\d+)\s*([kmgt]?)b?\s*", re.IGNORECASE)
+_JVM_SIZE = _Limit(
+    lambda value: _JVM_SIZE_PATTERN.fullmatch(value) is not None,
+    "like 4g or 512m (a JVM memory size)",
+)
+
+
+def jvm_mebibytes(size: str) -> int:
+    """A JVM memory size as Spark's settings write it (`4g`, `512m`, `1t`; bytes when
+    bare) in MiB, rounded down."""
+    match = _JVM_SIZE_PATTERN.fullmatch(size)
+    if match is None:
+        raise ValueError(f"not a JVM memory size: {size!r} (expected e.g. 4g or 512m)")
+    shift = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[match.group(2).lower()]
+    return int(match.group(1)) << shift >> 20
+
 
 # Ranges where a value outside cannot work (how each field is used decides); a field
 # not listed is checked for its type only.
@@ -330,7 +346,7 @@ _LIMITS: dict[tuple[str, str], _Limit] = {
     ("ingest", "max_string_chars"): _POSITIVE,
     ("ingest", "quarantine_payload_bytes"): _POSITIVE,
     ("engine", "master"): _NOT_EMPTY,
-    ("engine", "driver_memory"): _NOT_EMPTY,
+    ("engine", "driver_memory"): _JVM_SIZE,
     ("engine", "shuffle_partitions"): _POSITIVE,
     ("engine", "trigger_seconds"): _NOT_NEGATIVE,  # 0: Spark's "next batch at once"
     ("engine", "compact_every_seconds"): _NOT_NEGATIVE,  # 0: never compact

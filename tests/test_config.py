@@ -24,7 +24,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lookout.cli import main
-from lookout.config import Config, ConfigError, StreamClock, StreamKeys, load_config
+from lookout.config import (
+    Config,
+    ConfigError,
+    StreamClock,
+    StreamKeys,
+    jvm_mebibytes,
+    load_config,
+)
 from tests.examples import examples
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -221,6 +228,10 @@ def test_a_value_of_the_wrong_type_names_file_line_key_value_and_what_was_expect
         ("[lakehouse]\npath = ''", False),
         ("[rules]\npaths = []", False),
         ('[rules]\npaths = ["rules", "more"]', True),
+        ("[engine]\ndriver_memory = '512m'", True),
+        ("[engine]\ndriver_memory = '4G'", True),
+        ("[engine]\ndriver_memory = '4 gigs'", False),
+        ("[engine]\ndriver_memory = ''", False),
     ],
 )
 def test_ranges(text: str, accepted: bool) -> None:
@@ -228,6 +239,14 @@ def test_ranges(text: str, accepted: bool) -> None:
     assert isinstance(loaded, Config) is accepted, loaded
     if not accepted:
         assert str(loaded).startswith(f"{path}:2: [")
+
+
+@pytest.mark.parametrize(
+    ("size", "mebibytes"),
+    [("4g", 4096), ("512m", 512), ("1T", 1 << 20), ("2048k", 2), ("1048576", 1), ("3gb", 3072)],
+)
+def test_jvm_sizes_read_as_spark_writes_them(size: str, mebibytes: int) -> None:
+    assert jvm_mebibytes(size) == mebibytes
 
 
 def test_the_message_quotes_what_was_given_and_what_was_expected() -> None:
@@ -258,6 +277,8 @@ def other_valid(key: Key) -> Any:
     """A valid value other than the default (every range here is open upwards)."""
     if key.kind is bool:
         return not key.default
+    if (key.section, key.name) == ("engine", "driver_memory"):
+        return "2" + key.default  # a JVM memory size
     if key.kind is str:
         return key.default + "x"
     if key.kind == tuple[str, ...]:

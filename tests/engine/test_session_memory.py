@@ -9,14 +9,23 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.spark
+from engine.spark.session import INITIAL_HEAP_MB, driver_jvm_options
 
 
+@pytest.mark.spark
 def test_the_jvm_touches_its_whole_heap_at_its_start(spark) -> None:  # type: ignore[no-untyped-def]
     runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
-    assert "-XX:+AlwaysPreTouch" in list(runtime.getInputArguments())
+    arguments = list(runtime.getInputArguments())
+    assert "-XX:+AlwaysPreTouch" in arguments
+    assert f"-Xms{INITIAL_HEAP_MB}m" in arguments  # it grows in no pause of a first backlog
 
 
+def test_the_initial_heap_is_at_most_the_whole_heap() -> None:
+    assert driver_jvm_options("4g").split() == ["-XX:+AlwaysPreTouch", "-Xms1024m"]
+    assert driver_jvm_options("512m").split() == ["-XX:+AlwaysPreTouch", "-Xms512m"]
+
+
+@pytest.mark.spark
 def test_spark_keeps_at_most_fifty_finished_jobs(spark) -> None:  # type: ignore[no-untyped-def]
     context = spark.sparkContext
     for _ in range(60):
