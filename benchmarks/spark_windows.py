@@ -182,14 +182,10 @@ def warm_up(
     against 5.1 s after the other windows' runs), then one run per window over a small
     input, so a timed run does not pay for the JVM's JIT of its paths (a 1 s slide sends
     a million rows where the tumble sends a thousand) nor the Python workers' imports."""
-    if full is not None:
-        work.mkdir(parents=True, exist_ok=True)
-        config, rule_set = fill_lakehouse(work / "lakehouse", full, avg15_rule(900))
-        seconds = run_lookout(spark, config, rule_set, "avg15", len(extents(full, 900_000)))
-        print(f"warm-up: tumble over {full.num_rows:,} rows, {seconds:.1f} s (not counted)")
-        shutil.rmtree(work, ignore_errors=True)
-    data = readings(200_000, 10)
-    for label, _, slide_s in slides:
+    small = readings(200_000, 10)
+    runs = [("tumble", full, 900)] if full is not None else []
+    runs += [(label, small, slide_s) for label, _, slide_s in slides]
+    for label, data, slide_s in runs:
         work.mkdir(parents=True, exist_ok=True)
         config, rule_set = fill_lakehouse(work / "lakehouse", data, avg15_rule(slide_s))
         windows = len(extents(data, slide_s * 1000))
@@ -289,15 +285,10 @@ def main() -> None:
     results: dict[str, tuple[float, float, float]] = {}
     flink: dict[str, float] = {}
     windows = args.only in (None, "windows")
-    data = readings(args.rows, args.stations)
-    warm_up(
-        spark,
-        work / "warm-up",
-        slides if windows else SLIDES[-1:],
-        data if windows else None,
-    )
+    data = readings(args.rows, args.stations) if windows else None
+    warm_up(spark, work / "warm-up", slides if windows else SLIDES[-1:], data)
     try:
-        if windows:
+        if data is not None:
             parquet = str(work / "rows.parquet")
             pq.write_table(data, parquet)
             small = str(work / "rows-small.parquet")
