@@ -102,9 +102,10 @@ def probe(folder: str, s3: S3Config) -> OSError | None:
 
 def remove_temporaries(folder: str, s3: S3Config) -> list[str]:
     """Delete the hidden temporary files under `folder` (a query's checkpoint): Spark
-    writes each checkpoint file as `.<name>.<uuid>.tmp` (with its `..<name>.<uuid>.tmp.crc`)
-    and renames it, and a write that failed leaves it there. Only while no query writes
-    there. Returns the paths deleted (best effort: a file that cannot be deleted stays)."""
+    writes each checkpoint file as `.<name>.<uuid>.tmp` (with checksums also its
+    `..<name>.<uuid>.tmp.crc`) and renames it, and a write that failed leaves it there.
+    Only while no query writes there. Returns the paths deleted (best effort: a file
+    that cannot be deleted stays)."""
     fs, root = filesystem(folder, s3)
     try:
         found = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -49,8 +50,30 @@ def remount(disk: Path, mode: str, patience: float = 30.0) -> None:
         if done.returncode == 0:
             return
         if "busy" not in done.stderr or time.monotonic() > deadline:
-            raise AssertionError(f"mount -o remount,{mode} {disk}: {done.stderr.strip()}")
+            raise AssertionError(
+                f"mount -o remount,{mode} {disk}: {done.stderr.strip()}\n"
+                f"files open on it: {open_files(disk) or 'none'}"
+            )
         time.sleep(0.02)
+
+
+def open_files(disk: Path) -> list[str]:
+    """Every file a process holds open on `disk`, as `pid command: path (flags)`: what
+    keeps a remount busy (a file open for writing, or deleted while still open)."""
+    found = []
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        try:
+            target = os.readlink(fd)
+            info = (fd.parent.parent / "fdinfo" / fd.name).read_text()
+            flags = re.search(r"^flags:\s*(\d+)", info, re.MULTILINE)
+            command = (fd.parent.parent / "comm").read_text().strip()
+        except OSError:
+            continue
+        if target.startswith(f"{disk}/"):
+            found.append(
+                f"{fd.parent.parent.name} {command}: {target} (flags {flags and flags[1]})"
+            )
+    return found
 
 
 def fill(disk: Path, name: str = "filler") -> Path:

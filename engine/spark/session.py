@@ -19,6 +19,7 @@ import hashlib
 import os
 import sys
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import pyspark
@@ -37,7 +38,6 @@ from lookout.storage import s3_endpoint
 CHECKPOINT_FILE_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 )
-
 
 S3A = "org.apache.hadoop.fs.s3a.S3AFileSystem"
 
@@ -134,6 +134,24 @@ def remember_jars(coordinates: str, jars: str) -> None:
         return
 
 
+def write_local_files_without_checksums(spark: SparkSession) -> None:
+    """Have Hadoop's `file:` filesystem in this JVM (the driver's; in local mode also the
+    executors') write no checksum files.
+
+    Its checksummed output stream writes a `.crc` beside every checkpoint file, and its
+    close gives up at a failed flush without closing either file: on a full disk the
+    state store then deletes its half-written changelog while the JVM still holds it
+    open, so its space stays taken (and the disk cannot be remounted read-only) until a
+    garbage collection happens to reach the stream. Without checksums the file is
+    Hadoop's raw one, whose close closes it whatever its flush did. (The raw filesystem
+    cannot be `fs.file.impl` itself: Hadoop casts the `file:` filesystem to the
+    checksummed class where the state store copies its local files.)"""
+    jvm: Any = spark.sparkContext._jvm
+    hadoop_fs = jvm.org.apache.hadoop.fs
+    local = hadoop_fs.FileSystem.getLocal(spark.sparkContext._jsc.hadoopConfiguration())
+    local.setWriteChecksum(False)
+
+
 def build_session(
     config: EngineConfig, app_name: str = "lookout", s3: S3Config | None = None
 ) -> SparkSession:
@@ -217,6 +235,7 @@ def build_session(
     if jars is None:
         remember_jars(coordinates, spark.conf.get("spark.jars", "") or "")
     spark.sparkContext.setLogLevel("ERROR")
+    write_local_files_without_checksums(spark)
     if s3 is not None and s3.access_key:
         # Set on the running session, not the builder: pyspark passes every builder
         # setting to spark-submit as `--conf key=value`, which any local user can read
