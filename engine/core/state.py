@@ -1,7 +1,7 @@
 """Where a :class:`~engine.core.pipeline.Pipeline` keeps its state between batches.
 
 The pipeline is pure; a runtime hands it a :class:`StateStore`: Spark's state store
-inside the engine (``engine.spark.processor``), a dict in tests and replay. The store
+inside the engine (``engine.spark.step``), a dict in tests and replay. The store
 holds bytes under four-part keys, so that a batch writes only what it changed: one entry
 per evaluator head, per chunk of a window's tuples, per stream's sequencer.
 """

@@ -21,7 +21,7 @@ from lookout.storage import filesystem
 CHECKPOINT_LAYOUT = 10
 """The layout this version writes: one engine query (`engine`) from the landing files to
 every table, a group per connected part of the stream graph, each part's pipeline state
-in two maps of LZ4-compressed values (`engine.spark.processor`). Layout 9 stored the
+in two maps of LZ4-compressed values (`engine.spark.step`). Layout 9 stored the
 values uncompressed; layout 8 kept a map per kind of entry; layout 7
 had a query per connected part; layouts 1 to 6 a landing query and rules queries reading
 Delta tables; none of them can be resumed by this version."""

@@ -1,7 +1,7 @@
 """The driver's part of a batch: commit the files the executors wrote, exactly once.
 
 The stateful step writes each table's new rows as Parquet files in the table's folder
-and returns only their names and sizes (`engine.spark.processor`). `Committer` is the
+and returns only their names and sizes (`engine.spark.step`). `Committer` is the
 query's `foreachBatch`: it adds each table's files in one Delta commit tagged with the
 query's writer id and the batch id (Delta's transaction identifiers), so a batch that
 runs again after a crash finds its commits done and deletes the copies it wrote

@@ -20,7 +20,8 @@ import pickle
 import pytest
 
 from engine.core.state import JOURNAL
-from engine.spark.processor import ENTRIES, unpack_value
+from engine.spark.processor import ENTRIES
+from engine.spark.step import unpack_value
 from rules.language.loader import load_rules
 from tests.e2e.helpers import STREAM, messages, normalised, readings, replay
 from tests.pipeline import delta_rows, publish, running_engine, running_ingest, table_rows, wait_for

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import gc
 import random
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -21,13 +23,14 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyspark import cloudpickle
 from pyspark.sql import Row
 from pyspark.sql.streaming.tws_tester import TwsTester
 
 from engine import tables
 from engine.core.key_index import KEY_INDEX, KEY_STATE
 from engine.core.state import MemoryStore
-from engine.spark import processor as processor_module
+from engine.spark import step as step_module
 from engine.spark.commit import table_schemas
 from engine.spark.landing_source import (
     FilesPartition,
@@ -35,8 +38,9 @@ from engine.spark.landing_source import (
     landing_files,
     source_options,
 )
-from engine.spark.processor import ENTRIES, PIECES, EngineProcessor, SparkStore
+from engine.spark.processor import ENTRIES, PIECES, EngineProcessor
 from engine.spark.query import engine_components
+from engine.spark.step import SparkStore
 from ingest.landing import LandingWriter
 from lookout.config import Config, EngineConfig, S3Config
 from lookout.services import alert_specs
@@ -96,7 +100,7 @@ def run(
     restores = 0
     for number, rows in enumerate(batches):
         if number in forget:
-            processor_module._PIPELINES.clear()
+            step_module._PIPELINES.clear()
         for out in tester.test("traffic", rows):
             if out["kind"] == "health":
                 stats = orjson.loads(out["stats"])
@@ -124,9 +128,9 @@ def test_the_pipeline_a_worker_keeps_is_out_of_the_collectors_reach(
 ) -> None:
     # PySpark runs a full collection after every task: it must not walk the kept
     # pipeline, whose state grows with the live keys.
-    processor_module._PIPELINES.clear()
+    step_module._PIPELINES.clear()
     run(tmp_path, batches[:3], forget=set())
-    ((_, pipeline),) = processor_module._PIPELINES.values()
+    ((_, pipeline),) = step_module._PIPELINES.values()
     kept = [pipeline, *pipeline.runners.values(), *pipeline.sequencers.values()]
     walked = {id(o) for o in gc.get_objects()}
     assert not [o for o in kept if id(o) in walked]
@@ -137,6 +141,23 @@ def test_the_processor_keeps_its_state_in_two_variables(tmp_path: Path) -> None:
     tester = TwsTester(EngineProcessor(PARTS, Config(lakehouse=str(tmp_path)), "memo"))
     assert set(tester.handle.map_states) == {ENTRIES, PIECES}
     assert not tester.handle.value_states and not tester.handle.list_states
+
+
+def test_unpickling_the_processor_imports_none_of_the_engine_s_evaluation(
+    tmp_path: Path,
+) -> None:
+    # Spark unpickles it on the driver at every start of the query, only to run `init`.
+    pickled = tmp_path / "processor.pickle"
+    pickled.write_bytes(cloudpickle.dumps(EngineProcessor(PARTS, Config(), "memo")))
+    code = (
+        "import pickle, sys; processor = pickle.load(open(sys.argv[1], 'rb')); "
+        "print(type(processor).__name__, *sorted(m for m in sys.modules "
+        "if m.startswith(('engine.core', 'engine.spark.step', 'rules', 'lookout'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(pickled)], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["EngineProcessor"]
 
 
 KINDS = (

@@ -29,7 +29,7 @@ from pyspark.sql.streaming.tws_tester import TwsTester
 
 from engine import tables
 from engine.landed_files import QUARANTINE_FOLDER
-from engine.spark import processor as processor_module
+from engine.spark import step as step_module
 from engine.spark.commit import Committer, rebuilt, table_schemas
 from engine.spark.landing_source import (
     FilesPartition,
@@ -37,15 +37,8 @@ from engine.spark.landing_source import (
     landing_files,
     source_options,
 )
-from engine.spark.processor import (
-    ENTRIES,
-    PIECES,
-    EngineProcessor,
-    SparkStore,
-    _arrivals,
-    pack_value,
-    unpack_value,
-)
+from engine.spark.processor import ENTRIES, PIECES, EngineProcessor
+from engine.spark.step import SparkStore, _arrivals, pack_value, unpack_value
 from ingest.landing import LandingWriter
 from lookout.config import Config
 from tests.e2e.helpers import T0
@@ -132,9 +125,9 @@ class Step:
 
 @pytest.fixture(autouse=True)
 def empty_memo() -> Iterator[None]:
-    processor_module._PIPELINES.clear()
+    step_module._PIPELINES.clear()
     yield
-    processor_module._PIPELINES.clear()
+    step_module._PIPELINES.clear()
 
 
 def minutes(start: int, count: int, seq: int = 0) -> list[dict[str, Any]]:
@@ -189,7 +182,7 @@ def test_the_steps_phases_are_timed_one_after_another(
     """A clock that moves 1 s each time it is read: a phase timed inside another, or
     one left untimed, would not take exactly 1 s."""
     ticks = itertools.count()
-    monkeypatch.setattr(processor_module.time, "perf_counter", lambda: float(next(ticks)))
+    monkeypatch.setattr(step_module.time, "perf_counter", lambda: float(next(ticks)))
     figures, _ = Step(tmp_path / "lake").run(Landing(tmp_path).land(minutes(0, 3)))
     phases = ("read_ms", "restore_ms", "evaluate_ms", "save_ms", "write_ms")
     assert {p: figures[p] for p in phases} == dict.fromkeys(phases, 1000.0)
@@ -228,7 +221,7 @@ def test_a_pipeline_is_reused_only_by_the_worker_that_saved_the_state(tmp_path: 
     landing, step = Landing(tmp_path), Step(tmp_path / "lake")
     batches = [landing.land(minutes(m, 6, seq=6 * m)) for m in range(4)]
     assert step.run(batches[0])[0]["reused"] is False
-    memo = processor_module._PIPELINES
+    memo = step_module._PIPELINES
     key = f"{step.processor.memo_id}#traffic"
     maps = step.tester.handle.map_states
     assert memo[key][0] == SparkStore(maps[ENTRIES], maps[PIECES]).token()
@@ -253,7 +246,7 @@ def test_a_batch_that_fails_half_way_leaves_nothing_behind(
     for rows in batches:
         for table, found in whole.run(rows)[1].items():
             expected.setdefault(table, []).extend(found)
-    processor_module._PIPELINES.clear()
+    step_module._PIPELINES.clear()
 
     step = Step(tmp_path / "failing", memo_id="failing")
     got: dict[str, list[dict]] = {}
@@ -269,7 +262,7 @@ def test_a_batch_that_fails_half_way_leaves_nothing_behind(
             with pytest.raises(OSError):
                 step.run(rows)
             monkeypatch.setattr(tables, "write_data_file", write)
-            assert not processor_module._PIPELINES  # nothing half-changed kept in memory
+            assert not step_module._PIPELINES  # nothing half-changed kept in memory
             step.set_state(saved)  # Spark drops the failed batch's state writes
         figures, written = step.run(rows)
         assert figures["reused"] is (number not in (0, 5, 13))

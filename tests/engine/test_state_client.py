@@ -23,7 +23,7 @@ from pyspark.sql.streaming.proto import StateMessage_pb2 as proto
 from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcessorApiClient
 
 from engine.spark import state_client
-from engine.spark.processor import _KEY, _VALUE
+from engine.spark.processor import STATE_KEY, STATE_VALUE
 from engine.spark.state_client import (
     RowReader,
     get_pipelined,
@@ -64,13 +64,13 @@ texts = st.text(max_size=40)
 
 @given(texts, texts, texts, st.integers(-(2**63), 2**63 - 1))
 def test_a_key_reads_as_pyspark_reads_it(kind: str, name: str, key: str, number: int) -> None:
-    data = pyrolite_row(_KEY, (kind, name, key, number))
+    data = pyrolite_row(STATE_KEY, (kind, name, key, number))
     assert plain_row(data) == tuple(pickle.loads(data)) == (kind, name, key, number)
 
 
 @given(st.binary(max_size=3_000))
 def test_a_value_reads_as_pyspark_reads_it(value: bytes) -> None:
-    data = pyrolite_row(_VALUE, (value,))
+    data = pyrolite_row(STATE_VALUE, (value,))
     assert plain_row(data) == tuple(pickle.loads(data)) == (value,)
 
 
@@ -96,7 +96,9 @@ def test_the_row_reader_reads_any_mix_of_rows_as_plain_row_does(
     entries: list[tuple], values: list[bytes], order: object
 ) -> None:
     spark_rows = [bytes.fromhex(h) for h in json.loads(SPARK_ROWS.read_text())["rows"]]
-    rows = [pyrolite_row(_KEY, e) for e in entries] + [pyrolite_row(_VALUE, (v,)) for v in values]
+    rows = [pyrolite_row(STATE_KEY, e) for e in entries] + [
+        pyrolite_row(STATE_VALUE, (v,)) for v in values
+    ]
     rows += spark_rows
     order.shuffle(rows)  # type: ignore[attr-defined]
     read = RowReader()
@@ -104,7 +106,7 @@ def test_the_row_reader_reads_any_mix_of_rows_as_plain_row_does(
 
 
 def test_a_row_laid_out_otherwise_is_read_the_general_way() -> None:
-    data = pyrolite_row(_KEY, ("cstate", "r", "[1]", 0))
+    data = pyrolite_row(STATE_KEY, ("cstate", "r", "[1]", 0))
     odd = data.replace(b"tR.", b"tRq\x09\x94.")  # an ending the reader does not know
     read = RowReader()
     assert read(data) == read(odd) == ("cstate", "r", "[1]", 0)
@@ -119,13 +121,13 @@ def test_rows_are_serialised_as_pyspark_s_client_serialises_them(
     client: Any = SimpleNamespace(pickleSer=CPickleSerializer())  # what the method uses
     pyspark = StatefulProcessorApiClient._serialize_to_bytes
     entry = (kind, name, key, np.int64(number) if numpy_number else number)
-    assert row_bytes(entry) == pyspark(client, _KEY, entry)
-    assert row_bytes((value,)) == pyspark(client, _VALUE, (value,))
+    assert row_bytes(entry) == pyspark(client, STATE_KEY, entry)
+    assert row_bytes((value,)) == pyspark(client, STATE_VALUE, (value,))
     assert pickle.loads(row_bytes(entry)) == (kind, name, key, number)
 
 
 def test_only_schemas_without_conversion_are_plain() -> None:
-    assert plain_schema(_KEY) and plain_schema(_VALUE)
+    assert plain_schema(STATE_KEY) and plain_schema(STATE_VALUE)
     stamped = T.StructType([T.StructField("ts", T.TimestampType())])
     assert not plain_schema(stamped)
 
@@ -161,8 +163,8 @@ def _state(server: _Server) -> SimpleNamespace:
 
 
 def _pair(n: int) -> SimpleNamespace:
-    key = pyrolite_row(_KEY, ("cstate", "rule", f"[{n}]", 0))
-    return SimpleNamespace(key=key, value=pyrolite_row(_VALUE, (b"v%d" % n,)))
+    key = pyrolite_row(STATE_KEY, ("cstate", "rule", f"[{n}]", 0))
+    return SimpleNamespace(key=key, value=pyrolite_row(STATE_VALUE, (b"v%d" % n,)))
 
 
 def test_a_listing_fetches_batches_under_one_iterator_until_the_server_says_no_more() -> None:
@@ -199,14 +201,14 @@ class _Reads(_Server):
 
 
 def _reading(server: _Reads) -> SimpleNamespace:
-    client = SimpleNamespace(_stateful_processor_api_client=server, user_key_schema=_KEY)
+    client = SimpleNamespace(_stateful_processor_api_client=server, user_key_schema=STATE_KEY)
     return SimpleNamespace(_mapStateClient=client, _stateName="entries")
 
 
 def test_reads_of_many_keys_are_sent_before_any_answer_is_read() -> None:
     wanted = [("rest", "rule", f"[{n}]", 0) for n in range(3)]
     server = _Reads(
-        [(0, pyrolite_row(_VALUE, (b"a",))), (0, b""), (0, pyrolite_row(_VALUE, (b"c",)))]
+        [(0, pyrolite_row(STATE_VALUE, (b"a",))), (0, b""), (0, pyrolite_row(STATE_VALUE, (b"c",)))]
     )
     assert get_pipelined(_reading(server), wanted) == [b"a", None, b"c"]  # type: ignore[arg-type]
     assert server.sent_before_first_answer == 3
