@@ -265,6 +265,7 @@ class StreamSequencer:
     _seen: dict[tuple[str, str], _Ranges] = field(default_factory=dict, init=False)
     _sources: dict[tuple[str, str], int] = field(default_factory=dict, init=False)
     _segments: list[_Segment] = field(default_factory=list, init=False)
+    _held: int = field(default=0, init=False)  # the segments' readings, all told
     # Each remembered reading's values since the last seal, and its place in the arrivals
     # this sequencer judged (``_arrived`` so far): which are the latest.
     _open: list[tuple[np.ndarray, ...]] = field(default_factory=list, init=False)
@@ -399,12 +400,12 @@ class StreamSequencer:
                 number, self._next_segment = self._next_segment, self._next_segment + 1
                 segment = _Segment.of(number, ids, contents, ts)
                 self._segments.insert(0, segment)  # newest first: a redelivery is recent
+                self._held += len(segment.ids)
                 sealed = (number, (segment.ids, segment.contents, segment.ts))
         dropped = []
-        held = sum(len(s.ids) for s in self._segments)
-        while len(self._segments) > 1 and held > self.recent_ids:
+        while len(self._segments) > 1 and self._held > self.recent_ids:
             oldest = self._segments.pop()
-            held -= len(oldest.ids)
+            self._held -= len(oldest.ids)
             dropped.append(oldest.number)
         return sealed, dropped
 
@@ -442,6 +443,7 @@ class StreamSequencer:
             sequencer._seen[key] = _Ranges(lo, hi, newest)
         for number, (ids, contents, ts) in sorted(segments, key=lambda s: -s[0]):
             sequencer._segments.append(_Segment(number, ids, contents, ts))
+            sequencer._held += len(ids)
         return sequencer
 
 

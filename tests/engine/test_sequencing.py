@@ -215,14 +215,16 @@ def test_a_repeated_id_with_other_values_is_a_conflict_never_a_copy(tmp_path):
     arrivals=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 30)),
                       min_size=1, max_size=40, unique=True),
     keep=st.integers(0, 12),
-    batches=st.integers(1, 3),
+    batches=st.integers(1, 4),
+    rebuilt=st.booleans(),
 )  # fmt: skip
-def test_a_sequencer_keeps_the_values_of_its_latest_readings_only(arrivals, keep, batches):
-    """Readings judged in one to three batches (a seal after each), then each sent again
-    with its values: a repeat is a duplicate exactly while its first reading's values
-    are kept (else a conflict, too far back to compare). At most ``recent_ids`` values
-    are kept, in whole segments, the newest segment always: the latest arrivals of the
-    last batch, as many as ``recent_ids`` allows."""
+def test_a_sequencer_keeps_the_values_of_its_latest_readings_only(arrivals, keep, batches, rebuilt):
+    """Readings judged in one to four batches (a seal after each, and with ``rebuilt``
+    the sequencer then rebuilt from its state and kept segments, as after a restart),
+    then each sent again with its values: a repeat is a duplicate exactly while its
+    first reading's values are kept (else a conflict, too far back to compare). At most
+    ``recent_ids`` values are kept, in whole segments, the newest segment always: the
+    latest arrivals of the last batch, as many as ``recent_ids`` allows."""
     sequencer = StreamSequencer(SLACK, recent_ids=keep)
     n = len(arrivals)
 
@@ -242,6 +244,10 @@ def test_a_sequencer_keeps_the_values_of_its_latest_readings_only(arrivals, keep
     for start, end in itertools.pairwise(cuts):
         assert (judge(list(range(start, end))) == Verdict.ON_TIME).all()
         sequencer.seal()
+        if rebuilt:
+            segments = [(g.number, (g.ids, g.contents, g.ts)) for g in sequencer._segments]
+            sequencer = StreamSequencer.from_state(SLACK, sequencer.state(), segments)
+            sequencer.recent_ids = keep
     kept = sum(len(segment.ids) for segment in sequencer._segments)
     last = min(keep, cuts[-1] - cuts[-2])
     assert last <= kept <= keep

@@ -29,11 +29,11 @@ from tests.engine.test_output_order import handed_rows, own_rows
 from tests.simulators.test_cli import demo_simulators
 
 
-def simulate(tmp_path: Path) -> Path:
+def simulate(tmp_path: Path, duration_s: int = 600) -> Path:
     out = tmp_path / "traffic.jsonl"
     subprocess.run(
         [sys.executable, "-m", "simulators.cli", "traffic", "--out", str(out), "--duration",
-         "600", "--rate", "20", "--stations", "10", "--accident", "8@120", "--quiet"],
+         str(duration_s), "--rate", "20", "--stations", "10", "--accident", "8@120", "--quiet"],
         check=True,
     )  # fmt: skip
     return out
@@ -186,7 +186,8 @@ def test_replay_quarantines_what_the_engine_cap_on_live_keys_would(
     config = tmp_path / "lookout.toml"
     config.write_text("[engine.streams.traffic]\nmax_live_keys = 4\n")
     monkeypatch.setenv("LOOKOUT_CONFIG", str(config))
-    recording = simulate(tmp_path)
+    # Short: with a cap of 4 a batch is 2 readings (half the cap), each a step of its own.
+    recording = simulate(tmp_path, duration_s=300)
     rules = str(RULES_DIR / "traffic.sql")
     # Split among workers, the readings a cap could quarantine are seen before any is,
     # and one process evaluates them instead.
