@@ -175,13 +175,16 @@ def run_replay(parquet: str, rule_text: str, work: Path, expected: dict) -> floa
 def warm_up(
     spark, work: Path, slides: list[tuple[str, str | None, int]], full: pa.Table | None
 ) -> None:
-    """Untimed Lookout runs before the timed ones, as Flink's timed jobs follow an untimed
-    job over all the rows and a check run of their own: one run of the tumble over
-    `full` (the timed runs' rows), since a process's first run over batches of a million
-    readings took three times as long as later ones (the tumble over 2M rows: 17.5 s,
-    against 5.1 s after the other windows' runs), then one run per window over a small
-    input, so a timed run does not pay for the JVM's JIT of its paths (a 1 s slide sends
-    a million rows where the tumble sends a thousand) nor the Python workers' imports."""
+    """Untimed Lookout runs right before the timed ones, as Flink's timed jobs follow an
+    untimed job over all the rows and a check run of their own: one run of the tumble
+    over `full`, the timed runs' rows (a process's first run over batches of a million
+    readings took three times as long as later ones), then one run per window over a
+    small input, so that a timed run pays neither for the JVM's JIT of its paths (a 1 s
+    slide sends a million rows where the tumble sends a thousand) nor for the Python
+    workers' imports. They come after Flink's jobs, which leave this process idle for a
+    minute or more: the first timed run took twice as long right after them (the
+    1-minute slide: 17.0 s, against 8.7 s in a run without Flink; this VM's kernel
+    pages out memory left idle for a minute)."""
     small = readings(200_000, 10)
     runs = [("tumble", full, 900)] if full is not None else []
     runs += [(label, small, slide_s) for label, _, slide_s in slides]
@@ -286,7 +289,6 @@ def main() -> None:
     flink: dict[str, float] = {}
     windows = args.only in (None, "windows")
     data = readings(args.rows, args.stations) if windows else None
-    warm_up(spark, work / "warm-up", slides if windows else SLIDES[-1:], data)
     try:
         if data is not None:
             parquet = str(work / "rows.parquet")
@@ -297,6 +299,9 @@ def main() -> None:
                   "over 15 minutes")  # fmt: skip
             print("PyFlink SQL HOP (TUMBLE) over the same Parquet rows:")
             flink = flink_rates(parquet, [(label, s) for label, _, s in slides], args.flink_python)
+        # Right before the timed runs, after Flink's: see warm_up.
+        warm_up(spark, work / "warm-up", slides if windows else SLIDES[-1:], data)
+        if data is not None:
             for label, spark_slide, slide_s in slides:
                 print(f"slide {label}:")
                 few = slide_s == 1
