@@ -18,8 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-import pyspark
-
+from engine.spark.spark_home import spark_home
 from lookout.broker import free_port
 
 
@@ -51,10 +50,10 @@ class LocalCluster:
         return f"spark://127.0.0.1:{self.port}"
 
     def _spawn(self, name: str, *args: str) -> Path:
-        spark_home = Path(pyspark.__file__).parent
+        home = spark_home()
         env = {
             **os.environ,
-            "SPARK_HOME": str(spark_home),
+            "SPARK_HOME": str(home),
             "SPARK_LOCAL_IP": "127.0.0.1",
             # Executors start Python workers: the same interpreter (and packages) as ours.
             "PYSPARK_PYTHON": sys.executable,
@@ -62,7 +61,7 @@ class LocalCluster:
         log = self.work_dir / f"{name}.log"
         self.processes.append(
             subprocess.Popen(
-                [str(spark_home / "bin" / "spark-class"), *args],
+                [str(home / "bin" / "spark-class"), *args],
                 env=env,
                 stdout=log.open("ab"),
                 stderr=subprocess.STDOUT,

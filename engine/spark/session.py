@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 import pyspark
 from pyspark.sql import SparkSession
 
+from engine.spark.spark_home import spark_home
 from lookout.config import EngineConfig, S3Config, jvm_mebibytes
 from lookout.storage import s3_endpoint
 
@@ -163,6 +164,8 @@ def build_session(
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers must be this interpreter (the venv), not whatever python3 is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # ... and import pyspark with its bytecode (engine/spark/spark_home.py).
+    os.environ["SPARK_HOME"] = str(spark_home())
     builder = (
         SparkSession.builder.master(config.master)
         .appName(app_name)
