@@ -7,10 +7,12 @@ from __future__ import annotations
 import pyarrow as pa
 
 
-def ipc_bytes(data: pa.RecordBatch | pa.Table) -> bytes:
-    """`data` as an Arrow IPC stream."""
+def ipc_bytes(data: pa.RecordBatch | pa.Table, compression: str | None = None) -> bytes:
+    """`data` as an Arrow IPC stream, its buffers compressed with `compression` (Arrow's
+    codec name: "zstd", "lz4") or not."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, data.schema) as writer:
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.ipc.new_stream(sink, data.schema, options=options) as writer:
         writer.write(data)
     return sink.getvalue().to_pybytes()
 

@@ -221,7 +221,8 @@ class LandingReader(DataSourceStreamReader):
                 payload = orjson.dumps(read_quarantine_file(name, data))
             else:
                 arrivals, damaged = read_stream_file(schemas[stream], name, data)
-                payload = ipc_bytes(arrivals)
+                # compressed: Spark copies, shuffles and hands on 5x fewer bytes
+                payload = ipc_bytes(arrivals, "zstd")
                 if damaged:  # lines that are not landed records go to quarantine
                     rows["component"].append(self.component_of[stream])
                     rows["stream"].append(QUARANTINE_FOLDER)
