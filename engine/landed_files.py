@@ -28,9 +28,10 @@ import pyarrow.json as pajson
 from engine.core.batch import HEARTBEAT
 from engine.core.plan import StreamSchema
 from engine.core.schema import arrival_type
-from ingest.landing import QUARANTINE_PAYLOAD_BYTES, quarantine_record
+from ingest.landing import QUARANTINE, QUARANTINE_PAYLOAD_BYTES, quarantine_record
 
-QUARANTINE_FOLDER = "_quarantine"
+QUARANTINE_FOLDER = QUARANTINE
+"""The stream folder of the payloads ingest rejected."""
 
 #: Provenance columns of an arrival besides the stream's own and its identity.
 TOPIC = "topic"

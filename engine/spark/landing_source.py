@@ -30,9 +30,8 @@ from pyarrow import fs as pafs
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from engine.core.plan import Column, ColumnType, StreamSchema
-from engine.ipc import ipc_bytes
-from engine.landed_files import QUARANTINE_FOLDER, read_quarantine_file, read_stream_file
 from engine.landing_offsets import batch_files, committed_files, initial_offset, next_offset
+from ingest.landing import QUARANTINE as QUARANTINE_FOLDER
 from lookout.config import S3Config
 from lookout.storage import filesystem
 
@@ -208,6 +207,12 @@ class LandingReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """One row per file of the partition: its arrivals (or quarantine lines) parsed."""
+        # Parsing's imports (Arrow's JSON reader, the engine's columns) are the executors'
+        # alone: the driver's runner of the source, started at every start of the query
+        # and waited for, only lists files (0.54 -> 0.33 s to import this module).
+        from engine.ipc import ipc_bytes
+        from engine.landed_files import read_quarantine_file, read_stream_file
+
         assert isinstance(partition, FilesPartition)
         fs, root = self._landing
         schemas = {s.name: s for s in self.streams}

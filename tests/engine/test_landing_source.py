@@ -8,6 +8,9 @@ as in production, and every reading read back is compared with what was landed.
 from __future__ import annotations
 
 import json
+import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -150,3 +153,22 @@ def test_a_batch_is_spread_over_the_cores_in_runs_of_files(files: int, paralleli
     # would read more than its most.
     wanted = min(parallelism, files // MIN_FILES_PER_PARTITION)
     assert len(runs) == (max(wanted, -(-files // FILES_PER_PARTITION), 1) if files else 0)
+
+
+def test_listing_and_planning_import_no_parsing(tmp_path: Path) -> None:
+    # The driver's runner of the source starts at every start of the query, and the
+    # query waits for it: it lists files and plans batches, executors parse.
+    land(LandingWriter(tmp_path / "landing", "test"), "traffic", [1.0])
+    pickled = tmp_path / "source.pickle"
+    pickled.write_bytes(pickle.dumps(reader(tmp_path / "landing")))
+    code = (
+        "import pickle, sys; source = pickle.load(open(sys.argv[1], 'rb')); "
+        "start = source.initialOffset(); "
+        "assert source.partitions(start, source.latestOffset(start)); "
+        "print(*sorted(m for m in sys.modules "
+        "if m.startswith(('engine.landed_files', 'engine.ipc', 'pyarrow.json'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(pickled)], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == []
