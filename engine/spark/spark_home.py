@@ -14,11 +14,14 @@ pyspark (its zip is built from the package) from the installed package, with its
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 from pathlib import Path
 
 import pyspark
+
+log = logging.getLogger("lookout.engine")
 
 PYTHON_FOLDER = "python"
 """The folder of `SPARK_HOME` whose `lib` Spark puts on the Python processes' path."""
@@ -33,7 +36,8 @@ def spark_home() -> Path:
     """The SPARK_HOME to start Spark from: `$SPARK_HOME` when it names a Spark other than
     pyspark's own (its owner set up its Python path), else the linked folder of the
     module docstring, made once per pyspark in the user's cache (`$XDG_CACHE_HOME` or
-    `~/.cache`)."""
+    `~/.cache`); pyspark's own where that cannot be written (the engine runs, its
+    Python processes start slower)."""
     real = pyspark_home()
     given = os.environ.get("SPARK_HOME")
     if given and Path(given).resolve() != real.resolve():
@@ -42,7 +46,11 @@ def spark_home() -> Path:
     digest = hashlib.sha256(str(real.resolve()).encode()).hexdigest()[:12]
     home = cache / f"spark-home-{pyspark.__version__}-{digest}"
     if not _links_to(home, real):
-        _make(home, real)
+        try:
+            _make(home, real)
+        except OSError as error:
+            log.warning("cannot make %s (%s): Spark starts from %s", home, error, real)
+            return real
     return home
 
 

@@ -47,6 +47,11 @@ def test_a_spark_of_the_users_own_is_left_as_it_is(
     assert spark_home().name.startswith("spark-home-")
 
 
+def test_a_cache_that_cannot_be_written_leaves_pysparks_own(cache: Path) -> None:
+    cache.write_text("a file where the folder should be")
+    assert spark_home() == pyspark_home()
+
+
 @pytest.mark.spark
 def test_python_workers_import_pyspark_from_the_package(spark) -> None:  # type: ignore[no-untyped-def]
     def where(rows):  # type: ignore[no-untyped-def]
