@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 import pyspark
 from pyspark.sql import SparkSession
 
-from engine.spark.spark_home import spark_home
+from engine.spark.spark_home import lookout_cache, spark_home
 from lookout.config import EngineConfig, S3Config, jvm_mebibytes
 from lookout.storage import s3_endpoint
 
@@ -96,9 +96,8 @@ def s3a_settings(s3: S3Config) -> dict[str, str]:
 
 def _jars_file(coordinates: str) -> Path:
     """Where the jars resolved for these Maven coordinates are listed."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lookout"
     digest = hashlib.sha256(coordinates.encode()).hexdigest()[:16]
-    return cache / f"spark-jars-{digest}.txt"
+    return lookout_cache() / f"spark-jars-{digest}.txt"
 
 
 def resolved_jars(coordinates: str) -> list[str] | None:

@@ -27,6 +27,12 @@ PYTHON_FOLDER = "python"
 """The folder of `SPARK_HOME` whose `lib` Spark puts on the Python processes' path."""
 
 
+def lookout_cache() -> Path:
+    """Lookout's folder in the user's cache (`$XDG_CACHE_HOME`, else `~/.cache`): what an
+    engine's start keeps for the next one."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lookout"
+
+
 def pyspark_home() -> Path:
     """The Spark that pyspark ships (its package folder: `bin`, `jars`, ...)."""
     return Path(pyspark.__file__).parent
@@ -35,16 +41,14 @@ def pyspark_home() -> Path:
 def spark_home() -> Path:
     """The SPARK_HOME to start Spark from: `$SPARK_HOME` when it names a Spark other than
     pyspark's own (its owner set up its Python path), else the linked folder of the
-    module docstring, made once per pyspark in the user's cache (`$XDG_CACHE_HOME` or
-    `~/.cache`); pyspark's own where that cannot be written (the engine runs, its
-    Python processes start slower)."""
+    module docstring, made once per pyspark in `lookout_cache()`; pyspark's own where
+    that cannot be written (the engine runs, its Python processes start slower)."""
     real = pyspark_home()
     given = os.environ.get("SPARK_HOME")
     if given and Path(given).resolve() != real.resolve():
         return Path(given)
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lookout"
     digest = hashlib.sha256(str(real.resolve()).encode()).hexdigest()[:12]
-    home = cache / f"spark-home-{pyspark.__version__}-{digest}"
+    home = lookout_cache() / f"spark-home-{pyspark.__version__}-{digest}"
     if not _links_to(home, real):
         try:
             _make(home, real)
