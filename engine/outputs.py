@@ -1,11 +1,12 @@
 """The rows each lakehouse table gets from one batch of a pipeline (pure; Arrow only).
 
 :func:`batch_tables` turns a :class:`~engine.core.pipeline.BatchResult` into one Arrow
-table per Delta table, typed as that table is (timestamps in microseconds): the
-accepted readings of each source stream, late readings, conflicts, quarantined lines
-and readings (of new keys beyond their stream's cap on live keys),
-alerts, the incidents the batch changed (each in its new state), and each derived
-stream's rows with the (source, seq) tie order that stages
+table per Delta table, typed as that table is (timestamps in microseconds). Some are
+filled as the batch is admitted (:func:`admitted_tables`): the accepted readings of each
+source stream, late readings, conflicts, quarantined lines and readings (of new keys
+beyond their stream's cap on live keys). The others are the stages'
+(:func:`evaluated_tables`): alerts, the incidents the batch changed (each in its new
+state), and each derived stream's rows with the (source, seq) tie order that stages
 reading it use. Columns are built whole where the pipeline hands them over as columns
 (readings, extents' results), so a batch of many thousand rows costs no Python object
 per value there.
@@ -164,6 +165,15 @@ def batch_tables(
     quarantine: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, pa.Table]:
     """Every table's new rows from one batch (a table with no new rows is left out)."""
+    return {**admitted_tables(plan, result, quarantine), **evaluated_tables(plan, alerts, result)}
+
+
+def admitted_tables(
+    plan: Plan, result: BatchResult, quarantine: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, pa.Table]:
+    """The new rows of the tables a batch fills as it is admitted (the source streams'
+    readings, late readings, conflicts, quarantine): final once
+    :meth:`~engine.core.pipeline.Pipeline.admit` returns."""
     out: dict[str, pa.Table] = {}
     for stream, readings in result.readings.items():
         if readings.num_rows:
@@ -179,6 +189,14 @@ def batch_tables(
     ):
         if rows:
             out[name] = pa.Table.from_pylist(rows, schema=schema)
+    return out
+
+
+def evaluated_tables(
+    plan: Plan, alerts: Mapping[str, AlertSpec], result: BatchResult
+) -> dict[str, pa.Table]:
+    """The new rows of the tables the stages fill (derived streams, alerts, incidents)."""
+    out: dict[str, pa.Table] = {}
     kinds = {q.sink.name: q.sink.kind for q in plan.queries}
     stages = plan.stages()
     by_sink: dict[str, list[SinkRows]] = {}

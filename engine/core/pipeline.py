@@ -320,10 +320,22 @@ class Pipeline:
         """Judge each source stream's arrivals (a table in arrival order: the stream's
         columns with timestamps as epoch ms, ``source``, ``epoch``, ``seq`` and
         ``heartbeat``; other columns are kept with the readings), evaluate, and return
-        what the batch produced."""
+        what the batch produced: :meth:`evaluate` after :meth:`admit`."""
+        return self.evaluate(self.admit(arrivals))
+
+    def admit(self, arrivals: Mapping[str, pa.Table]) -> BatchResult:
+        """The first half of :meth:`process`: judge each source stream's arrivals and
+        hand the admitted ones to the stages. The result's readings, late readings,
+        conflicts, duplicates, heartbeats and capped readings are final; its outputs
+        and watermarks are :meth:`evaluate`'s to add."""
         result = BatchResult()
         for stream, kept in self._judged(arrivals, result):
             self._hand_over(stream, kept)
+        return result
+
+    def evaluate(self, result: BatchResult) -> BatchResult:
+        """The second half of :meth:`process`: advance every stage to its stream's
+        watermark, adding what they emit to ``result`` (:meth:`admit`'s)."""
         watermarks = self._clocks()
         self._advance(watermarks, result)
         result.watermarks = watermarks

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -28,6 +29,7 @@ from pyspark.sql import Row
 from pyspark.sql.streaming.tws_tester import TwsTester
 
 from engine import tables
+from engine.core.pipeline import Pipeline
 from engine.landed_files import QUARANTINE_FOLDER
 from engine.spark import step as step_module
 from engine.spark.commit import Committer, rebuilt, table_schemas
@@ -215,6 +217,41 @@ def test_the_step_says_when_it_began_and_the_log_how_long_into_the_job(
     said = [r.message for r in caplog.records if "batch 7: part traffic rebuilt" in r.message]
     assert len(said) == 1 and said[0].endswith(" s into the batch's job")
     assert 1.5 <= float(said[0].split("began ")[1].split(" s")[0]) <= 2.0
+
+
+def test_the_admitted_readings_are_written_while_the_stages_evaluate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The readings table's file is written on a thread of its own while the stages
+    evaluate (the stages wait for it here: written after them, it never comes), and the
+    batch's files hold what they held written one after another."""
+    landing = Landing(tmp_path)
+    batches = [landing.land(minutes(m, 6, seq=6 * m)) for m in range(3)]
+    serial = Step(tmp_path / "serial", memo_id="serial")
+    expected = [serial.run(rows)[1] for rows in batches]
+    step_module._PIPELINES.clear()
+
+    readings_written = threading.Event()
+    writers: list[str] = []
+    write, evaluate = tables.write_data_file, Pipeline.evaluate
+
+    def noting_write(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "readings_traffic":
+            writers.append(threading.current_thread().name)
+            readings_written.set()
+        return write(name, *args, **kwargs)
+
+    def waiting_evaluate(pipeline: Pipeline, result: Any) -> Any:
+        assert readings_written.wait(timeout=10), "the readings were not written meanwhile"
+        readings_written.clear()
+        return evaluate(pipeline, result)
+
+    monkeypatch.setattr(tables, "write_data_file", noting_write)
+    monkeypatch.setattr(Pipeline, "evaluate", waiting_evaluate)
+    step = Step(tmp_path / "overlapped", memo_id="overlapped")
+    got = [step.run(rows)[1] for rows in batches]
+    assert len(writers) == 3 and threading.current_thread().name not in writers
+    assert got == expected
 
 
 def test_a_pipeline_is_reused_only_by_the_worker_that_saved_the_state(tmp_path: Path) -> None:
