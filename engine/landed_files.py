@@ -4,8 +4,10 @@ Ingest lands JSON-lines files, one folder per stream (``stream=<name>``, and
 ``stream=_quarantine`` for rejected payloads; see ``ingest/landing.py``). Each line of a
 stream's file is a validated reading (its stream's columns, timestamps as epoch ms,
 ``source``, ``epoch``, ``seq``) or a heartbeat (``"_kind": "heartbeat"``, the stream's
-timestamp and ``source``), with ``_line`` (its place in the file), ``_topic`` and
-``_received_ms``. The order of the files' names, then ``_line``, is the arrival order.
+timestamp and ``source``, ``_received_ms``). A message's readings are consecutive lines,
+the first with the message's ``_topic`` and ``_received_ms``, which hold for the lines
+after it that have none. The order of the files' names, then of their lines, is the
+arrival order.
 
 :func:`read_stream_file` turns one file into the arrivals a
 :class:`~engine.core.pipeline.Pipeline` takes, :func:`read_quarantine_file` into
@@ -18,6 +20,7 @@ file never stops the engine.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -58,7 +61,6 @@ def landed_schema(stream: StreamSchema) -> pa.Schema:
         pa.field("source", pa.string()),
         pa.field("epoch", pa.string()),
         pa.field("seq", pa.int64()),
-        pa.field("_line", pa.int64()),
         pa.field("_kind", pa.string()),
         pa.field("_topic", pa.string()),
         pa.field("_received_ms", pa.int64()),
@@ -87,6 +89,16 @@ def _parse(data: bytes, schema: pa.Schema) -> pa.Table:
     return pajson.read_json(io.BytesIO(data), read_options=read, parse_options=options)
 
 
+def _parse_messages(data: bytes, schema: pa.Schema) -> pa.Table:
+    """Landed lines, each with its message's topic and time of receipt (on the
+    message's first line only)."""
+    table = _parse(data, schema)
+    for name in ("_topic", "_received_ms"):
+        index = table.column_names.index(name)
+        table = table.set_column(index, name, pc.fill_null_forward(table.column(index)))
+    return table
+
+
 def read_stream_file(
     stream: StreamSchema, name: str, data: bytes
 ) -> tuple[pa.Table, list[dict[str, Any]]]:
@@ -95,11 +107,9 @@ def read_stream_file(
     schema = landed_schema(stream)
     bad: list[dict[str, Any]] = []
     try:
-        table = _parse(data, schema)
+        table = _parse_messages(data, schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        table, bad = _parse_lines(data, schema, name)
-    if table.num_rows and not _ascending(table.column("_line")):
-        table = table.sort_by("_line")
+        table, bad = _parse_lines(data, schema, name, _parse_messages)
     kind = table.column("_kind")
     columns = {c.name: table.column(c.name) for c in stream.columns}
     columns["source"] = pc.fill_null(table.column("source"), "")
@@ -111,15 +121,14 @@ def read_stream_file(
     return pa.table(columns, schema=arrivals_schema(stream)), bad
 
 
-def _ascending(column: pa.ChunkedArray) -> bool:
-    values = column.to_numpy(zero_copy_only=False)
-    return bool((values[1:] >= values[:-1]).all()) if len(values) > 1 else True
-
-
-def _parse_lines(data: bytes, schema: pa.Schema, name: str) -> tuple[pa.Table, list[dict]]:
+def _parse_lines(
+    data: bytes, schema: pa.Schema, name: str, parse: Callable[[bytes, pa.Schema], pa.Table]
+) -> tuple[pa.Table, list[dict]]:
     """The slow path: each line on its own; lines that do not parse as landed records of
-    ``schema`` become quarantine rows."""
-    good: list[bytes] = []
+    ``schema`` become quarantine rows. The good lines between two such are parsed
+    together (``parse``): a message's topic, on its first line, never reaches past a
+    line set aside, which may have been the next message's first."""
+    runs: list[list[bytes]] = [[]]
     bad: list[dict[str, Any]] = []
     for number, line in enumerate(data.split(b"\n"), start=1):
         if not line.strip():
@@ -133,11 +142,11 @@ def _parse_lines(data: bytes, schema: pa.Schema, name: str) -> tuple[pa.Table, l
             reason = f"landed file {name} line {number} is not a landed record: {err}"
             record = quarantine_record(None, reason, line, QUARANTINE_PAYLOAD_BYTES)
             bad.append({**record, "received_ms": None})
+            runs.append([])
             continue
-        good.append(line)
-    if not good:
-        return schema.empty_table(), bad
-    return _parse(b"\n".join(good), schema), bad
+        runs[-1].append(line)
+    parsed = [parse(b"\n".join(run), schema) for run in runs if run]
+    return (pa.concat_tables(parsed) if parsed else schema.empty_table()), bad
 
 
 def read_quarantine_file(name: str, data: bytes) -> list[dict[str, Any]]:
@@ -145,5 +154,5 @@ def read_quarantine_file(name: str, data: bytes) -> list[dict[str, Any]]:
     try:
         return _parse(data, QUARANTINE_LINE).to_pylist()
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        table, bad = _parse_lines(data, QUARANTINE_LINE, name)
+        table, bad = _parse_lines(data, QUARANTINE_LINE, name, _parse)
         return table.to_pylist() + bad

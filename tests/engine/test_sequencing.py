@@ -20,6 +20,7 @@ import numpy as np
 import orjson
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -28,7 +29,7 @@ from engine.core.plan import Column, ColumnType, Plan, Query, Sink, SinkKind, St
 from engine.core.replay import run
 from engine.core.sequencer import StreamSequencer, Verdict, content_hashes
 from engine.core.state import MemoryStore
-from engine.landed_files import read_quarantine_file, read_stream_file
+from engine.landed_files import RECEIVED_MS, TOPIC, read_quarantine_file, read_stream_file
 from ingest.landing import LandingWriter
 from tests.engine.helpers import select
 from tests.examples import examples
@@ -283,17 +284,67 @@ def test_quarantine_lines_pass_through_with_their_reason():
 
 
 def test_a_damaged_landed_line_is_quarantined_naming_its_file_and_line(tmp_path):
-    good = orjson.dumps({"station": 1, "speed": 1.0, "ts": BASE, "source": "a", "seq": 1,
-                         "_line": 0})  # fmt: skip
-    data = (
-        good
-        + b"\n{not json\n"
-        + good.replace(b'"seq":1', b'"seq":2').replace(b'"_line":0', b'"_line":2')
-    )
+    good = orjson.dumps({"station": 1, "speed": 1.0, "ts": BASE, "source": "a", "seq": 1})
+    data = good + b"\n{not json\n" + good.replace(b'"seq":1', b'"seq":2')
     arrivals, damaged = read_stream_file(TRAFFIC, "part-9.jsonl", data)
     assert arrivals.column("seq").to_pylist() == [1, 2]
     (bad,) = damaged
     assert "part-9.jsonl line 2" in bad["reason"] and bad["payload"] == "{not json"
+
+
+# Messages as ingest lands them: (topic number, readings in it, a heartbeat after it).
+messages_strategy = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(1, 4), st.booleans()), min_size=1, max_size=12
+)
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(messages_strategy)
+def test_each_reading_has_its_message_s_topic_and_time_of_receipt(tmp_path_factory, messages):
+    """Ingest writes a message's topic and time of receipt on its first line only; read
+    back, every reading has its own message's."""
+    writer = LandingWriter(tmp_path_factory.mktemp("landing"), "t")
+    expected, seq = [], 0
+    for number, (topic, size, beat) in enumerate(messages):
+        received = BASE + number
+        readings = []
+        for _ in range(size):
+            reading = {"station": 1, "speed": 1.0, "ts": BASE + seq, "source": "a", "seq": seq}
+            readings.append(reading)
+            expected.append((seq, f"t/{topic}", received))
+            seq += 1
+        writer.add_readings("traffic", readings, f"t/{topic}", received)
+        if beat:
+            writer.add_heartbeat("traffic", {"source": "a", "ts": BASE + seq}, received)
+    (file,) = writer.flush()
+    arrivals, damaged = read_stream_file(TRAFFIC, file.name, file.read_bytes())
+    readings = arrivals.filter(pc.invert(arrivals.column("heartbeat")))
+    got = zip(*(readings.column(c).to_pylist() for c in ("seq", TOPIC, RECEIVED_MS)), strict=True)
+    assert list(got) == expected and not damaged
+
+
+def test_a_message_s_topic_never_reaches_past_a_damaged_line(tmp_path):
+    """A damaged line may have been the next message's first: the lines after it that
+    carry no topic get none, never the message's before it."""
+    first = {"station": 1, "speed": 1.0, "ts": BASE, "source": "a"}
+    lines = [
+        orjson.dumps({**first, "seq": 1, "_topic": "t/1", "_received_ms": 7}),
+        orjson.dumps({**first, "seq": 2}),
+        b'{"station": 1, "speed": 1.0, "ts": 1, "source": "a", "seq": 3, "_topic": "t/2"',
+        orjson.dumps({**first, "seq": 4}),
+        orjson.dumps({**first, "seq": 5, "_topic": "t/3", "_received_ms": 9}),
+        orjson.dumps({**first, "seq": 6}),
+    ]
+    arrivals, damaged = read_stream_file(TRAFFIC, "part-1.jsonl", b"\n".join(lines))
+    got = zip(*(arrivals.column(c).to_pylist() for c in ("seq", TOPIC, RECEIVED_MS)), strict=True)
+    assert list(got) == [
+        (1, "t/1", 7),
+        (2, "t/1", 7),
+        (4, None, None),
+        (5, "t/3", 9),
+        (6, "t/3", 9),
+    ]
+    assert len(damaged) == 1 and "part-1.jsonl line 3" in damaged[0]["reason"]
 
 
 @settings(max_examples=examples(100), deadline=None)

@@ -74,7 +74,7 @@ def test_readings_land_as_objects_exactly_once(
 
     lines = landed(s3)
     assert keys(lines) == Counter({("loop-1", seq): 1 for seq in range(1300)})
-    assert set(lines[0]) == {*traffic(0), "epoch", "_line", "_topic", "_received_ms"}
+    assert set(lines[0]) == {*traffic(0), "epoch", "_topic", "_received_ms"}
     (rejected,) = landed(s3, "_quarantine")
     assert rejected["reason"].startswith("payload is not JSON")
     names = [key.rsplit("/", 1)[1] for key in s3.objects(PREFIX)]
