@@ -95,8 +95,8 @@ def readings(rows: int, stations: int, gaps: bool = False) -> pa.Table:
 
 def fill_lakehouse(lakehouse: Path, data: pa.Table, rule_text: str) -> tuple[Config, object]:
     """A fresh lakehouse whose landing holds `data` as ingest lands it (files of 20,000
-    readings), then a heartbeat a day past the end (the final heartbeat: every window
-    closes)."""
+    readings, from messages of 20 as `pipeline_faults.py`'s simulator publishes them),
+    then a heartbeat a day past the end (the final heartbeat: every window closes)."""
     shutil.rmtree(lakehouse, ignore_errors=True)
     config = Config(lakehouse=str(lakehouse), engine=EngineConfig())
     rules = lakehouse.parent / "bench.sql"
@@ -110,7 +110,8 @@ def fill_lakehouse(lakehouse: Path, data: pa.Table, rule_text: str) -> tuple[Con
                                data["seq"].to_pylist(), strict=True)
     ]  # fmt: skip
     for offset in range(0, len(rows), 20_000):
-        writer.add_readings("traffic", rows[offset : offset + 20_000], "bench", 0)
+        for message in range(offset, min(offset + 20_000, len(rows)), 20):
+            writer.add_readings("traffic", rows[message : message + 20], "bench", 0)
         writer.flush()
     writer.add_heartbeat("traffic", {"source": "bench", "ts": ts_ms[-1] + 86_400_000}, 0)
     writer.flush()
