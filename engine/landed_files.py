@@ -90,8 +90,9 @@ def _parse(data: bytes, schema: pa.Schema) -> pa.Table:
 
 
 def _parse_messages(data: bytes, schema: pa.Schema) -> pa.Table:
-    """Landed lines, each with its message's topic and time of receipt (on the
-    message's first line only)."""
+    """Landed lines, each reading with its message's topic and time of receipt (on the
+    message's first line only). A heartbeat's line, which has no topic, gets the one
+    before it; no table keeps a heartbeat's topic."""
     table = _parse(data, schema)
     for name in ("_topic", "_received_ms"):
         index = table.column_names.index(name)
