@@ -427,6 +427,7 @@ def test_a_link_to_an_unknown_incident_says_so(lakehouse: Path) -> None:
     assert app.selectbox(key="incident_pick").value is None
 
 
+@pytest.mark.slow
 def test_silenced_incidents_say_until_when_and_by_whom(
     lakehouse: Path,
     open_page: Open,

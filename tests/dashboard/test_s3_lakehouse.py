@@ -51,6 +51,7 @@ def on_s3(lakehouse: Path, s3_process: S3Server, monkeypatch: pytest.MonkeyPatch
     return {"LOOKOUT_LAKEHOUSE_PATH": s3_process.url("lake")}
 
 
+@pytest.mark.slow
 def test_every_page_shows_over_s3_what_it_shows_over_the_folder(
     lakehouse: Path, on_s3: dict[str, str], open_page, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -538,6 +538,7 @@ def short_rows_rule(draw: st.DrawFn) -> str:
     return over_rule_text(calls, f"OVER ({partition}ROWS {preceding} PRECEDING)")
 
 
+@pytest.mark.slow
 @settings(
     max_examples=examples(200),
     deadline=None,
@@ -587,6 +588,7 @@ def sliced_rule(draw: st.DrawFn) -> str:
     return over_rule_text(calls, f"OVER ({partition}{frame})")
 
 
+@pytest.mark.slow
 @settings(
     max_examples=examples(200),
     deadline=None,

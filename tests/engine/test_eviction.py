@@ -298,6 +298,7 @@ SETTINGS = settings(
 )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     rule=st.one_of(keyed_over_rule, range_over_rule, keyed_extent_rule, silence_rule),

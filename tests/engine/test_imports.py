@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import engine.core
 
 CORE = Path(engine.core.__file__).parent
@@ -27,6 +29,7 @@ print("\\n".join(failed))
 """
 
 
+@pytest.mark.slow
 def test_each_core_module_imports_on_its_own() -> None:
     names = sorted(
         "engine.core."

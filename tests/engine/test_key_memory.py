@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from engine.core.columnar.expiry import NewestExpiryRunner
 from engine.core.pipeline import HEARTBEAT, Pipeline
 from engine.core.plan import Plan, StreamSchema
@@ -76,6 +78,7 @@ def _round(pipeline: Pipeline, plan: Plan, tags: range, t0: int) -> int:
     return end
 
 
+@pytest.mark.slow
 def test_keys_gone_idle_leave_no_memory_behind() -> None:
     """After 20,000 more tags have come and gone, the pipeline holds no more objects
     than after the first 20,000 (a set of every key ever idle once kept a string a tag).

@@ -20,6 +20,7 @@ from pathlib import Path
 import orjson
 import psutil
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable, write_deltalake
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -92,6 +93,7 @@ def test_a_table_with_few_files_or_none_is_left_alone(tmp_path: Path) -> None:
     assert few.run_once() == [] and few.health()["log_cleaned"] == {path: 0}
 
 
+@pytest.mark.slow
 def test_compaction_rounds_while_another_thread_appends(tmp_path: Path) -> None:
     path = str(tmp_path / "station_speed")
     appender = threading.Thread(target=append_batches, args=(path, range(150)))
@@ -184,6 +186,7 @@ def log_versions(path: str, suffix: str) -> list[int]:
     return sorted(int(p.name[:20]) for p in Path(path, "_delta_log").glob(f"*{suffix}"))
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(25), deadline=None)
 @given(appends=st.integers(3, 24), checkpoint_every=st.integers(1, 8))
 def test_log_cleanup_keeps_every_version_from_the_newest_checkpoint(
@@ -218,6 +221,7 @@ def bag_at(path: str, version: int) -> Counter:
                        strict=True))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_log_cleanup_while_another_thread_appends(tmp_path: Path) -> None:
     # The appender opens the table for every append from `_last_checkpoint`; the
     # cleanup waits until a checkpoint is `settle_s` old before removing what precedes

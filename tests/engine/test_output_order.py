@@ -92,6 +92,7 @@ def brute_force(parts: list[SinkRows]) -> dict[str, list[dict[str, Any]]]:
     return rows
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(batched=batches())
 def test_rows_handed_on_are_every_row_once_in_output_order(
@@ -162,6 +163,7 @@ def two_streams(draw: Any) -> list[dict[str, pa.Table]]:
     return batched
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batched=two_streams())
 def test_a_sink_of_two_clocks_is_handed_on_below_the_slower_one(

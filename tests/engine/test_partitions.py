@@ -245,6 +245,7 @@ def split_plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
     return plan_of(tmp_path_factory.mktemp("rules"), SPLIT_RULES)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batched=arrivals(), workers=st.integers(2, 3), end=st.sampled_from([END_OF_TIME, None]))
 def test_the_split_evaluation_gives_one_pipelines_result(
@@ -266,6 +267,7 @@ def split_run(
     return run_split(plan, batches(plan, batched), split, evaluators, end, **extra)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     batched=arrivals(),

@@ -202,6 +202,7 @@ def test_the_spark_store_answers_as_a_dict_does(ops: list[tuple]) -> None:
             assert sorted(store.keys(args[0])) == sorted(model.keys(args[0]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_worker_without_the_pipeline_rebuilds_it_and_writes_the_same(
     tmp_path: Path, batches: list[list[Row]], seed: int
@@ -214,6 +215,7 @@ def test_a_worker_without_the_pipeline_rebuilds_it_and_writes_the_same(
     assert kept == rebuilt
 
 
+@pytest.mark.slow
 def test_readings_beyond_the_cap_on_live_keys_are_quarantined_alike_after_rebuilds(
     tmp_path: Path, batches: list[list[Row]]
 ) -> None:
@@ -248,6 +250,7 @@ def traffic_rules(folder: Path, clock: str) -> RuleSet:
     return load_rules([folder / "traffic.sql"])
 
 
+@pytest.mark.slow
 def test_per_source_clocks_survive_rebuilds_and_a_source_years_ahead(tmp_path: Path) -> None:
     """A fourth station's clock nine years ahead: with a clock per source the other
     stations' readings raise the alerts they raise without it, a rebuilt pipeline

@@ -92,6 +92,7 @@ def test_racing_commits_both_land(s3: S3Server) -> None:
     assert len(commits(s3, "lake/alerts")) == 3
 
 
+@pytest.mark.slow
 def test_maintenance_compacts_and_vacuums_tables_in_the_bucket(s3: S3Server) -> None:
     path = s3.url("lake/station_speed")
     options = delta_options(path, s3.settings())

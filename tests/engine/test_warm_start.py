@@ -182,6 +182,7 @@ def run_and_deploy(
     }
 
 
+@pytest.mark.slow
 @settings(
     max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -272,6 +272,7 @@ def test_each_hostile_input_ends_where_it_should_and_no_neighbour_is_lost(
     assert out.heartbeats == {"traffic": 1}
 
 
+@pytest.mark.slow
 def test_a_retained_message_lands_once_across_restarts(tmp_path: Path, broker: Broker) -> None:
     """The broker sends a retained reading again at every subscription; before, it
     landed again at every ingest restart."""

@@ -29,6 +29,7 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
+@pytest.mark.slow
 def test_metrics_count_what_ingest_landed(tmp_path: Path, broker: Broker) -> None:
     port = free_port()
     ingest = IngestProcess(

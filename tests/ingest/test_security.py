@@ -91,6 +91,7 @@ def _tls(pki: Path, login: Login, password: str | None = None) -> dict[str, str]
     }
 
 
+@pytest.mark.slow
 def test_ingest_connects_with_ca_client_certificate_and_password(
     tmp_path: Path, secure_broker: tuple[Broker, Path]
 ) -> None:
@@ -124,6 +125,7 @@ def test_ingest_connects_with_ca_client_certificate_and_password(
     assert broker.credentials.secret not in repr(broker.credentials)
 
 
+@pytest.mark.slow
 def test_a_wrong_password_is_refused_and_reported(
     tmp_path: Path, secure_broker: tuple[Broker, Path]
 ) -> None:
@@ -196,6 +198,7 @@ def test_only_ingest_may_read_and_only_publishers_may_write(broker: Broker) -> N
         client.loop_stop()
 
 
+@pytest.mark.slow
 def test_a_client_taking_the_old_ingest_client_id_gets_nothing(
     tmp_path: Path, broker: Broker
 ) -> None:
@@ -259,6 +262,7 @@ def test_a_password_sent_unencrypted_off_this_machine_is_warned_about(
     assert "unencrypted" not in caplog.text
 
 
+@pytest.mark.slow
 def test_lookout_broker_makes_the_logins_on_first_run_and_reuses_them(tmp_path: Path) -> None:
     """`lookout broker` (and `lookout demo`, which starts the same broker) in a fresh
     folder: the credentials file is made private, the broker refuses anonymous clients

@@ -54,6 +54,7 @@ def no_temporary_files(disk: Path) -> bool:
     return not [p for p in disk.rglob("*") if p.name.endswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_a_full_disk_holds_the_acks_and_ingest_resumes_by_itself(
     small_disk: Path, broker: Broker
 ) -> None:
@@ -86,6 +87,7 @@ def test_a_full_disk_holds_the_acks_and_ingest_resumes_by_itself(
     assert ingest.health["landing_failing_since_ms"] == 0
 
 
+@pytest.mark.slow
 def test_a_read_only_disk_holds_the_acks_until_it_is_writable(
     small_disk: Path, broker: Broker
 ) -> None:

@@ -103,6 +103,7 @@ def notifier_thread(tmp_path: Path, alertmanager: Alertmanager) -> Iterator[Conf
     thread.join(timeout=10)
 
 
+@pytest.mark.slow
 def test_firing_and_resolved_arrive_as_prometheus_would_post_them(
     notifier_thread: Config, webhook: WebhookLog
 ) -> None:
@@ -155,6 +156,7 @@ def test_every_notification_arrives_after_an_alertmanager_outage_and_none_twice(
     }
 
 
+@pytest.mark.slow
 def test_a_restarted_notifier_still_resolves_what_it_announced(
     tmp_path: Path, alertmanager: Alertmanager, webhook: WebhookLog
 ) -> None:

@@ -58,6 +58,7 @@ WITHIN_SLACK = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize(("seed", "disorder", "slack_ms", "heartbeats"), WITHIN_SLACK)
 def test_disorder_within_slack_detects_every_episode_and_nothing_else(
@@ -91,6 +92,7 @@ def _without_readings(sim: SimRun, drop: Callable[[dict], bool]) -> SimRun:
     return dataclasses.replace(sim, messages=kept)
 
 
+@pytest.mark.slow
 def test_dropping_the_alerting_readings_lowers_recall() -> None:
     sim = simulate(RunSpec("rfid", 1, HOUR, RATE))
     due = reference_due("rfid", 1, HOUR, RATE)
@@ -144,6 +146,7 @@ AVAILABILITY = [
 ALERTS = {"traffic": set(KINDS["traffic"]), "rfid": {"larceny", "missed_shipping"}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "rate", "duration", "replayed"), AVAILABILITY)
 def test_availability_is_when_the_engine_emits(
     kind: str, rate: float, duration: int, replayed: int

@@ -176,6 +176,7 @@ def test_the_demos_rfid_simulator_raises_a_larceny_alarm_within_two_minutes(
     assert opened and opened[0] - datetime.fromisoformat(FILE_START) <= timedelta(minutes=2)
 
 
+@pytest.mark.slow
 def test_replay_quarantines_what_the_engine_cap_on_live_keys_would(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:

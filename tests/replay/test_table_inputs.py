@@ -155,6 +155,7 @@ def assert_same(result: ReplayResult, expected: ReplayResult) -> None:
 ENDS = st.sampled_from([END_OF_TIME, None, BASE + 10 * 20_000])
 
 
+@pytest.mark.slow
 @settings(
     max_examples=examples(40),
     deadline=None,

@@ -6,6 +6,8 @@ import itertools
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 from simulators.traffic import FREE_FLOW_MIN, SPEED_LIMIT
 from tests.simulators.helpers import load, simulate, truth_of
 
@@ -102,6 +104,7 @@ def test_traffic_episodes(tmp_path: Path) -> None:
     assert len(reports) > 20 * 1200 / 30
 
 
+@pytest.mark.slow
 def test_rfid_episodes(tmp_path: Path) -> None:
     window, gap = 5000, 2000
     out, truth = simulate(

@@ -217,6 +217,7 @@ def test_a_publish_cut_short_is_not_waited_for(mosquitto: Broker) -> None:
     assert (sink.messages, sink.inflight) == (1, 0)
 
 
+@pytest.mark.slow
 def test_closing_gives_up_on_a_broker_that_is_gone(tmp_path: Path) -> None:
     # Reconnecting while sending is right (a broker restart loses nothing), but closing
     # must end: a simulator whose broker had stopped used to retry for ever.
