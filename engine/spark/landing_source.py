@@ -114,13 +114,15 @@ def source_options(
 def file_partitions(files: Sequence[str], parallelism: int) -> list[tuple[str, ...]]:
     """A batch's files (in landing order) cut into consecutive runs, one per executor
     task: of sizes one apart at most, at most ``FILES_PER_PARTITION`` each, and ``parallelism``
-    runs where each still holds ``MIN_FILES_PER_PARTITION``."""
+    runs where each still holds ``MIN_FILES_PER_PARTITION``. Where more runs than cores
+    are needed, their count is rounded up to a multiple of ``parallelism`` (as far as
+    each still holds ``MIN_FILES_PER_PARTITION``): three runs on two cores would parse
+    the third while one core idles."""
     if not files:
         return []
-    count = max(
-        -(-len(files) // FILES_PER_PARTITION),
-        min(parallelism, len(files) // MIN_FILES_PER_PARTITION),
-    )
+    needed = -(-len(files) // FILES_PER_PARTITION)
+    waves = -(-needed // parallelism)
+    count = max(needed, min(waves * parallelism, len(files) // MIN_FILES_PER_PARTITION))
     size, longer = divmod(len(files), count)  # the first `longer` runs hold one more
     bounds = [i * size + min(i, longer) for i in range(count + 1)]
     return [tuple(files[a:b]) for a, b in pairwise(bounds)]

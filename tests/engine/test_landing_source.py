@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from engine.core.pipeline import HEARTBEAT
@@ -142,6 +142,7 @@ def test_quarantined_payloads_come_as_their_own_rows(tmp_path):
 
 
 @given(files=st.integers(0, 300), parallelism=st.integers(1, 16))
+@example(files=84, parallelism=2)
 def test_a_batch_is_spread_over_the_cores_in_runs_of_files(files: int, parallelism: int) -> None:
     names = [f"stream=traffic/part-{i:05d}" for i in range(files)]
     runs = file_partitions(names, parallelism)
@@ -150,9 +151,14 @@ def test_a_batch_is_spread_over_the_cores_in_runs_of_files(files: int, paralleli
     sizes = [len(run) for run in runs]
     assert not sizes or max(sizes) - min(sizes) <= 1
     # A task per core where each still gets its share of files; more only where a task
-    # would read more than its most.
-    wanted = min(parallelism, files // MIN_FILES_PER_PARTITION)
-    assert len(runs) == (max(wanted, -(-files // FILES_PER_PARTITION), 1) if files else 0)
+    # would read more than its most, and then as many waves of a task per core as that
+    # takes (a last wave with a core idle only where a task would get too few files).
+    needed = -(-files // FILES_PER_PARTITION)
+    full_waves = -(-needed // parallelism) * parallelism
+    wanted = min(full_waves, files // MIN_FILES_PER_PARTITION)
+    assert len(runs) == max(wanted, needed)
+    if (files, parallelism) == (84, 2):  # a 128 MB backlog of 1.5 MB files, two cores
+        assert sizes == [21] * 4
 
 
 def test_listing_and_planning_import_no_parsing(tmp_path: Path) -> None:
