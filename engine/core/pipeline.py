@@ -447,7 +447,9 @@ class Pipeline:
         handed = 0  # the readings before this one went to the stages already
         if stream in self.caps:
             on_time, handed = self._admit(stream, table, on_time, ts, judged.before, result)
-        kept = table.filter(pa.array(on_time))
+        # Most batches are all on time: filtering a million rows by an all-true mask
+        # copies every column (0.06-0.2 s).
+        kept = table if on_time.all() else table.filter(pa.array(on_time))
         result.readings[stream] = kept.append_column(
             ARRIVAL_WATERMARK, pa.array(judged.after[on_time], pa.int64())
         )
