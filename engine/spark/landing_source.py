@@ -60,7 +60,8 @@ MAX_BYTES_PER_BATCH = 128 << 20
 # spread over every core (the source's `parallelism` option) as long as each task has
 # MIN_FILES_PER_PARTITION. Arrow parses 20k readings in ~30 ms, little more than a
 # task's own cost: a live batch's few files are one task, a backlog's are parsed on
-# every core (one task parsed a 32 MB batch in ~0.4 s while the other core idled).
+# every core (one task parsed a 32 MB batch in ~0.4 s while the other core idled), in
+# whole waves of a task per core.
 FILES_PER_PARTITION = 32
 MIN_FILES_PER_PARTITION = 4
 _S3_OPTIONS = ("endpoint", "region", "access_key", "secret_key")
