@@ -1,4 +1,4 @@
-"""What ingest's landed files hold, read as Arrow columns (pure; no Spark).
+"""What ingest's landed files hold, read as Arrow columns (no Spark).
 
 Ingest lands JSON-lines files, one folder per stream (``stream=<name>``, and
 ``stream=_quarantine`` for rejected payloads; see ``ingest/landing.py``). Each line of a
@@ -14,24 +14,33 @@ arrival order.
 quarantine rows. Both parse with Arrow's JSON reader (in C++: no Python object per
 value); a file the fast reader refuses is read line by line, and a line that is not a
 valid landed record becomes a quarantine row naming its file and line, so one damaged
-file never stops the engine.
+file never stops the engine. :func:`read_landed` reads a batch's files from their
+filesystem and parses them, a thread per core.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
+from pyarrow import fs as pafs
 
 from engine.core.batch import HEARTBEAT
 from engine.core.plan import StreamSchema
 from engine.core.schema import arrival_type
-from ingest.landing import QUARANTINE, QUARANTINE_PAYLOAD_BYTES, quarantine_record
+from ingest.landing import (
+    QUARANTINE,
+    QUARANTINE_PAYLOAD_BYTES,
+    STREAM_FOLDER,
+    quarantine_record,
+)
 
 QUARANTINE_FOLDER = QUARANTINE
 """The stream folder of the payloads ingest rejected."""
@@ -157,3 +166,36 @@ def read_quarantine_file(name: str, data: bytes) -> list[dict[str, Any]]:
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         table, bad = _parse_lines(data, QUARANTINE_LINE, name, _parse)
         return table.to_pylist() + bad
+
+
+def read_landed(
+    fs: pafs.FileSystem,
+    root: str,
+    files: Sequence[tuple[str, str]],
+    schemas: Mapping[str, StreamSchema],
+) -> tuple[dict[str, pa.Table], list[dict[str, Any]]]:
+    """The landed ``files`` under ``root`` ((name, stream) pairs, in landing order),
+    read and parsed a thread per core (Arrow's reader and parser release the GIL): each
+    stream's arrivals in landing order, one chunk per column, and the quarantine rows
+    (a quarantine file's, and the lines of a stream's file that are not landed records)
+    in the files' order."""
+
+    def read(file: tuple[str, str]) -> tuple[str, pa.Table | None, list[dict[str, Any]]]:
+        name, stream = file
+        with fs.open_input_stream(f"{root}/{STREAM_FOLDER}{stream}/{name}") as f:
+            data = f.read()
+        if stream == QUARANTINE_FOLDER:
+            return stream, None, read_quarantine_file(name, data)
+        table, bad = read_stream_file(schemas[stream], name, data)
+        return stream, table, bad
+
+    parts: dict[str, list[pa.Table]] = {}
+    quarantine: list[dict[str, Any]] = []
+    with ThreadPoolExecutor(max(1, min(len(files), os.cpu_count() or 1))) as pool:
+        for stream, table, lines in pool.map(read, files):
+            quarantine += lines
+            if table is not None:
+                parts.setdefault(stream, []).append(table)
+    # One chunk per column: compute over many small chunks (a file's each) costs far more.
+    arrivals = {stream: pa.concat_tables(p).combine_chunks() for stream, p in parts.items()}
+    return arrivals, quarantine

@@ -40,6 +40,9 @@ import orjson
 
 from ingest.object_store import ObjectStore
 
+STREAM_FOLDER = "stream="
+"""The prefix of a stream's folder (``stream=<name>``)."""
+
 QUARANTINE = "_quarantine"
 
 #: How much of a rejected payload quarantine keeps by default (`[ingest]
@@ -134,7 +137,7 @@ class LandingWriter:
         for stream in list(self._chunks):
             self._files_written += 1
             name = (
-                f"stream={stream}/part-{time.time_ns():020d}-{self.ingester_id}-{self._token}"
+                f"{STREAM_FOLDER}{stream}/part-{time.time_ns():020d}-{self.ingester_id}-{self._token}"
                 f"-{self._files_written:08d}.jsonl"
             )
             data = b"\n".join(self._chunks[stream]) + b"\n"
@@ -156,7 +159,7 @@ class LandingWriter:
         removed: list[Path] = []
         if self.store is not None:
             return removed  # an object is whole or absent: nothing is left half-written
-        for tmp in self.root.glob(f"stream=*/.part-*-{self.ingester_id}-*.tmp"):
+        for tmp in self.root.glob(f"{STREAM_FOLDER}*/.part-*-{self.ingester_id}-*.tmp"):
             # .part-<ns>-<id>-<token>-<n>.jsonl.tmp: the id may itself hold dashes
             ingester = tmp.name.split("-", 2)[2].rsplit("-", 2)[0]
             if ingester == self.ingester_id:

@@ -1,14 +1,14 @@
-"""The streaming source of the engine query: new landing files, read and parsed by the
-executors, one row per file (`engine/landing_offsets.py` says which files a batch
-reads, and why offsets name only the backlog).
+"""The streaming source of the engine query: new landing files, one row per file
+(`engine/landing_offsets.py` says which files a batch reads, and why offsets name only
+the backlog).
 
-A Python data source with partitions: the driver lists the query's stream folders and
-plans a batch (its offsets, split into partitions of a few files); each executor task
-reads its files and parses them with Arrow (`engine.landed_files`), and hands Spark one
-row per file: which component of the rules and which stream it feeds, the file's name,
-and its arrivals as an Arrow IPC payload.
-No reading passes through the driver. Committing an offset deletes the files it names,
-or moves them to the archive folder, once every table the batch wrote holds their rows.
+A Python data source: the driver lists the query's stream folders and plans a batch
+(its offsets); the batch's one partition hands Spark one row per file: which component
+of the rules and which stream it feeds, and the file's name. The stateful step of the
+component reads and parses its files (`engine.landed_files.read_landed`), on its
+executor: no reading passes through the driver, and none through Spark's rows and
+shuffle. Committing an offset deletes the files it names, or moves them to the archive
+folder, once every table the batch wrote holds their rows.
 
 A batch admits the oldest new files up to `MAX_FILES_PER_BATCH` and `MAX_BYTES_PER_BATCH`
 (about rows: a landed reading is ~100 bytes), so a backlog after a restart or a burst is
@@ -21,7 +21,6 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import pairwise
 from typing import Any
 
 import orjson
@@ -32,22 +31,17 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from engine.core.plan import Column, ColumnType, StreamSchema
 from engine.landing_offsets import batch_files, committed_files, initial_offset, next_offset
 from ingest.landing import QUARANTINE as QUARANTINE_FOLDER
+from ingest.landing import STREAM_FOLDER
 from lookout.config import S3Config
 from lookout.storage import filesystem
 
 log = logging.getLogger("lookout.engine")
 
 NAME = "lookout_landing"
-SCHEMA = "component STRING, stream STRING, file STRING, data BINARY"
+SCHEMA = "component STRING, stream STRING, file STRING"
 ARROW_SCHEMA = pa.schema(
-    [
-        ("component", pa.string()),
-        ("stream", pa.string()),
-        ("file", pa.string()),
-        ("data", pa.binary()),
-    ]
+    [("component", pa.string()), ("stream", pa.string()), ("file", pa.string())]
 )
-STREAM_FOLDER = "stream="
 # New files a batch admits at most, and their size together: ingest lands a file per
 # stream every `flush_ms` (200 ms), so a live batch holds a few; a backlog (after a
 # restart, a burst, or the engine falling behind) is read 128 MB (≈ 1.1M readings) at
@@ -56,14 +50,6 @@ STREAM_FOLDER = "stream="
 # and 14.5-18.8 s of 32 MB; the Python workers together peaked at ~1.5 GB.
 MAX_FILES_PER_BATCH = 200
 MAX_BYTES_PER_BATCH = 128 << 20
-# Files an executor task reads and parses: at most FILES_PER_PARTITION, and a batch is
-# spread over every core (the source's `parallelism` option) as long as each task has
-# MIN_FILES_PER_PARTITION. Arrow parses 20k readings in ~30 ms, little more than a
-# task's own cost: a live batch's few files are one task, a backlog's are parsed on
-# every core (one task parsed a 32 MB batch in ~0.4 s while the other core idled), in
-# whole waves of a task per core.
-FILES_PER_PARTITION = 32
-MIN_FILES_PER_PARTITION = 4
 _S3_OPTIONS = ("endpoint", "region", "access_key", "secret_key")
 
 
@@ -89,13 +75,12 @@ def source_options(
     s3: S3Config,
     components: Mapping[str, Sequence[StreamSchema]],
     quarantine: str,
-    parallelism: int = 1,
 ) -> dict[str, str]:
     """The options `LandingSource` takes: where the landing folder (and the archive) is,
     how to reach S3 (`secret_key` is among the option names Spark redacts), the source
     streams' schemas with the component each belongs to (`components`: name -> its
     streams), the component that also takes the quarantine folder's files (empty:
-    none), and how many tasks may read a batch's files side by side (the cores)."""
+    none)."""
     streams = [
         {**schema_json(stream), "component": name}
         for name, schemas in components.items()
@@ -106,27 +91,9 @@ def source_options(
         "archive": archive,
         "streams": orjson.dumps(streams).decode(),
         "quarantine": quarantine,
-        "parallelism": str(parallelism),
     }
     options.update({f"s3.{key}": getattr(s3, key) for key in _S3_OPTIONS})
     return options
-
-
-def file_partitions(files: Sequence[str], parallelism: int) -> list[tuple[str, ...]]:
-    """A batch's files (in landing order) cut into consecutive runs, one per executor
-    task: of sizes one apart at most, at most ``FILES_PER_PARTITION`` each, and ``parallelism``
-    runs where each still holds ``MIN_FILES_PER_PARTITION``. Where more runs than cores
-    are needed, their count is rounded up to a multiple of ``parallelism`` (as far as
-    each still holds ``MIN_FILES_PER_PARTITION``): three runs on two cores would parse
-    the third while one core idles."""
-    if not files:
-        return []
-    needed = -(-len(files) // FILES_PER_PARTITION)
-    waves = -(-needed // parallelism)
-    count = max(needed, min(waves * parallelism, len(files) // MIN_FILES_PER_PARTITION))
-    size, longer = divmod(len(files), count)  # the first `longer` runs hold one more
-    bounds = [i * size + min(i, longer) for i in range(count + 1)]
-    return [tuple(files[a:b]) for a, b in pairwise(bounds)]
 
 
 def landing_files(fs: pafs.FileSystem, root: str, folders: Sequence[str]) -> dict[str, int]:
@@ -165,8 +132,8 @@ class LandingSource(DataSource):
 
 
 class LandingReader(DataSourceStreamReader):
-    """Lists the landing folders for offsets, plans partitions, reads and parses files
-    (on executors), and removes committed ones."""
+    """Lists the landing folders for offsets, plans a batch (one partition naming its
+    files), and removes committed ones."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.landing = options["path"]
@@ -178,7 +145,6 @@ class LandingReader(DataSourceStreamReader):
         if options.get("quarantine"):
             self.component_of[QUARANTINE_FOLDER] = options["quarantine"]
             self.folders.append(QUARANTINE_FOLDER)
-        self.parallelism = int(options.get("parallelism", "1"))
         self.s3 = S3Config(**{key: options.get(f"s3.{key}", "") for key in _S3_OPTIONS})
 
     @cached_property
@@ -206,40 +172,18 @@ class LandingReader(DataSourceStreamReader):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         files = batch_files(start, end)
-        return [FilesPartition(run) for run in file_partitions(files, self.parallelism)]
+        return [FilesPartition(tuple(files))] if files else []
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """One row per file of the partition: its arrivals (or quarantine lines) parsed."""
-        # Parsing's imports (Arrow's JSON reader, the engine's columns) are the executors'
-        # alone: the driver's runner of the source, started at every start of the query
-        # and waited for, only lists files (0.54 -> 0.33 s to import this module).
-        from engine.ipc import ipc_bytes
-        from engine.landed_files import read_quarantine_file, read_stream_file
-
+        """One row per file of the partition: its component, stream and name."""
         assert isinstance(partition, FilesPartition)
-        fs, root = self._landing
-        schemas = {s.name: s for s in self.streams}
-        rows: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
+        rows: dict[str, list[str]] = {name: [] for name in ARROW_SCHEMA.names}
         for relative in partition.files:
             folder, _, name = relative.partition("/")
             stream = folder[len(STREAM_FOLDER) :]
-            with fs.open_input_stream(f"{root}/{relative}") as f:
-                data = f.read()
-            if stream == QUARANTINE_FOLDER:
-                payload = orjson.dumps(read_quarantine_file(name, data))
-            else:
-                arrivals, damaged = read_stream_file(schemas[stream], name, data)
-                # compressed: Spark copies, shuffles and hands on 5x fewer bytes
-                payload = ipc_bytes(arrivals, "zstd")
-                if damaged:  # lines that are not landed records go to quarantine
-                    rows["component"].append(self.component_of[stream])
-                    rows["stream"].append(QUARANTINE_FOLDER)
-                    rows["file"].append(name)
-                    rows["data"].append(orjson.dumps(damaged))
             rows["component"].append(self.component_of[stream])
             rows["stream"].append(stream)
             rows["file"].append(name)
-            rows["data"].append(payload)
         yield pa.RecordBatch.from_pydict(rows, schema=ARROW_SCHEMA)
 
     def commit(self, end: dict) -> None:

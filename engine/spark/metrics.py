@@ -7,8 +7,9 @@ the dashboard's Health page:
 * `lookout_engine_batch_seconds{query, phase}`: where a batch's time goes. Spark's own
   phases come from its progress reports (`trigger` is the whole batch; `plan`,
   `offsets`, `source`, `add_batch`, `wal`, `commit_offsets` its parts); the stateful
-  step reports `read`, `restore`, `evaluate` (which includes `save`: the state
-  written to the state store), `write` (on the executor), and the state store its
+  step reports `read` (its files read and parsed), `restore`, `evaluate` (which
+  includes `save`: the state written to the state store), `write` (on the executor),
+  and the state store its
   `state_commit`, all inside `job` (the batch's Spark job, itself inside `add_batch`);
   then the driver's Delta commits take `commit`;
 * `lookout_stream_*_total{stream}`: readings, late, duplicates, conflicts, capped
@@ -138,7 +139,7 @@ def observe_step(query: str, figures: Mapping[str, Any], job_s: float, commit_s:
     """Count one batch's figures (from the stateful step), the time its job took (the
     source, the shuffle, the stateful step), and its commit time. ``before_step`` is how
     long into the job the first stateful step began (`waited_ms`: the tasks' start, the
-    source's read and the shuffle, the state store's load)."""
+    source's listing of the files and the shuffle, the state store's load)."""
     for phase in _STEP_PHASES:
         if (ms := figures.get(f"{phase}_ms")) is not None:
             BATCH_SECONDS.labels(query, phase).observe(ms / 1000)

@@ -1,10 +1,11 @@
 """The engine query, from landing files to every table it writes:
 
-    readStream(lookout_landing)          # every source stream's folder: executors read
-                                         # and parse each new file (Arrow)
+    readStream(lookout_landing)          # every source stream's folder: a row per
+                                         # new file (its part, stream and name)
       .groupBy("component")              # a group per connected part of the rules:
                                          # each stream's arrival order meets in one task
-      .transformWithState(EngineProcessor)   # sequencing and the whole rule DAG
+      .transformWithState(EngineProcessor)   # the part's files read and parsed,
+                                             # sequencing and the whole rule DAG
                                              # (engine.core.pipeline), state in RocksDB,
                                              # Parquet files written
       .foreachBatch(Committer)           # the driver commits each table's files once
@@ -58,7 +59,6 @@ def start_query(
         config.s3,
         {part.name: [plan.streams[name] for name in part.sources] for part in parts},
         parts[0].name,
-        spark.sparkContext.defaultParallelism,
     )
     checkpoint = config.table(f"_checkpoints/{QUERY_NAME}")
     processor = EngineProcessor(parts, config, memo_id=checkpoint)

@@ -7,7 +7,8 @@ exact, global arrival order of each stream meets in one task; parts run in paral
 the state store's partitions) and calls the processor once per batch and component
 with one row per file. :func:`run`:
 
-1. reads the files' arrivals (Arrow, parsed by the source's executors) in landing order;
+1. reads the files and parses them (Arrow's JSON reader, a thread per core), in landing
+   order;
 2. runs the pipeline over them, and saves what changed into Spark's state store
    (`SparkStore`: bytes under (kind, name, key, number) in two maps, so a batch
    writes only the evaluators it touched, through a `JournaledStore`: one write per
@@ -43,6 +44,7 @@ from typing import Any, TypeVar
 
 import orjson
 import pyarrow as pa
+from pyarrow import fs as pafs
 from pyspark import TaskContext
 from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import MapState
@@ -51,15 +53,15 @@ from engine import tables
 from engine.core.pipeline import Pipeline
 from engine.core.runners import STAGE_PIECE_KINDS
 from engine.core.state import JournaledStore, StateKey
-from engine.ipc import read_ipc
-from engine.landed_files import QUARANTINE_FOLDER
+from engine.landed_files import read_landed
 from engine.outputs import admitted_tables, batch_tables, evaluated_tables
 from engine.python_gc import collect_frozen, collector_paused, freeze_batch_survivors
 from engine.spark import state_client
 from engine.spark.processor import STATE_KEY, STATE_VALUE, Component, EngineProcessor
 from engine.spark.state_client import PIPELINED, send_pipelined
 from engine.warm_start import WarmStart, warm_start
-from lookout.config import Config
+from lookout.config import Config, S3Config
+from lookout.storage import filesystem
 
 # Listed as plain tuples (`engine.spark.state_client`): no field may need conversion.
 assert state_client.plain_schema(STATE_KEY) and state_client.plain_schema(STATE_VALUE)
@@ -211,7 +213,7 @@ def run(processor: EngineProcessor, name: str, rows: Iterable[Row]) -> Iterator[
     memo_id = f"{processor.memo_id}#{component.name}"
     batch_id = _batch_id()
     with collector_paused():
-        arrivals, quarantine = _arrivals(rows)
+        arrivals, quarantine = _arrivals(rows, config, component)
         phases.end("read")
         store = SparkStore(processor.entries, processor.pieces)
         pipeline, journal, reused = _pipeline(config, component, memo_id, store)
@@ -359,15 +361,19 @@ def _batch_id() -> int | None:
     return int(value) if value else None
 
 
-def _arrivals(rows: Iterable[Row]) -> tuple[dict[str, pa.Table], list[dict[str, Any]]]:
-    """The batch's files in landing order: each stream's arrivals, and the quarantine
-    lines."""
-    parts: dict[str, list[pa.Table]] = {}
-    quarantine: list[dict[str, Any]] = []
-    for row in sorted(rows, key=lambda r: (r["file"], r["stream"])):
-        if row["stream"] == QUARANTINE_FOLDER:
-            quarantine += orjson.loads(row["data"])
-        else:
-            parts.setdefault(row["stream"], []).append(read_ipc(row["data"]))
-    # One chunk per column: compute over many small chunks (a file's each) costs far more.
-    return {stream: pa.concat_tables(p).combine_chunks() for stream, p in parts.items()}, quarantine
+def _arrivals(
+    rows: Iterable[Row], config: Config, component: Component
+) -> tuple[dict[str, pa.Table], list[dict[str, Any]]]:
+    """The batch's files (one row each) read and parsed in landing order: each stream's
+    arrivals, and the quarantine lines."""
+    files = sorted((row["file"], row["stream"]) for row in rows)
+    fs, root = _landing(config.landing, config.s3)
+    schemas = {name: component.plan.streams[name] for name in component.sources}
+    return read_landed(fs, root, files, schemas)
+
+
+@lru_cache(maxsize=4)
+def _landing(location: str, s3: S3Config) -> tuple[pafs.FileSystem, str]:
+    """The landing folder's filesystem and root, made once per worker."""
+    fs, root = filesystem(location, s3)
+    return fs, root.rstrip("/")

@@ -19,7 +19,7 @@ from engine.spark.commit import merge_figures, table_schemas
 from engine.spark.job import watermark_lag
 from engine.spark.metrics import ProgressListener, observe_step
 from engine.spark.processor import EngineProcessor
-from lookout.config import Config
+from lookout.config import Config, IngestConfig
 from tests.e2e.helpers import arrival_order, make_readings
 from tests.engine.test_processor import _LIBRARY, PARTS, landing_batches
 
@@ -97,14 +97,16 @@ def test_the_stateful_step_reports_the_incidents_it_left_open(tmp_path: Path) ->
     """Under TwsTester: after each batch, the health row's `firing` per alert equals the
     incidents whose latest state the batch's files (and the earlier ones) leave open."""
     readings = arrival_order(make_readings(seed=5), seed=6, max_delay_ms=1_500)
-    batches = landing_batches(tmp_path / "in", readings, files_per_batch=20)
-    config = Config(lakehouse=str(tmp_path / "lakehouse"))
+    landed = landing_batches(tmp_path / "in", readings, files_per_batch=20)
+    config = Config(
+        lakehouse=str(tmp_path / "lakehouse"), ingest=IngestConfig(landing_url=landed.root)
+    )
     for name, schema in table_schemas(_LIBRARY.plan, ("traffic", "positions")).items():
         tables.ensure_table(config.table(name), schema)
     tester = TwsTester(EngineProcessor(PARTS, config, memo_id=str(tmp_path)))
     latest: dict[str, dict] = {}  # incident id -> its latest state
     opened = 0
-    for rows in batches:
+    for rows in landed.batches:
         health = {}
         for out in tester.test("traffic", rows):
             if out["kind"] == "health":

@@ -1,8 +1,9 @@
 """The landing source's reader on real files, without Spark: Spark asks it for the
-latest offset while planning a batch, for that batch's partitions, and each executor
-task reads one partition; `commit` runs once the batch is done (the offsets' own
-protocol is `test_landing_offsets.py`'s). Files are landed by ingest's `LandingWriter`,
-as in production, and every reading read back is compared with what was landed.
+latest offset while planning a batch, for that batch's partition, whose task names the
+batch's files; the stateful step reads and parses them (`read_landed`); `commit` runs
+once the batch is done (the offsets' own protocol is `test_landing_offsets.py`'s). Files
+are landed by ingest's `LandingWriter`, as in production, and every reading read back is
+compared with what was landed.
 """
 
 from __future__ import annotations
@@ -15,19 +16,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from hypothesis import example, given
-from hypothesis import strategies as st
+from pyarrow import fs as pafs
 
 from engine.core.pipeline import HEARTBEAT
 from engine.core.plan import Column, ColumnType, StreamSchema
-from engine.ipc import read_ipc
-from engine.spark.landing_source import (
-    FILES_PER_PARTITION,
-    MIN_FILES_PER_PARTITION,
-    LandingReader,
-    file_partitions,
-    source_options,
-)
+from engine.landed_files import read_landed, read_stream_file
+from engine.spark.landing_source import LandingReader, source_options
 from ingest.landing import LandingWriter
 from lookout.config import S3Config
 
@@ -62,16 +56,21 @@ def reader(root: Path, archive: Path | None = None) -> LandingReader:
 
 
 def read_batch(source: LandingReader, start: dict, end: dict) -> list[tuple[str, str, list]]:
-    """(stream, file, speeds) of every file a batch reads, over all its partitions, as
-    executor tasks would read them (each from a pickled copy of the reader)."""
+    """(stream, file, speeds) of every file a batch reads: the files its partition names
+    (read from a pickled copy of the reader, as an executor task would), read and parsed
+    as the stateful step reads them."""
     out = []
-    for partition in source.partitions(start, end):
-        for batch in source.read(partition):
-            table = pa.Table.from_batches([batch])
-            for row in table.to_pylist():
-                arrivals = read_ipc(row["data"])
-                assert not any(arrivals.column(HEARTBEAT).to_pylist())
-                out.append((row["stream"], row["file"], arrivals.column("speed").to_pylist()))
+    for partition in pickle.loads(pickle.dumps(source.partitions(start, end))):
+        for batch in pickle.loads(pickle.dumps(source)).read(partition):
+            for row in pa.Table.from_batches([batch]).to_pylist():
+                assert row["component"] == "c"
+                arrivals, quarantine = read_landed(
+                    pafs.LocalFileSystem(), source.landing, [(row["file"], row["stream"])],
+                    {"traffic": TRAFFIC, "rfid": RFID},
+                )  # fmt: skip
+                (table,) = arrivals.values()
+                assert not quarantine and not any(table.column(HEARTBEAT).to_pylist())
+                out.append((row["stream"], row["file"], table.column("speed").to_pylist()))
     return sorted(out)
 
 
@@ -138,32 +137,60 @@ def test_quarantined_payloads_come_as_their_own_rows(tmp_path):
     (batch,) = list(source.read(partition))
     (row,) = pa.Table.from_batches([batch]).to_pylist()
     assert row["stream"] == "_quarantine"
-    assert json.loads(row["data"])[0]["reason"] == "payload is not JSON"
+    files = [(row["file"], row["stream"])]
+    arrivals, quarantine = read_landed(pafs.LocalFileSystem(), str(root), files, {})
+    assert arrivals == {} and [q["reason"] for q in quarantine] == ["payload is not JSON"]
 
 
-@given(files=st.integers(0, 300), parallelism=st.integers(1, 16))
-@example(files=84, parallelism=2)
-def test_a_batch_is_spread_over_the_cores_in_runs_of_files(files: int, parallelism: int) -> None:
-    names = [f"stream=traffic/part-{i:05d}" for i in range(files)]
-    runs = file_partitions(names, parallelism)
-    assert [name for run in runs for name in run] == names  # consecutive, in order
-    assert all(0 < len(run) <= FILES_PER_PARTITION for run in runs)
-    sizes = [len(run) for run in runs]
-    assert not sizes or max(sizes) - min(sizes) <= 1
-    # A task per core where each still gets its share of files; more only where a task
-    # would read more than its most, and then as many waves of a task per core as that
-    # takes (a last wave with a core idle only where a task would get too few files).
-    needed = -(-files // FILES_PER_PARTITION)
-    full_waves = -(-needed // parallelism) * parallelism
-    wanted = min(full_waves, files // MIN_FILES_PER_PARTITION)
-    assert len(runs) == max(wanted, needed)
-    if (files, parallelism) == (84, 2):  # a 128 MB backlog of 1.5 MB files, two cores
-        assert sizes == [21] * 4
+def test_a_batch_is_one_partition_naming_its_files_in_landing_order(tmp_path):
+    root = tmp_path / "landing"
+    writer = LandingWriter(root, "test")
+    landed = [f for i in range(30) for f in land(writer, "traffic" if i % 3 else "rfid", [i])]
+    source = reader(root)
+    start = source.initialOffset()
+    (partition,) = source.partitions(start, source.latestOffset(start, None))
+    (batch,) = list(source.read(partition))
+    rows = pa.Table.from_batches([batch]).to_pylist()
+    assert [(r["stream"], r["file"]) for r in rows] == sorted(
+        (f.parent.name.removeprefix("stream="), f.name) for f in landed
+    )
+
+
+def test_a_batchs_files_read_side_by_side_give_each_file_in_landing_order(tmp_path):
+    """Files of different sizes, some with damaged lines, read by a thread per core: each
+    stream's arrivals are its files' in landing order, and the quarantine rows come in
+    the files' order, as reading them one after another gives them."""
+    root = tmp_path / "landing"
+    writer = LandingWriter(root, "test")
+    for i in range(40):
+        land(writer, "traffic" if i % 4 else "rfid", [float(i)] * (1 + (i * 7919) % 400))
+    files = sorted(
+        (path.name, path.parent.name.removeprefix("stream=")) for path in root.rglob("part-*.jsonl")
+    )
+    for k, (name, stream) in enumerate(files[::5]):  # a damaged line in every fifth file
+        path = root / f"stream={stream}" / name
+        path.write_bytes(path.read_bytes() + f'{{"damaged": {k}\n'.encode())
+    schemas = {"traffic": TRAFFIC, "rfid": RFID}
+
+    arrivals, quarantine = read_landed(pafs.LocalFileSystem(), str(root), files, schemas)
+
+    expected: dict[str, list[pa.Table]] = {}
+    lines = []
+    for name, stream in files:
+        data = (root / f"stream={stream}" / name).read_bytes()
+        table, bad = read_stream_file(schemas[stream], name, data)
+        expected.setdefault(stream, []).append(table)
+        lines += bad
+    assert {s: t.to_pylist() for s, t in arrivals.items()} == {
+        s: pa.concat_tables(t).to_pylist() for s, t in expected.items()
+    }
+    assert all(t.column(0).num_chunks == 1 for t in arrivals.values())
+    assert quarantine == lines and len(lines) == len(files[::5])
 
 
 def test_listing_and_planning_import_no_parsing(tmp_path: Path) -> None:
     # The driver's runner of the source starts at every start of the query, and the
-    # query waits for it: it lists files and plans batches, executors parse.
+    # query waits for it: it lists files and plans batches, the stateful step parses.
     land(LandingWriter(tmp_path / "landing", "test"), "traffic", [1.0])
     pickled = tmp_path / "source.pickle"
     pickled.write_bytes(pickle.dumps(reader(tmp_path / "landing")))
@@ -172,7 +199,7 @@ def test_listing_and_planning_import_no_parsing(tmp_path: Path) -> None:
         "start = source.initialOffset(); "
         "assert source.partitions(start, source.latestOffset(start)); "
         "print(*sorted(m for m in sys.modules "
-        "if m.startswith(('engine.landed_files', 'engine.ipc', 'pyarrow.json'))))"
+        "if m.startswith(('engine.landed_files', 'pyarrow.json'))))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(pickled)], capture_output=True, text=True, check=True

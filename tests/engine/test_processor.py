@@ -15,6 +15,7 @@ import random
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import orjson
@@ -42,7 +43,7 @@ from engine.spark.processor import ENTRIES, PIECES, EngineProcessor
 from engine.spark.query import engine_components
 from engine.spark.step import SparkStore
 from ingest.landing import LandingWriter
-from lookout.config import Config, EngineConfig, S3Config
+from lookout.config import Config, EngineConfig, IngestConfig, S3Config
 from lookout.services import alert_specs
 from rules.language.loader import RuleSet, load_rules
 from tests.e2e.helpers import arrival_order, make_readings
@@ -56,9 +57,18 @@ WALL_CLOCK = {"detected_at"}
 DEFAULT_ENGINE = EngineConfig()  # when the batch ran: differs between any two runs
 
 
+@dataclass(frozen=True)
+class Landed:
+    """Each batch's rows as the stateful step gets them (one per file), and the landing
+    folder it reads their files from."""
+
+    root: str
+    batches: list[list[Row]]
+
+
 def landing_batches(
     root: Path, readings: list[dict], files_per_batch: int, library: RuleSet = _LIBRARY
-) -> list[list[Row]]:
+) -> Landed:
     """`readings` landed as files of 10 readings, read back by the engine's source in
     batches of `files_per_batch` files: each batch's rows as the stateful step gets them."""
     plan = library.plan
@@ -76,12 +86,12 @@ def landing_batches(
     for i in range(0, len(files), files_per_batch):
         table = next(iter(reader.read(FilesPartition(tuple(files[i : i + files_per_batch])))))
         batches.append([Row(**row) for row in table.to_pylist()])
-    return batches
+    return Landed(str(root / "landing"), batches)
 
 
 def run(
     lakehouse: Path,
-    batches: list[list[Row]],
+    landed: Landed,
     forget: set[int],
     engine: EngineConfig = DEFAULT_ENGINE,
     figures: list[dict] | None = None,
@@ -90,7 +100,9 @@ def run(
     """Every batch through one processor; the worker's memo emptied before the batches
     in `forget`. Each table's rows written, as a multiset; the health rows' figures
     appended to `figures`."""
-    config = Config(lakehouse=str(lakehouse), engine=engine)
+    config = Config(
+        lakehouse=str(lakehouse), engine=engine, ingest=IngestConfig(landing_url=landed.root)
+    )
     for name, schema in table_schemas(library.plan, ("traffic", "positions")).items():
         tables.ensure_table(config.table(name), schema)
     parts = PARTS if library is _LIBRARY else engine_components(library.plan, alert_specs(library))
@@ -98,7 +110,7 @@ def run(
     tester = TwsTester(processor)
     written: dict[str, Counter] = {}
     restores = 0
-    for number, rows in enumerate(batches):
+    for number, rows in enumerate(landed.batches):
         if number in forget:
             step_module._PIPELINES.clear()
         for out in tester.test("traffic", rows):
@@ -118,18 +130,18 @@ def run(
 
 
 @pytest.fixture(scope="module")
-def batches(tmp_path_factory: pytest.TempPathFactory) -> list[list[Row]]:
+def batches(tmp_path_factory: pytest.TempPathFactory) -> Landed:
     readings = arrival_order(make_readings(seed=5), seed=6, max_delay_ms=1_500)
     return landing_batches(tmp_path_factory.mktemp("landing"), readings, files_per_batch=2)
 
 
 def test_the_pipeline_a_worker_keeps_is_out_of_the_collectors_reach(
-    tmp_path: Path, batches: list[list[Row]]
+    tmp_path: Path, batches: Landed
 ) -> None:
     # PySpark runs a full collection after every task: it must not walk the kept
     # pipeline, whose state grows with the live keys.
     step_module._PIPELINES.clear()
-    run(tmp_path, batches[:3], forget=set())
+    run(tmp_path, replace(batches, batches=batches.batches[:3]), forget=set())
     ((_, pipeline),) = step_module._PIPELINES.values()
     kept = [pipeline, *pipeline.runners.values(), *pipeline.sequencers.values()]
     walked = {id(o) for o in gc.get_objects()}
@@ -205,11 +217,12 @@ def test_the_spark_store_answers_as_a_dict_does(ops: list[tuple]) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_worker_without_the_pipeline_rebuilds_it_and_writes_the_same(
-    tmp_path: Path, batches: list[list[Row]], seed: int
+    tmp_path: Path, batches: Landed, seed: int
 ) -> None:
-    assert len(batches) > 10
+    count = len(batches.batches)
+    assert count > 10
     kept = run(tmp_path / "kept", batches, forget=set())
-    forget = set(random.Random(seed).sample(range(1, len(batches)), len(batches) // 3))
+    forget = set(random.Random(seed).sample(range(1, count), count // 3))
     rebuilt = run(tmp_path / "rebuilt", batches, forget=forget)
     assert kept["alerts"], "the readings must raise alerts"
     assert kept == rebuilt
@@ -217,7 +230,7 @@ def test_a_worker_without_the_pipeline_rebuilds_it_and_writes_the_same(
 
 @pytest.mark.slow
 def test_readings_beyond_the_cap_on_live_keys_are_quarantined_alike_after_rebuilds(
-    tmp_path: Path, batches: list[list[Row]]
+    tmp_path: Path, batches: Landed
 ) -> None:
     """With room for 3 stations, the other stations' readings go to `quarantine` with
     the stream, the cap and the key; the health figures say so; a rebuilt pipeline
@@ -225,7 +238,8 @@ def test_readings_beyond_the_cap_on_live_keys_are_quarantined_alike_after_rebuil
     engine = EngineConfig(max_live_keys=3)
     figures: list[dict] = []
     kept = run(tmp_path / "kept", batches, forget=set(), engine=engine, figures=figures)
-    forget = set(random.Random(3).sample(range(1, len(batches)), len(batches) // 3))
+    count = len(batches.batches)
+    forget = set(random.Random(3).sample(range(1, count), count // 3))
     assert run(tmp_path / "rebuilt", batches, forget=forget, engine=engine) == kept
     reasons = [dict(row)["reason"] for row in kept["quarantine"].elements()]
     assert reasons and all(
@@ -266,7 +280,8 @@ def test_per_source_clocks_survive_rebuilds_and_a_source_years_ahead(tmp_path: P
     landed = landing_batches(tmp_path / "a", with_ahead, 2, per_source)
     figures: list[dict] = []
     kept = run(tmp_path / "kept", landed, forget=set(), figures=figures, library=per_source)
-    forget = set(random.Random(4).sample(range(1, len(landed)), len(landed) // 3))
+    count = len(landed.batches)
+    forget = set(random.Random(4).sample(range(1, count), count // 3))
     assert run(tmp_path / "rebuilt", landed, forget=forget, library=per_source) == kept
     assert kept["alerts"] and "late_readings" not in kept
     plain = landing_batches(tmp_path / "b", readings, 2, per_source)

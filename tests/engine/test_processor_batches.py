@@ -42,7 +42,7 @@ from engine.spark.landing_source import (
 from engine.spark.processor import ENTRIES, PIECES, EngineProcessor
 from engine.spark.step import SparkStore, _arrivals, pack_value, unpack_value
 from ingest.landing import LandingWriter
-from lookout.config import Config
+from lookout.config import Config, IngestConfig
 from tests.e2e.helpers import T0
 from tests.engine.test_processor import _LIBRARY, PARTS, WALL_CLOCK
 
@@ -92,7 +92,9 @@ class Step:
     """One processor under `TwsTester`, writing its tables below ``lakehouse``."""
 
     def __init__(self, lakehouse: Path, memo_id: str = "memo") -> None:
-        self.config = Config(lakehouse=str(lakehouse))
+        # The files `Landing(lakehouse.parent)` lands.
+        landing = IngestConfig(landing_url=str(lakehouse.parent / "landing"))
+        self.config = Config(lakehouse=str(lakehouse), ingest=landing)
         for name, schema in table_schemas(_LIBRARY.plan, ("traffic", "positions")).items():
             tables.ensure_table(self.config.table(name), schema)
         self.processor = EngineProcessor(PARTS, self.config, memo_id=memo_id)
@@ -141,7 +143,9 @@ def test_arrivals_are_the_files_in_landing_order_and_the_quarantine_apart(tmp_pa
     landing = Landing(tmp_path)
     first = landing.land(minutes(0, 3))
     second = landing.land(minutes(1, 2, seq=3), rejected=2)
-    arrivals, quarantine = _arrivals([*second, *first])  # Spark's order is any order
+    config = Config(ingest=IngestConfig(landing_url=landing.root))
+    # Spark's order is any order
+    arrivals, quarantine = _arrivals([*second, *first], config, PARTS[-1])
     traffic = arrivals["traffic"]
     assert traffic.column("seq").to_pylist() == [0, 1, 2, 3, 4]
     assert traffic.column("seq").num_chunks == 1  # one chunk: compute runs per chunk
