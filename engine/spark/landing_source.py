@@ -28,7 +28,7 @@ import pyarrow as pa
 from pyarrow import fs as pafs
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from engine.core.plan import Column, ColumnType, StreamSchema
+from engine.core.plan import StreamSchema
 from engine.landing_offsets import batch_files, committed_files, initial_offset, next_offset
 from ingest.landing import QUARANTINE as QUARANTINE_FOLDER
 from ingest.landing import STREAM_FOLDER
@@ -53,22 +53,6 @@ MAX_BYTES_PER_BATCH = 128 << 20
 _S3_OPTIONS = ("endpoint", "region", "access_key", "secret_key")
 
 
-def schema_json(stream: StreamSchema) -> dict[str, Any]:
-    """A source stream's schema as the source's options carry it."""
-    return {
-        "name": stream.name,
-        "columns": [[c.name, c.type.value] for c in stream.columns],
-        "timestamp": stream.timestamp,
-        "slack_ms": stream.slack_ms,
-    }
-
-
-def schema_from_json(data: Mapping[str, Any]) -> StreamSchema:
-    """The schema :func:`schema_json` wrote."""
-    columns = tuple(Column(name, ColumnType(kind)) for name, kind in data["columns"])
-    return StreamSchema(data["name"], columns, data["timestamp"], data["slack_ms"])
-
-
 def source_options(
     landing: str,
     archive: str,
@@ -78,11 +62,11 @@ def source_options(
 ) -> dict[str, str]:
     """The options `LandingSource` takes: where the landing folder (and the archive) is,
     how to reach S3 (`secret_key` is among the option names Spark redacts), the source
-    streams' schemas with the component each belongs to (`components`: name -> its
+    streams' names with the component each belongs to (`components`: name -> its
     streams), the component that also takes the quarantine folder's files (empty:
     none)."""
     streams = [
-        {**schema_json(stream), "component": name}
+        {"name": stream.name, "component": name}
         for name, schemas in components.items()
         for stream in schemas
     ]
@@ -139,9 +123,8 @@ class LandingReader(DataSourceStreamReader):
         self.landing = options["path"]
         self.archive = options.get("archive", "")
         found = orjson.loads(options["streams"])
-        self.streams = [schema_from_json(s) for s in found]
         self.component_of = {s["name"]: s["component"] for s in found}
-        self.folders = [s.name for s in self.streams]
+        self.folders = [s["name"] for s in found]
         if options.get("quarantine"):
             self.component_of[QUARANTINE_FOLDER] = options["quarantine"]
             self.folders.append(QUARANTINE_FOLDER)
