@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -80,6 +80,15 @@ def source_options(
     return options
 
 
+@lru_cache(maxsize=8)
+def folder_filesystem(location: str, s3: S3Config) -> tuple[pafs.FileSystem, str]:
+    """The filesystem holding the folder at `location` (the landing, its archive; local
+    or S3) and the folder's path there without a trailing slash, made once per process:
+    the driver's source lists with it, the stateful step reads with it."""
+    fs, root = filesystem(location, s3)
+    return fs, root.rstrip("/")
+
+
 def landing_files(fs: pafs.FileSystem, root: str, folders: Sequence[str]) -> dict[str, int]:
     """Every landing file in `folders` (stream names) under `root`, as
     `stream=<name>/<file>` -> size, skipping hidden and temporary names (`.part-*.tmp`
@@ -130,20 +139,9 @@ class LandingReader(DataSourceStreamReader):
             self.folders.append(QUARANTINE_FOLDER)
         self.s3 = S3Config(**{key: options.get(f"s3.{key}", "") for key in _S3_OPTIONS})
 
-    @cached_property
+    @property
     def _landing(self) -> tuple[pafs.FileSystem, str]:
-        """The landing folder's filesystem and root, made once per process."""
-        return self._filesystem(self.landing)
-
-    def _filesystem(self, location: str) -> tuple[pafs.FileSystem, str]:
-        fs, root = filesystem(location, self.s3)
-        return fs, root.rstrip("/")
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A filesystem is made where it is used: executors make their own.
-        state = dict(self.__dict__)
-        state.pop("_landing", None)
-        return state
+        return folder_filesystem(self.landing, self.s3)
 
     def initialOffset(self) -> dict:
         return initial_offset()
@@ -171,7 +169,7 @@ class LandingReader(DataSourceStreamReader):
 
     def commit(self, end: dict) -> None:
         fs, root = self._landing
-        archive = self._filesystem(self.archive) if self.archive else None
+        archive = folder_filesystem(self.archive, self.s3) if self.archive else None
         for relative in committed_files(end):
             try:
                 if archive is None:

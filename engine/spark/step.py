@@ -44,7 +44,6 @@ from typing import Any, TypeVar
 
 import orjson
 import pyarrow as pa
-from pyarrow import fs as pafs
 from pyspark import TaskContext
 from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import MapState
@@ -57,11 +56,11 @@ from engine.landed_files import read_landed
 from engine.outputs import admitted_tables, batch_tables, evaluated_tables
 from engine.python_gc import collect_frozen, collector_paused, freeze_batch_survivors
 from engine.spark import state_client
+from engine.spark.landing_source import folder_filesystem
 from engine.spark.processor import STATE_KEY, STATE_VALUE, Component, EngineProcessor
 from engine.spark.state_client import PIPELINED, send_pipelined
 from engine.warm_start import WarmStart, warm_start
-from lookout.config import Config, S3Config
-from lookout.storage import filesystem
+from lookout.config import Config
 
 # Listed as plain tuples (`engine.spark.state_client`): no field may need conversion.
 assert state_client.plain_schema(STATE_KEY) and state_client.plain_schema(STATE_VALUE)
@@ -367,13 +366,6 @@ def _arrivals(
     """The batch's files (one row each) read and parsed in landing order: each stream's
     arrivals, and the quarantine lines."""
     files = sorted((row["file"], row["stream"]) for row in rows)
-    fs, root = _landing(config.landing, config.s3)
+    fs, root = folder_filesystem(config.landing, config.s3)
     schemas = {name: component.plan.streams[name] for name in component.sources}
     return read_landed(fs, root, files, schemas)
-
-
-@lru_cache(maxsize=4)
-def _landing(location: str, s3: S3Config) -> tuple[pafs.FileSystem, str]:
-    """The landing folder's filesystem and root, made once per worker."""
-    fs, root = filesystem(location, s3)
-    return fs, root.rstrip("/")
