@@ -137,8 +137,8 @@ class LandingWriter:
         for stream in list(self._chunks):
             self._files_written += 1
             name = (
-                f"{STREAM_FOLDER}{stream}/part-{time.time_ns():020d}-{self.ingester_id}-{self._token}"
-                f"-{self._files_written:08d}.jsonl"
+                f"{STREAM_FOLDER}{stream}/part-{time.time_ns():020d}"
+                f"-{self.ingester_id}-{self._token}-{self._files_written:08d}.jsonl"
             )
             data = b"\n".join(self._chunks[stream]) + b"\n"
             if self.store is not None:

@@ -9,8 +9,8 @@ the dashboard's Health page:
   `offsets`, `source`, `add_batch`, `wal`, `commit_offsets` its parts); the stateful
   step reports `read` (its files read and parsed), `restore`, `evaluate` (which
   includes `save`: the state written to the state store), `write` (on the executor),
-  and the state store its
-  `state_commit`, all inside `job` (the batch's Spark job, itself inside `add_batch`);
+  and the state store its `state_commit`, all inside `job` (the batch's Spark job,
+  itself inside `add_batch`);
   then the driver's Delta commits take `commit`;
 * `lookout_stream_*_total{stream}`: readings, late, duplicates, conflicts, capped
   (readings of new keys quarantined by the stream's cap on live keys), heartbeats;
