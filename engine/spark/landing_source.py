@@ -11,7 +11,7 @@ shuffle. Committing an offset deletes the files it names, or moves them to the a
 folder, once every table the batch wrote holds their rows.
 
 A batch admits the oldest new files up to `MAX_FILES_PER_BATCH` and `MAX_BYTES_PER_BATCH`
-(about rows: a landed reading is ~100 bytes), so a backlog after a restart or a burst is
+(about rows: a landed reading is ~75 bytes), so a backlog after a restart or a burst is
 read in batches of bounded size.
 """
 
@@ -44,12 +44,13 @@ ARROW_SCHEMA = pa.schema(
 )
 # New files a batch admits at most, and their size together: ingest lands a file per
 # stream every `flush_ms` (200 ms), so a live batch holds a few; a backlog (after a
-# restart, a burst, or the engine falling behind) is read 128 MB (≈ 1.1M readings) at
-# a time. A batch has a fixed cost of half a second or more here: a 2M-reading backlog
-# of the 15-minute tumble took 12.9-13.2 s in batches of 128 MB, 13.6-17.7 s of 64 MB
-# and 14.5-18.8 s of 32 MB; the Python workers together peaked at ~1.5 GB.
+# restart, a burst, or the engine falling behind) is read 256 MB (≈ 3.4M readings of
+# ~75 bytes) at a time. A batch has a fixed cost of half a second or more here: a
+# 2M-reading backlog of the 15-minute tumble took 2.98-3.19 s in one batch of 256 MB,
+# 3.43-3.61 s in batches of 128 MB; the Python workers together peaked at 1.8 GB and
+# 1.5 GB.
 MAX_FILES_PER_BATCH = 200
-MAX_BYTES_PER_BATCH = 128 << 20
+MAX_BYTES_PER_BATCH = 256 << 20
 _S3_OPTIONS = ("endpoint", "region", "access_key", "secret_key")
 
 

@@ -7,8 +7,8 @@ exact, global arrival order of each stream meets in one task; parts run in paral
 the state store's partitions) and calls the processor once per batch and component
 with one row per file. :func:`run`:
 
-1. reads the files and parses them (Arrow's JSON reader, a thread per core), in landing
-   order;
+1. reads the files (a thread per core) and parses each stream's together (DuckDB's
+   JSON reader, on every core), in landing order;
 2. runs the pipeline over them, and saves what changed into Spark's state store
    (`SparkStore`: bytes under (kind, name, key, number) in two maps, so a batch
    writes only the evaluators it touched, through a `JournaledStore`: one write per

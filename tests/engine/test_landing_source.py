@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyarrow import fs as pafs
 
 from engine.core.pipeline import HEARTBEAT
@@ -24,6 +26,7 @@ from engine.landed_files import read_landed, read_stream_file
 from engine.spark.landing_source import LandingReader, source_options
 from ingest.landing import LandingWriter
 from lookout.config import S3Config
+from tests.examples import examples
 
 TRAFFIC = StreamSchema(
     "traffic",
@@ -199,9 +202,73 @@ def test_listing_and_planning_import_no_parsing(tmp_path: Path) -> None:
         "start = source.initialOffset(); "
         "assert source.partitions(start, source.latestOffset(start)); "
         "print(*sorted(m for m in sys.modules "
-        "if m.startswith(('engine.landed_files', 'pyarrow.json'))))"
+        "if m.startswith(('engine.landed_files', 'pyarrow.json', 'duckdb'))))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(pickled)], capture_output=True, text=True, check=True
     )
     assert done.stdout.split() == []
+
+
+# A reading's values as ingest lands them: any value of the stream's types.
+reading_values = st.tuples(
+    st.integers(-(2**31), 2**31 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.integers(-(2**62), 2**62),
+    st.text(max_size=6),
+)
+# Messages: (topic, its readings, a heartbeat after it, the writer flushes after it).
+landed_messages = st.lists(
+    st.tuples(
+        st.sampled_from(["traffic", "rfid"]),
+        st.integers(0, 2),
+        st.lists(reading_values, min_size=1, max_size=4),
+        st.booleans(),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=16,
+)
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(landed_messages)
+def test_a_streams_files_parsed_together_give_what_ingest_landed(tmp_path_factory, messages):
+    """Each stream's files of a batch are parsed in one go: every reading comes back with
+    its values, its message's topic and time of receipt, in landing order, and every
+    heartbeat as a heartbeat without a topic (landed by ingest's writer, compared with
+    what it was handed, not with another parser)."""
+    root = tmp_path_factory.mktemp("landing")
+    writer = LandingWriter(root, "test")
+    expected: dict[str, list[tuple]] = {"traffic": [], "rfid": []}
+    for number, (stream, topic, values, beat, flush) in enumerate(messages):
+        readings = []
+        for station, speed, ts, source in values:
+            seq = sum(len(v) for v in expected.values())
+            readings.append({"station": station, "speed": speed, "ts": ts, "source": source,
+                             "seq": seq})  # fmt: skip
+            expected[stream].append(
+                (station, speed, ts, source, seq, False, f"t/{topic}", 1_000 + number)
+            )
+        writer.add_readings(stream, readings, f"t/{topic}", 1_000 + number)
+        if beat:
+            writer.add_heartbeat(stream, {"source": "s", "ts": number}, 5_000 + number)
+            expected[stream].append((None, None, number, "s", None, True, None, 5_000 + number))
+        if flush:
+            writer.flush()
+    writer.flush()
+    files = sorted(
+        (path.name, path.parent.name.removeprefix("stream=")) for path in root.rglob("part-*.jsonl")
+    )
+
+    arrivals, quarantine = read_landed(
+        pafs.LocalFileSystem(), str(root), files, {"traffic": TRAFFIC, "rfid": RFID}
+    )
+
+    columns = ("station", "speed", "ts", "source", "seq", HEARTBEAT, "topic", "received_ms")
+    got = {
+        stream: list(zip(*(table.column(c).to_pylist() for c in columns), strict=True))
+        for stream, table in arrivals.items()
+    }
+    assert got == {stream: rows for stream, rows in expected.items() if rows}
+    assert not quarantine

@@ -389,3 +389,39 @@ def test_content_hashes_hash_each_rows_text_as_itself(chunks, numbers, floats) -
         # pandas hashes 64-bit numbers by splitmix64's finaliser, as the digest mixes.
         digest = pd.util.hash_array(digest ^ hashed)
     assert content_hashes(table).tolist() == digest.tolist()
+
+
+# Lines a landed file must not hold: not JSON, not an object, values that do not convert.
+damaged_lines = st.sampled_from(
+    [
+        b'{"station": 1, "speed": 1.0, "ts": 5, "sou',
+        b"[1, 2]",
+        b'"a reading"',
+        b'{"station": "one", "speed": 1.0, "ts": 5, "source": "a", "seq": 9}',
+        b'{"station": 3000000000, "speed": 1.0, "ts": 5, "source": "a", "seq": 9}',
+        b'{"station": 1, "speed": {"kmh": 1}, "ts": 5, "source": "a", "seq": 9}',
+        b'{"station": 1, "speed": 1.0, "ts": "soon", "source": "a", "seq": 9}',
+    ]
+)
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(st.integers(1, 300), st.lists(st.tuples(st.integers(0, 299), damaged_lines), max_size=8))
+def test_each_damaged_line_is_quarantined_alone_and_every_other_line_read(good, damaged):
+    """A file with damaged lines anywhere, several side by side: exactly those lines are
+    quarantined, each naming its own line, and every good line is read, in order."""
+    good_lines = [
+        orjson.dumps({"station": 1, "speed": 1.0, "ts": BASE + i, "source": "a", "seq": i})
+        for i in range(good)
+    ]
+    lines = list(good_lines)
+    for position, line in sorted(damaged, reverse=True):
+        lines.insert(min(position, len(lines)), line)
+    expected_bad = [n for n, line in enumerate(lines, start=1) if line not in good_lines]
+
+    arrivals, bad = read_stream_file(TRAFFIC, "part-3.jsonl", b"\n".join(lines))
+
+    assert arrivals.column("seq").to_pylist() == list(range(good))
+    assert [q["reason"].split(" is not")[0] for q in bad] == [
+        f"landed file part-3.jsonl line {n}" for n in expected_bad
+    ]
