@@ -130,8 +130,7 @@ def _parse(buffers: Sequence[bytes], schema: pa.Schema) -> pa.Table:
 
 def _parse_messages(buffers: Sequence[bytes], schema: pa.Schema) -> pa.Table:
     """Landed lines, each reading with its message's topic and time of receipt (on the
-    message's first line only). A heartbeat's line, which has no topic, gets the one
-    before it; no table keeps a heartbeat's topic."""
+    message's first line only; a heartbeat's line has a time of receipt, no topic)."""
     table = _parse(buffers, schema)
     for name in ("_topic", "_received_ms"):
         index = table.column_names.index(name)
@@ -218,8 +217,10 @@ def _unconvertible(lines: Sequence[tuple[int, bytes]], schema: pa.Schema) -> dic
 
 
 def _duckdb_reason(err: duckdb.Error) -> str:
-    """DuckDB's message without the name of its in-memory file."""
-    return re.sub(r' in file "[^"]*"', "", str(err)).strip()
+    """The first line of DuckDB's message, without its in-memory file's name and the
+    line number within the one line parsed."""
+    first = str(err).strip().splitlines()[0]
+    return re.sub(r' in file "[^"]*"|, in line \d+', "", first)
 
 
 def read_quarantine_file(name: str, data: bytes) -> list[dict[str, Any]]:

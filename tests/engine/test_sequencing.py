@@ -425,3 +425,13 @@ def test_each_damaged_line_is_quarantined_alone_and_every_other_line_read(good, 
     assert [q["reason"].split(" is not")[0] for q in bad] == [
         f"landed file part-3.jsonl line {n}" for n in expected_bad
     ]
+
+
+def test_a_value_that_does_not_convert_is_quarantined_saying_which():
+    good = orjson.dumps({"station": 1, "speed": 1.0, "ts": BASE, "source": "a", "seq": 1})
+    data = good + b'\n{"station": "one", "speed": 1.0, "ts": 5, "source": "a", "seq": 2}\n'
+    arrivals, damaged = read_stream_file(TRAFFIC, "part-4.jsonl", data)
+    assert arrivals.column("seq").to_pylist() == [1]
+    (bad,) = damaged
+    assert bad["reason"].startswith("landed file part-4.jsonl line 2 is not a landed record: ")
+    assert 'Failed to cast value to numerical: "one"' in bad["reason"].splitlines()[0]
