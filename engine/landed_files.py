@@ -106,6 +106,12 @@ _DUCKDB_TYPES = {
 _CURSORS = threading.Lock()
 
 
+class Refused(ValueError):
+    """DuckDB refused a landed line: not JSON, or a value that does not convert. Any
+    other error of DuckDB's (memory, a closed connection) propagates: it says nothing
+    of the lines, and must not quarantine them."""
+
+
 @cache
 def _duckdb() -> duckdb.DuckDBPyConnection:
     """The process's in-memory DuckDB (connecting costs ~15 ms; a parse takes a cursor)."""
@@ -114,7 +120,7 @@ def _duckdb() -> duckdb.DuckDBPyConnection:
 
 def _parse(buffers: Sequence[bytes], schema: pa.Schema) -> pa.Table:
     """The landed lines of ``buffers``, one after another, as a table of ``schema`` in
-    their order (fields it does not name are ignored). Raises :class:`duckdb.Error` when
+    their order (fields it does not name are ignored). Raises :class:`Refused` when
     a line is not a JSON object or a value does not convert to its field's type."""
     buffers = [data for data in buffers if data.strip()]
     if not buffers:
@@ -124,8 +130,13 @@ def _parse(buffers: Sequence[bytes], schema: pa.Schema) -> pa.Table:
         cursor = _duckdb().cursor()
     with cursor:
         files = [io.BytesIO(data) for data in buffers]
-        read = cursor.read_json(files, format="newline_delimited", columns=columns)
-        return read.to_arrow_table().cast(schema)
+        try:
+            read = cursor.read_json(files, format="newline_delimited", columns=columns)
+            return read.to_arrow_table().cast(schema)
+        except (duckdb.InvalidInputException, duckdb.ConversionException) as err:
+            if "JSON" not in str(err):
+                raise  # not about the lines (fsspec missing, ...): no line is to blame
+            raise Refused(_duckdb_reason(err)) from err
 
 
 def _parse_messages(buffers: Sequence[bytes], schema: pa.Schema) -> pa.Table:
@@ -161,7 +172,7 @@ def read_stream_file(
     bad: list[dict[str, Any]] = []
     try:
         table = _parse_messages([data], schema)
-    except duckdb.Error:
+    except Refused:
         table, bad = _parse_lines(data, schema, name, _parse_messages)
     return _arrivals(stream, table), bad
 
@@ -209,9 +220,9 @@ def _unconvertible(lines: Sequence[tuple[int, bytes]], schema: pa.Schema) -> dic
     try:
         _parse([b"\n".join(line for _, line in lines)], schema)
         return {}
-    except duckdb.Error as err:
+    except Refused as err:
         if len(lines) == 1:
-            return {lines[0][0]: _duckdb_reason(err)}
+            return {lines[0][0]: str(err)}
     half = len(lines) // 2
     return {**_unconvertible(lines[:half], schema), **_unconvertible(lines[half:], schema)}
 
@@ -227,7 +238,7 @@ def read_quarantine_file(name: str, data: bytes) -> list[dict[str, Any]]:
     """The quarantine rows of one landed ``_quarantine`` file."""
     try:
         return _parse([data], QUARANTINE_LINE).to_pylist()
-    except duckdb.Error:
+    except Refused:
         table, bad = _parse_lines(data, QUARANTINE_LINE, name, _parse)
         return table.to_pylist() + bad
 
@@ -264,7 +275,7 @@ def read_landed(
         try:
             parsed = _parse_messages([data[i] for i in indices], landed_schema(schema))
             table = _arrivals(schema, parsed)
-        except duckdb.Error:
+        except Refused:
             parts = []
             for i in indices:
                 part, quarantine[i] = read_stream_file(schema, files[i][0], data[i])

@@ -16,14 +16,17 @@ import itertools
 import random
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import orjson
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from engine import landed_files
 from engine.core.pipeline import Pipeline
 from engine.core.plan import Column, ColumnType, Plan, Query, Sink, SinkKind, StreamSchema
 from engine.core.replay import run
@@ -435,3 +438,16 @@ def test_a_value_that_does_not_convert_is_quarantined_saying_which():
     (bad,) = damaged
     assert bad["reason"].startswith("landed file part-4.jsonl line 2 is not a landed record: ")
     assert 'Failed to cast value to numerical: "one"' in bad["reason"].splitlines()[0]
+
+
+def test_an_error_of_duckdb_that_is_not_about_the_lines_stops_the_read(monkeypatch):
+    """Running out of memory (or a closed connection, a missing module) says nothing of
+    the lines: it propagates, and no line is quarantined for it."""
+    starved = duckdb.connect(config={"memory_limit": "256KB", "threads": 1})
+    monkeypatch.setattr(landed_files, "_duckdb", lambda: starved)
+    lines = [
+        orjson.dumps({"station": 1, "speed": 1.0, "ts": BASE + i, "source": "a", "seq": i})
+        for i in range(3_000)
+    ]
+    with pytest.raises(duckdb.OutOfMemoryException):
+        read_stream_file(TRAFFIC, "part-5.jsonl", b"\n".join(lines))
