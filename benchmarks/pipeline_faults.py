@@ -39,7 +39,9 @@ every part, the engine's resident memory and its watermark lag over the run (eac
 median over minute 2 and over the last minute of publishing; the memory's growth between
 them without the table maintenance's process, which starts its rounds later), and for
 each fault how long after it the alerts were on time again (`recovery`: from the first
-alert after which, for 15 s, every alert came within the slack + 2 s). The simulators
+alert after which, for 15 s, every alert came within the slack + 2 s), and the run in
+spans of 30 s (`by_30_s`: latency, batch phases, each part's cores), where a fault's or a
+restart's cost shows. The simulators
 start once every engine query has run its first batch: the latency measured is the
 running pipeline's, not a cold start's (`benchmarks/first_alert.py` times that). While
 they publish, a line every 5 minutes gives the watermark's lag, the engine's memory, the
@@ -423,16 +425,32 @@ def label_values(sample: dict[str, Any], name: str, label: str) -> set[str]:
 
 
 def increase(samples: list[dict[str, Any]], name: str, **labels: str) -> float:
-    """How much a counter grew over `samples`, across engine restarts (a counter that
-    went down started again from zero) and scrapes that got no answer."""
+    """How much a counter grew over `samples` (from the first that has metrics), across
+    engine restarts (a counter that went down started again from zero) and scrapes
+    that got no answer."""
     total, before = 0.0, None
     for sample in samples:
         if not sample["metrics"]:
             continue
         now = metric(sample, name, **labels)
-        total += now - before if before is not None and now >= before else now
+        if before is not None:
+            total += now - before if now >= before else now
         before = now
     return total
+
+
+def phase_means(samples: list[dict[str, Any]], figure: str = "") -> dict[str, float]:
+    """Each batch phase's mean seconds over `samples` (or, naming a counter, its
+    increase), for the phases that ran."""
+    name = "lookout_engine_batch_seconds_count"
+    found = {phase for x in samples for phase in label_values(x, name, "phase")}
+    means = {}
+    for phase in sorted(found):
+        count = increase(samples, name, phase=phase)
+        total = increase(samples, figure or "lookout_engine_batch_seconds_sum", phase=phase)
+        if count:
+            means[phase] = total if figure else round(total / count, 3)
+    return means
 
 
 def breakdown(samples: list[dict[str, Any]], readings: int) -> dict[str, Any]:
@@ -443,14 +461,11 @@ def breakdown(samples: list[dict[str, Any]], readings: int) -> dict[str, Any]:
     share of the time)."""
     first, last = samples[0], samples[-1]
     after = [x for x in samples if x["t"] - first["t"] >= 60.0]
-    phases = {}
-    name = "lookout_engine_batch_seconds_count"
-    found = {phase for x in samples for phase in label_values(x, name, "phase")}
-    for phase in sorted(found):
-        count = increase(samples, "lookout_engine_batch_seconds_count", phase=phase)
-        total = increase(samples, "lookout_engine_batch_seconds_sum", phase=phase)
-        if count:
-            phases[phase] = {"mean_s": round(total / count, 3), "batches": int(count)}
+    counts = phase_means(samples, "lookout_engine_batch_seconds_count")
+    phases = {
+        phase: {"mean_s": mean, "batches": int(counts[phase])}
+        for phase, mean in phase_means(samples).items()
+    }
     cpu = {part: round((last["cpu_s"][part] - first["cpu_s"][part]) / max(readings, 1) * 1e6, 1)
            for part in last["cpu_s"]}  # fmt: skip
     seconds = last["t"] - first["t"]
@@ -469,6 +484,37 @@ def breakdown(samples: list[dict[str, Any]], readings: int) -> dict[str, Any]:
             (sum(last["cpu_s"].values()) - sum(first["cpu_s"].values())) / max(seconds, 1e-9), 2
         ),
     }
+
+
+def profile(
+    timed: list[tuple[float, float]],
+    started_wall: float,
+    samples: list[dict[str, Any]],
+    published_at: float,
+    period_s: float,
+) -> list[dict[str, Any]]:
+    """The run in spans of `period_s` from the start of publishing: the alerts' latency
+    p50 / p99, the engine's mean batch phases (`trigger`: trigger to commit) and each
+    part's share of the machine (cores), so a fault's or a restart's cost shows where
+    it falls."""
+    latency = {row["from_s"]: row for row in by_period(timed, started_wall, period_s)}
+    spans: dict[int, list[dict[str, Any]]] = {}
+    previous: list[dict[str, Any]] = []
+    for sample in samples:  # each span from the last sample before it
+        spans.setdefault(int((sample["t"] - published_at) // period_s), previous).append(sample)
+        previous = [sample]
+    found = []
+    for k, span in sorted(spans.items()):
+        seconds = span[-1]["t"] - span[0]["t"]
+        row = latency.get(round(k * period_s), {"alerts": 0})
+        found.append({
+            "from_s": round(k * period_s), "alerts": row["alerts"],
+            "p50_s": row.get("p50_s"), "p99_s": row.get("p99_s"),
+            "batch_phases_s": phase_means(span),
+            "cores": {part: round((span[-1]["cpu_s"][part] - span[0]["cpu_s"][part])
+                                  / seconds, 2) for part in span[-1]["cpu_s"]} if seconds else {},
+        })  # fmt: skip
+    return found
 
 
 RESIDENT = "lookout_engine_resident_bytes"
@@ -836,6 +882,7 @@ def main() -> int:
             on_time = max(plan.streams[s].slack_ms for s in expected) / 1000 + 2
             report["recovery"] = recovery(struck, timed, on_time, started_wall)
         report["breakdown"] = breakdown(during, total)
+        report["by_30_s"] = profile(timed, started_wall, during, published_at, 30.0)
 
         def medians(figure: Callable[[dict[str, Any]], float | None]) -> dict[str, float | None]:
             return minute_medians(during, published_at, published_s, figure)
@@ -958,7 +1005,7 @@ def by_period(timed: list[tuple[float, float]], since: float, period_s: float) -
     for at, value in timed:
         periods.setdefault(int((at - since) // period_s), []).append(value)
     return [
-        {"from_minute": round(k * period_s / 60), "alerts": len(v),
+        {"from_s": round(k * period_s), "alerts": len(v),
          "p50_s": percentile(v, 0.5), "p99_s": percentile(v, 0.99)}
         for k, v in sorted(periods.items())
     ]  # fmt: skip
