@@ -59,6 +59,8 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None, standby: bool =
     from engine.spark.jvm_output import filter_output
     from engine.spark.rehearsal import Rehearsal
     from engine.tables import TableSchemaError
+    from lookout.priority import lower as lower_priority
+    from lookout.priority import restore as restore_priority
     from lookout.rule_watch import watch_rules
 
     filter_output()
@@ -86,25 +88,38 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None, standby: bool =
         return 2
     stop = threading.Event()
     _stop_on_signals(stop)
-    job = EngineJob(config, rules.running.plan, alert_specs(rules.running))
+    waiting, yielded = None, None
     if standby:
         assert lock is not None
-        waiting = time.monotonic()
         if lock.take():
             log.info("standby: no engine runs on %s; this one runs", config.lakehouse)
         else:
-            log.info("standby: Spark is up; waiting for the engine on %s to stop (%s)",
-                     config.lakehouse, lock.holder())  # fmt: skip
-            rehearsal = Rehearsal(job.spark, config, job.plan, alert_specs(rules.running))
-            rehearsal.start()
-            try:
-                if not lock.wait(stop):
-                    return 0
-            finally:
-                rehearsal.stop()
-            log.info("standby: taking over after %.0f s", time.monotonic() - waiting)
-            rules.poll(job.use, at_once=True)  # the files may have changed while it waited
-            job.started_at_ms = int(time.time() * 1000)
+            waiting = time.monotonic()
+            # before Spark starts, so that its JVM and Python workers inherit it
+            yielded = lower_priority(config.engine.standby_nice)
+            if yielded is None and config.engine.standby_nice:
+                log.info(
+                    "standby: waits at full priority: it could not raise it back at its "
+                    "takeover (that needs CAP_SYS_NICE or an RLIMIT_NICE allowing it)"
+                )
+    job = EngineJob(config, rules.running.plan, alert_specs(rules.running))
+    if waiting is not None:
+        assert lock is not None
+        nice = "" if yielded is None else f", at nice {os.getpriority(os.PRIO_PROCESS, 0)}"
+        log.info("standby: Spark is up; waiting for the engine on %s to stop (%s)%s",
+                 config.lakehouse, lock.holder(), nice)  # fmt: skip
+        rehearsal = Rehearsal(job.spark, config, job.plan, alert_specs(rules.running))
+        rehearsal.start()
+        try:
+            if not lock.wait(stop):
+                return 0
+        finally:
+            rehearsal.stop()
+        if yielded is not None:
+            restore_priority(yielded)
+        log.info("standby: taking over after %.0f s", time.monotonic() - waiting)
+        rules.poll(job.use, at_once=True)  # the files may have changed while it waited
+        job.started_at_ms = int(time.time() * 1000)
     if config.engine.metrics_port:
         from engine.spark.metrics import serve
 
