@@ -129,10 +129,10 @@ class EngineConfig:
     # (0: none).
     metrics_address: str = "127.0.0.1"
     metrics_port: int = 9810
-    # A standby (`lookout engine --standby`) waiting beside a running engine runs this
-    # much lower in CPU priority (its nice value up; 0: not lowered), and gets it back at
-    # its takeover: its start and rehearsal then take only the CPU the engine leaves.
-    standby_nice: int = 10
+    # A standby (`lookout engine --standby`) waiting beside a running engine runs on CPU
+    # nothing else wants (Linux's SCHED_IDLE), and normally from its takeover: its start
+    # and rehearsal then take only the CPU the engine leaves.
+    standby_idle: bool = True
     # Each rule reading a source stream holds state for at most this many keys (its
     # PARTITION BY / GROUP BY values) at once: a reading of a new key beyond it is
     # quarantined, naming the stream, the cap and the key (0: no cap). Idle keys are
@@ -356,7 +356,6 @@ _LIMITS: dict[tuple[str, str], _Limit] = {
     ("engine", "compact_every_seconds"): _NOT_NEGATIVE,  # 0: never compact
     ("engine", "compact_min_files"): _POSITIVE,
     ("engine", "max_live_keys"): _NOT_NEGATIVE,  # 0: no cap
-    ("engine", "standby_nice"): _Limit(lambda nice: 0 <= nice <= 19, "from 0 to 19"),
     ("engine", "backfill_minutes"): _NOT_NEGATIVE,
     ("engine", "rules_poll_seconds"): _NOT_NEGATIVE,
     ("ingest", "metrics_address"): _NOT_EMPTY,

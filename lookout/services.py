@@ -59,8 +59,7 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None, standby: bool =
     from engine.spark.jvm_output import filter_output
     from engine.spark.rehearsal import Rehearsal
     from engine.tables import TableSchemaError
-    from lookout.priority import lower as lower_priority
-    from lookout.priority import restore as restore_priority
+    from lookout.priority import to_idle, to_normal
     from lookout.rule_watch import watch_rules
 
     filter_output()
@@ -88,7 +87,7 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None, standby: bool =
         return 2
     stop = threading.Event()
     _stop_on_signals(stop)
-    waiting, yielded = None, None
+    waiting, idle = None, False
     if standby:
         assert lock is not None
         if lock.take():
@@ -96,18 +95,17 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None, standby: bool =
         else:
             waiting = time.monotonic()
             # before Spark starts, so that its JVM and Python workers inherit it
-            yielded = lower_priority(config.engine.standby_nice)
-            if yielded is None and config.engine.standby_nice:
+            idle = config.engine.standby_idle and to_idle()
+            if config.engine.standby_idle and not idle:
                 log.info(
-                    "standby: waits at full priority: it could not raise it back at its "
+                    "standby: waits at full priority: it could not take it back at its "
                     "takeover (that needs CAP_SYS_NICE or an RLIMIT_NICE allowing it)"
                 )
     job = EngineJob(config, rules.running.plan, alert_specs(rules.running))
     if waiting is not None:
         assert lock is not None
-        nice = "" if yielded is None else f", at nice {os.getpriority(os.PRIO_PROCESS, 0)}"
         log.info("standby: Spark is up; waiting for the engine on %s to stop (%s)%s",
-                 config.lakehouse, lock.holder(), nice)  # fmt: skip
+                 config.lakehouse, lock.holder(), ", on idle CPU only" if idle else "")  # fmt: skip
         rehearsal = Rehearsal(job.spark, config, job.plan, alert_specs(rules.running))
         rehearsal.start()
         try:
@@ -115,8 +113,8 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None, standby: bool =
                 return 0
         finally:
             rehearsal.stop()
-        if yielded is not None:
-            restore_priority(yielded)
+        if idle:
+            to_normal()
         log.info("standby: taking over after %.0f s", time.monotonic() - waiting)
         rules.poll(job.use, at_once=True)  # the files may have changed while it waited
         job.started_at_ms = int(time.time() * 1000)

@@ -1,7 +1,7 @@
-"""A standby's CPU priority (`lookout.priority`): lowered for it and every process it
-starts, and back for every thread of them all at its takeover; not lowered where it
-could not be raised back. Each case runs in a process of its own (a nice value, once
-raised, would stay on the test's worker)."""
+"""A standby's CPU scheduling (`lookout.priority`): SCHED_IDLE for it and every process
+it starts, and the normal policy back for every thread of them all at its takeover; not
+changed where it could not be changed back. Each case runs in a process of its own (a
+thread under SCHED_IDLE would stay so on the test's worker)."""
 
 from __future__ import annotations
 
@@ -12,65 +12,59 @@ import sys
 
 import pytest
 
-from lookout.priority import can_raise
+from lookout.priority import can_leave_idle
 
 pytestmark = pytest.mark.skipif(
-    os.getpriority(os.PRIO_PROCESS, 0) >= 19, reason="at nice 19 no priority is lower"
+    os.sched_getscheduler(0) != os.SCHED_OTHER, reason="the tests run under another policy"
 )
 
-# Lowers its priority, starts a thread and a child process (with a thread of its
-# own) that inherit it, then restores, and reports every thread's nice value.
+# Goes idle, starts a thread and a child process (with a thread of its own) that inherit
+# it, then goes back to normal, and reports every thread's policy.
 SCRIPT = """
 import json, os, subprocess, sys, threading, time
 import psutil
-from lookout.priority import lower, restore
+from lookout.priority import to_idle, to_normal
 
-def nices(process):
-    return sorted({os.getpriority(os.PRIO_PROCESS, t.id) for t in process.threads()})
+def policies(process):
+    return sorted({os.sched_getscheduler(t.id) for t in process.threads()})
 
-was = os.getpriority(os.PRIO_PROCESS, 0)
-back = lower(int(sys.argv[1]))
+idle = to_idle()
 stop = threading.Event()
 threading.Thread(target=stop.wait, daemon=True).start()
 naps = "import threading, time; threading.Thread(target=time.sleep, args=(30,)).start()"
 child = subprocess.Popen([sys.executable, "-c", naps + "; time.sleep(30)"])
 time.sleep(0.5)
 me = psutil.Process()
-lowered = {"self": nices(me), "child": nices(psutil.Process(child.pid))}
-changed = restore(back) if back is not None else 0
-print(json.dumps({"was": was, "back": back, "lowered": lowered, "changed": changed,
-                  "restored": {"self": nices(me), "child": nices(psutil.Process(child.pid))}}))
+waiting = {"self": policies(me), "child": policies(psutil.Process(child.pid))}
+changed = to_normal() if idle else 0
+print(json.dumps({"idle": idle, "waiting": waiting, "changed": changed,
+                  "running": {"self": policies(me), "child": policies(psutil.Process(child.pid))}}))
 child.kill()
 """
 
+IDLE, NORMAL = os.SCHED_IDLE, os.SCHED_OTHER
 
-def run(by: int, *prefix: str) -> dict:
+
+def run(*prefix: str) -> dict:
     done = subprocess.run(
-        [*prefix, sys.executable, "-c", SCRIPT, str(by)],
+        [*prefix, sys.executable, "-c", SCRIPT],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     return json.loads(done.stdout)
 
 
-@pytest.mark.skipif(not can_raise(), reason="this process may not raise a priority back")
-def test_every_thread_of_the_standby_and_its_children_gets_its_priority_back() -> None:
-    report = run(10)
-    low = min(report["was"] + 10, 19)
-    assert report["back"] == report["was"]
-    assert report["lowered"] == {"self": [low], "child": [low]}
-    assert report["restored"] == {"self": [report["was"]], "child": [report["was"]]}
+@pytest.mark.skipif(not can_leave_idle(), reason="this process may not leave SCHED_IDLE")
+def test_every_thread_of_the_standby_and_its_children_gets_the_normal_policy_back() -> None:
+    report = run()
+    assert report["idle"]
+    assert report["waiting"] == {"self": [IDLE], "child": [IDLE]}
+    assert report["running"] == {"self": [NORMAL], "child": [NORMAL]}
     assert report["changed"] >= 4  # its main thread and another, and the child's two
 
 
-def test_a_process_that_could_not_raise_it_back_does_not_lower_it() -> None:
+def test_a_process_that_could_not_leave_idle_does_not_go_idle() -> None:
     # Without CAP_SYS_NICE (root loses it with the bounding set), and RLIMIT_NICE at 0.
     drop = ["setpriv", "--bounding-set", "-sys_nice", "--"] if os.geteuid() == 0 else []
-    report = run(10, "prlimit", "--nice=0", "--", *drop)
-    assert report["back"] is None
-    assert report["lowered"] == {"self": [report["was"]], "child": [report["was"]]}
-
-
-def test_nothing_is_lowered_by_zero() -> None:
-    report = run(0)
-    assert report["back"] is None
-    assert report["lowered"]["self"] == [report["was"]]
+    report = run("prlimit", "--nice=0", "--", *drop)
+    assert not report["idle"]
+    assert report["waiting"] == {"self": [NORMAL], "child": [NORMAL]}

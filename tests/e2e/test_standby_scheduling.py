@@ -1,7 +1,7 @@
-"""A standby waits at a lower CPU priority and takes it back at its takeover: every
-thread of `lookout engine --standby` and of the processes it started (Spark's JVM, the
-Python workers) runs at nice +10 while another engine holds the lock, and at its own
-nice value once it has taken over."""
+"""A standby waits on idle CPU only and runs normally from its takeover: every thread of
+`lookout engine --standby` and of the processes it started (Spark's JVM, the Python
+workers) is under SCHED_IDLE while another engine holds the lock, and under the normal
+policy once it has taken over."""
 
 from __future__ import annotations
 
@@ -15,32 +15,34 @@ import pytest
 
 from engine.engine_lock import EngineLock
 from lookout.demo import stop_process
-from lookout.priority import can_raise
+from lookout.priority import can_leave_idle
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-NICE = os.getpriority(os.PRIO_PROCESS, 0)
 
 pytestmark = [
     pytest.mark.spark,
-    pytest.mark.skipif(not can_raise() or NICE >= 19, reason="no lower priority to take back"),
+    pytest.mark.skipif(
+        not can_leave_idle() or os.sched_getscheduler(0) != os.SCHED_OTHER,
+        reason="this process may not leave SCHED_IDLE, or runs under another policy",
+    ),
 ]
 
 
-def nice_values(pid: int) -> dict[str, set[int]]:
-    """Each process of the tree under `pid` (by its name) and its threads' nice values."""
+def policies(pid: int) -> dict[str, set[int]]:
+    """Each process of the tree under `pid` (by its name) and its threads' policies."""
     found: dict[str, set[int]] = {}
     root = psutil.Process(pid)
     for process in (root, *root.children(recursive=True)):
         try:
-            values = {os.getpriority(os.PRIO_PROCESS, t.id) for t in process.threads()}
+            values = {os.sched_getscheduler(t.id) for t in process.threads()}
             found.setdefault(process.name(), set()).update(values)
         except (psutil.NoSuchProcess, ProcessLookupError):
             continue
     return found
 
 
-def test_a_standby_waits_at_a_lower_priority_and_takes_it_back(tmp_path: Path) -> None:
+def test_a_standby_waits_on_idle_cpu_and_runs_normally_from_its_takeover(tmp_path: Path) -> None:
     lakehouse = tmp_path / "lakehouse"
     lakehouse.mkdir()
     held = EngineLock(str(lakehouse))
@@ -57,14 +59,14 @@ def test_a_standby_waits_at_a_lower_priority_and_takes_it_back(tmp_path: Path) -
     try:
         wait_for(lambda: "standby: rehearsed the query" in log.read_text(), 240,
                  "the standby's rehearsal")  # fmt: skip
-        waiting = nice_values(standby.pid)
+        waiting = policies(standby.pid)
         assert "java" in waiting, waiting
-        assert set().union(*waiting.values()) == {min(NICE + 10, 19)}, waiting
-        assert f"at nice {min(NICE + 10, 19)}" in log.read_text()
+        assert set().union(*waiting.values()) == {os.SCHED_IDLE}, waiting
+        assert "on idle CPU only" in log.read_text()
         held.release()
         wait_for(lambda: "standby: taking over" in log.read_text(), 60, "the takeover")
-        running = nice_values(standby.pid)
-        assert set().union(*running.values()) == {NICE}, running
+        running = policies(standby.pid)
+        assert set().union(*running.values()) == {os.SCHED_OTHER}, running
     finally:
         held.release()
         assert stop_process(standby, 120), log.read_text()[-3000:]
