@@ -129,10 +129,6 @@ class EngineConfig:
     # (0: none).
     metrics_address: str = "127.0.0.1"
     metrics_port: int = 9810
-    # A standby (`lookout engine --standby`) waiting beside a running engine runs on CPU
-    # nothing else wants (Linux's SCHED_IDLE), and normally from its takeover: its start
-    # and rehearsal then take only the CPU the engine leaves.
-    standby_idle: bool = True
     # Each rule reading a source stream holds state for at most this many keys (its
     # PARTITION BY / GROUP BY values) at once: a reading of a new key beyond it is
     # quarantined, naming the stream, the cap and the key (0: no cap). Idle keys are

@@ -59,7 +59,6 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None, standby: bool =
     from engine.spark.jvm_output import filter_output
     from engine.spark.rehearsal import Rehearsal
     from engine.tables import TableSchemaError
-    from lookout.priority import to_idle, to_normal
     from lookout.rule_watch import watch_rules
 
     filter_output()
@@ -87,37 +86,25 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None, standby: bool =
         return 2
     stop = threading.Event()
     _stop_on_signals(stop)
-    waiting, idle = None, False
+    job = EngineJob(config, rules.running.plan, alert_specs(rules.running))
     if standby:
         assert lock is not None
+        waiting = time.monotonic()
         if lock.take():
             log.info("standby: no engine runs on %s; this one runs", config.lakehouse)
         else:
-            waiting = time.monotonic()
-            # before Spark starts, so that its JVM and Python workers inherit it
-            idle = config.engine.standby_idle and to_idle()
-            if config.engine.standby_idle and not idle:
-                log.info(
-                    "standby: waits at full priority: it could not take it back at its "
-                    "takeover (that needs CAP_SYS_NICE or an RLIMIT_NICE allowing it)"
-                )
-    job = EngineJob(config, rules.running.plan, alert_specs(rules.running))
-    if waiting is not None:
-        assert lock is not None
-        log.info("standby: Spark is up; waiting for the engine on %s to stop (%s)%s",
-                 config.lakehouse, lock.holder(), ", on idle CPU only" if idle else "")  # fmt: skip
-        rehearsal = Rehearsal(job.spark, config, job.plan, alert_specs(rules.running))
-        rehearsal.start()
-        try:
-            if not lock.wait(stop):
-                return 0
-        finally:
-            rehearsal.stop()
-        if idle:
-            to_normal()
-        log.info("standby: taking over after %.0f s", time.monotonic() - waiting)
-        rules.poll(job.use, at_once=True)  # the files may have changed while it waited
-        job.started_at_ms = int(time.time() * 1000)
+            log.info("standby: Spark is up; waiting for the engine on %s to stop (%s)",
+                     config.lakehouse, lock.holder())  # fmt: skip
+            rehearsal = Rehearsal(job.spark, config, job.plan, alert_specs(rules.running))
+            rehearsal.start()
+            try:
+                if not lock.wait(stop):
+                    return 0
+            finally:
+                rehearsal.stop()
+            log.info("standby: taking over after %.0f s", time.monotonic() - waiting)
+            rules.poll(job.use, at_once=True)  # the files may have changed while it waited
+            job.started_at_ms = int(time.time() * 1000)
     if config.engine.metrics_port:
         from engine.spark.metrics import serve
 
