@@ -40,9 +40,9 @@ median over minute 2 and over the last minute of publishing; the memory's growth
 them without the table maintenance's process, which starts its rounds later), and for
 each fault how long after it the alerts were on time again (`recovery`: from the first
 alert after which, for 15 s, every alert came within the slack + 2 s), and the run in
-spans of 30 s (`by_30_s`: latency, batch phases, each part's cores), where a fault's or a
-restart's cost shows. The simulators
-start once every engine query has run its first batch: the latency measured is the
+spans of 30 s (`by_30_s`: latency, batch phases, each part's cores, the machine's CPU,
+I/O and memory stalls and stolen time), where a fault's or a restart's cost shows. The
+simulators start once every engine query has run its first batch: the latency measured is the
 running pipeline's, not a cold start's (`benchmarks/first_alert.py` times that). While
 they publish, a line every 5 minutes gives the watermark's lag, the engine's memory, the
 streaming checkpoints' size and the tables' data files (all sampled over the run).
@@ -332,6 +332,21 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
+def stalled_s() -> dict[str, float]:
+    """The machine's stall counters so far, in seconds: time some task waited for CPU,
+    I/O or memory (Linux's pressure stall information), and the time the hypervisor
+    ran others on this VM's CPUs (steal); empty where the kernel has none."""
+    found = {}
+    for what in ("cpu", "io", "memory"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            some = Path(f"/proc/pressure/{what}").read_text().splitlines()[0]
+            found[what] = int(some.rsplit("total=", 1)[1]) / 1e6  # µs
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+        found["steal"] = int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    return found
+
+
 class Sampler(threading.Thread):
     """Every `every_s`: each part's CPU seconds (summed across its restarts) and the
     engine's metrics; every `disk_every_s`, the lakehouse's `disk_figures` too."""
@@ -366,7 +381,7 @@ class Sampler(threading.Thread):
             self.cpu_s[part] += now - last if pid == last_pid and now >= last else now
             self._last[part] = (pid, now)
         taken = {"t": time.monotonic() - self.started, "cpu_s": dict(self.cpu_s),
-                 "metrics": scrape(self.metrics_port)}  # fmt: skip
+                 "stalled_s": stalled_s(), "metrics": scrape(self.metrics_port)}  # fmt: skip
         if taken["t"] - self._disk_at >= self.disk_every_s:
             taken["disk"] = disk_figures(self.lakehouse)
             self._disk_at = taken["t"]
@@ -494,9 +509,10 @@ def profile(
     period_s: float,
 ) -> list[dict[str, Any]]:
     """The run in spans of `period_s` from the start of publishing: the alerts' latency
-    p50 / p99, the engine's mean batch phases (`trigger`: trigger to commit) and each
-    part's share of the machine (cores), so a fault's or a restart's cost shows where
-    it falls."""
+    p50 / p99, the engine's mean batch phases (`trigger`: trigger to commit), each
+    part's share of the machine (cores) and the machine's stalls (`stalled`: the share
+    of the span some task waited for CPU, I/O or memory, and the CPU time stolen by the
+    hypervisor), so a fault's or a restart's cost shows where it falls."""
     latency = {row["from_s"]: row for row in by_period(timed, started_wall, period_s)}
     spans: dict[int, list[dict[str, Any]]] = {}
     previous: list[dict[str, Any]] = []
@@ -513,6 +529,10 @@ def profile(
             "batch_phases_s": phase_means(span),
             "cores": {part: round((span[-1]["cpu_s"][part] - span[0]["cpu_s"][part])
                                   / seconds, 2) for part in span[-1]["cpu_s"]} if seconds else {},
+            # the share of the span some task stalled on each (and the CPUs were stolen)
+            "stalled": {what: round((span[-1]["stalled_s"][what] - span[0]["stalled_s"][what])
+                                    / seconds, 3) for what in span[-1]["stalled_s"]
+                        if what in span[0]["stalled_s"]} if seconds else {},
         })  # fmt: skip
     return found
 
