@@ -42,8 +42,8 @@ each fault how long after it the alerts were on time again (`recovery`: from the
 alert after which, for 15 s, every alert came within the slack + 2 s), and the run in
 spans of 30 s (`by_30_s`: latency, batch phases, each part's cores, the machine's CPU,
 I/O and memory stalls and stolen time), where a fault's or a restart's cost shows. The
-simulators start once every engine query has run its first batch: the latency measured is the
-running pipeline's, not a cold start's (`benchmarks/first_alert.py` times that). While
+simulators start once every engine query has run its first batch: the latency measured
+is the running pipeline's, not a cold start's (`benchmarks/first_alert.py` times that). While
 they publish, a line every 5 minutes gives the watermark's lag, the engine's memory, the
 streaming checkpoints' size and the tables' data files (all sampled over the run).
 
@@ -454,18 +454,27 @@ def increase(samples: list[dict[str, Any]], name: str, **labels: str) -> float:
     return total
 
 
-def phase_means(samples: list[dict[str, Any]], figure: str = "") -> dict[str, float]:
-    """Each batch phase's mean seconds over `samples` (or, naming a counter, its
-    increase), for the phases that ran."""
+def phase_totals(samples: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Each batch phase that ran over `samples`: its batches and their seconds."""
     name = "lookout_engine_batch_seconds_count"
     found = {phase for x in samples for phase in label_values(x, name, "phase")}
-    means = {}
+    totals = {}
     for phase in sorted(found):
         count = increase(samples, name, phase=phase)
-        total = increase(samples, figure or "lookout_engine_batch_seconds_sum", phase=phase)
         if count:
-            means[phase] = total if figure else round(total / count, 3)
-    return means
+            seconds = increase(samples, "lookout_engine_batch_seconds_sum", phase=phase)
+            totals[phase] = (count, seconds)
+    return totals
+
+
+def per_second(first: dict[str, Any], last: dict[str, Any], figure: str, digits: int) -> dict:
+    """How fast each of the samples' `figure` counters (CPU seconds of each part, the
+    machine's stall seconds) grew from `first` to `last`, per second."""
+    seconds = last["t"] - first["t"]
+    if seconds <= 0:
+        return {}
+    return {name: round((last[figure][name] - first[figure][name]) / seconds, digits)
+            for name in last[figure] if name in first[figure]}  # fmt: skip
 
 
 def breakdown(samples: list[dict[str, Any]], readings: int) -> dict[str, Any]:
@@ -476,10 +485,9 @@ def breakdown(samples: list[dict[str, Any]], readings: int) -> dict[str, Any]:
     share of the time)."""
     first, last = samples[0], samples[-1]
     after = [x for x in samples if x["t"] - first["t"] >= 60.0]
-    counts = phase_means(samples, "lookout_engine_batch_seconds_count")
     phases = {
-        phase: {"mean_s": mean, "batches": int(counts[phase])}
-        for phase, mean in phase_means(samples).items()
+        phase: {"mean_s": round(seconds / count, 3), "batches": int(count)}
+        for phase, (count, seconds) in phase_totals(samples).items()
     }
     cpu = {part: round((last["cpu_s"][part] - first["cpu_s"][part]) / max(readings, 1) * 1e6, 1)
            for part in last["cpu_s"]}  # fmt: skip
@@ -521,18 +529,15 @@ def profile(
         previous = [sample]
     found = []
     for k, span in sorted(spans.items()):
-        seconds = span[-1]["t"] - span[0]["t"]
         row = latency.get(round(k * period_s), {"alerts": 0})
         found.append({
             "from_s": round(k * period_s), "alerts": row["alerts"],
             "p50_s": row.get("p50_s"), "p99_s": row.get("p99_s"),
-            "batch_phases_s": phase_means(span),
-            "cores": {part: round((span[-1]["cpu_s"][part] - span[0]["cpu_s"][part])
-                                  / seconds, 2) for part in span[-1]["cpu_s"]} if seconds else {},
+            "batch_phases_s": {phase: round(seconds / count, 3)
+                               for phase, (count, seconds) in phase_totals(span).items()},
+            "cores": per_second(span[0], span[-1], "cpu_s", 2),
             # the share of the span some task stalled on each (and the CPUs were stolen)
-            "stalled": {what: round((span[-1]["stalled_s"][what] - span[0]["stalled_s"][what])
-                                    / seconds, 3) for what in span[-1]["stalled_s"]
-                        if what in span[0]["stalled_s"]} if seconds else {},
+            "stalled": per_second(span[0], span[-1], "stalled_s", 3),
         })  # fmt: skip
     return found
 
