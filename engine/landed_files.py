@@ -16,13 +16,15 @@ Python object per value; about twice as fast as Arrow's here), which converts ea
 to its field's type as DuckDB casts (an integer to a DOUBLE, a number to a STRING as its
 text). A file it refuses is read line by line: a line that is not a JSON object, or
 whose values do not convert, becomes a quarantine row naming its file and line, so one
-damaged file never stops the engine. :func:`read_landed` reads a batch's files from
-their filesystem, a thread per core, and parses each stream's files together.
+damaged file never stops the engine; each line is judged as DuckDB judges it alone,
+whatever its neighbours. :func:`read_landed` reads a batch's files from their
+filesystem, a thread per core, and parses each stream's files together.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import re
 import threading
@@ -118,35 +120,65 @@ def _duckdb() -> duckdb.DuckDBPyConnection:
     return duckdb.connect(config={"threads": os.cpu_count() or 1})
 
 
-def _parse(buffers: Sequence[bytes], schema: pa.Schema) -> pa.Table:
+def _parse(buffers: Sequence[bytes], schema: pa.Schema, files: bool = False) -> pa.Table:
     """The landed lines of ``buffers``, one after another, as a table of ``schema`` in
-    their order (fields it does not name are ignored). Raises :class:`Refused` when
-    a line is not a JSON object or a value does not convert to its field's type."""
+    their order (fields it does not name are ignored; ``files``: and a last column,
+    ``filename``, the same for the lines of one buffer). Raises :class:`Refused` when a
+    line is not a JSON object or a value does not convert to its field's type."""
     buffers = [data for data in buffers if data.strip()]
     if not buffers:
-        return schema.empty_table()
+        return _with_files(schema, files).empty_table()
     columns = {field.name: _DUCKDB_TYPES[field.type] for field in schema}
     with _CURSORS:
         cursor = _duckdb().cursor()
     with cursor:
-        files = [io.BytesIO(data) for data in buffers]
+        sources = [io.BytesIO(data) for data in buffers]
         try:
-            read = cursor.read_json(files, format="newline_delimited", columns=columns)
-            return read.to_arrow_table().cast(schema)
+            read = cursor.read_json(
+                sources, format="newline_delimited", columns=columns, filename=files
+            )
+            return read.to_arrow_table().cast(_with_files(schema, files))
         except (duckdb.InvalidInputException, duckdb.ConversionException) as err:
             if "JSON" not in str(err):
                 raise  # not about the lines (fsspec missing, ...): no line is to blame
             raise Refused(_duckdb_reason(err)) from err
 
 
+def _with_files(schema: pa.Schema, files: bool) -> pa.Schema:
+    return schema.append(pa.field("filename", pa.string())) if files else schema
+
+
 def _parse_messages(buffers: Sequence[bytes], schema: pa.Schema) -> pa.Table:
     """Landed lines, each reading with its message's topic and time of receipt (on the
-    message's first line only; a heartbeat's line has a time of receipt, no topic)."""
+    message's first line only; a heartbeat's line has a time of receipt, no topic). A
+    message never reaches past the end of its buffer (its file)."""
     table = _parse(buffers, schema)
-    for name in ("_topic", "_received_ms"):
-        index = table.column_names.index(name)
-        table = table.set_column(index, name, pc.fill_null_forward(table.column(index)))
+    starts = _file_starts([data for data in buffers if data.strip()], table, schema)
+    names = ("_topic", "_received_ms")
+    later = pa.array(starts[1:], pa.int64())  # where each file but the first begins
+    if all(pc.all(pc.is_valid(table.column(n).take(later))).as_py() is not False for n in names):
+        files = [table]  # every file starts with a message's first line, as ingest's do
+    else:
+        files = [table.slice(a, b - a) for a, b in itertools.pairwise([*starts, len(table)])]
+    for name in names:
+        filled = [pc.fill_null_forward(file.column(name)) for file in files]
+        column = pa.chunked_array(
+            [c for f in filled for c in f.chunks], table.schema.field(name).type
+        )
+        table = table.set_column(table.column_names.index(name), name, column)
     return table
+
+
+def _file_starts(buffers: Sequence[bytes], table: pa.Table, schema: pa.Schema) -> list[int]:
+    """The row of ``table`` (``buffers`` parsed) where each buffer's lines begin: counted
+    by newlines, a record a line; where that does not add up (blank lines), as DuckDB
+    names each record's buffer."""
+    counts = [data.count(b"\n") + (not data.endswith(b"\n")) for data in buffers]
+    if sum(counts) == table.num_rows:
+        return list(itertools.accumulate(counts[:-1], initial=0))
+    named = _parse(buffers, schema, files=True).column("filename").combine_chunks()
+    ends = pc.run_end_encode(named).run_ends.to_pylist()
+    return [0, *ends[:-1]]
 
 
 def _arrivals(stream: StreamSchema, table: pa.Table) -> pa.Table:
@@ -190,12 +222,18 @@ def _parse_lines(
     message's first."""
     lines = [(n, line) for n, line in enumerate(data.split(b"\n"), start=1) if line.strip()]
     why: dict[int, str] = {}
+    refused: dict[int, tuple[bytes, str]] = {}
     for number, line in lines:
         try:
             if not isinstance(orjson.loads(line), dict):
                 why[number] = "not a JSON object"
         except ValueError as err:
-            why[number] = str(err)
+            refused[number] = (line, str(err))
+    # DuckDB takes a few lines orjson refuses (a trailing comma, NaN): so does the parse.
+    taken = _duckdb_objects([line for line, _ in refused.values()])
+    why.update(
+        (n, reason) for (n, (_, reason)), ok in zip(refused.items(), taken, strict=True) if not ok
+    )
     why.update(_unconvertible([(n, line) for n, line in lines if n not in why], schema))
     runs: list[list[bytes]] = [[]]
     bad: list[dict[str, Any]] = []
@@ -211,10 +249,78 @@ def _parse_lines(
     return (pa.concat_tables(parsed) if parsed else schema.empty_table()), bad
 
 
+def _duckdb_objects(lines: Sequence[bytes]) -> list[bool]:
+    """Which of ``lines`` DuckDB's JSON functions take as an object (they are as lenient
+    as its reader: a trailing comma, NaN), in one query."""
+    if not lines:
+        return []
+    texts = []
+    for line in lines:
+        try:
+            texts.append(line.decode())
+        except UnicodeDecodeError:
+            texts.append("")  # DuckDB's reader refuses it too
+    with _CURSORS:
+        cursor = _duckdb().cursor()
+    with cursor:
+        cursor.register("refused", pa.table({"line": texts}))
+        judged = cursor.sql(
+            "SELECT CASE WHEN json_valid(line) THEN json_type(line) = 'OBJECT' ELSE false END"
+            " FROM refused"
+        )
+        return [ok for (ok,) in judged.fetchall()]
+
+
 def _unconvertible(lines: Sequence[tuple[int, bytes]], schema: pa.Schema) -> dict[int, str]:
     """The numbers of the JSON-object ``lines`` whose values DuckDB does not convert to
-    ``schema``, with its reason: the run is halved until each refused line stands alone
-    (a damaged line costs ~2 log2(n) parses of shrinking runs)."""
+    ``schema``, with the reason: those a lenient parse leaves NULL where the line has a
+    value, found in one pass; then any run DuckDB's strict parse still refuses (it takes
+    fewer strings for numbers than the lenient one, such as "1.5" for an INTEGER) is
+    halved until each refused line stands alone (~2 log2(n) parses a line)."""
+    found = _nulled(lines, schema)
+    return {**found, **_halved([(n, line) for n, line in lines if n not in found], schema)}
+
+
+def _nulled(lines: Sequence[tuple[int, bytes]], schema: pa.Schema) -> dict[int, str]:
+    """The lines a lenient parse of ``schema`` (a value that does not convert becomes
+    NULL) leaves NULL where the same lines read as raw JSON have a value."""
+    if not lines:
+        return {}
+    data = io.BytesIO(b"\n".join(line for _, line in lines))
+    typed = {field.name: _DUCKDB_TYPES[field.type] for field in schema}
+    with _CURSORS:
+        cursor = _duckdb().cursor()
+    with cursor:
+        try:
+            lenient = cursor.read_json(
+                data, format="newline_delimited", columns=typed, ignore_errors=True
+            ).to_arrow_table()
+            data.seek(0)
+            raw = cursor.read_json(
+                data, format="newline_delimited", columns=dict.fromkeys(typed, "JSON")
+            ).to_arrow_table()
+        except (duckdb.InvalidInputException, duckdb.ConversionException):
+            return {}  # the halving finds them, with DuckDB's reasons
+    if lenient.num_rows != len(lines) or raw.num_rows != len(lines):
+        return {}
+    found: dict[int, list[str]] = {}
+    for name, duck_type in typed.items():
+        value = raw.column(name)
+        lost = pc.and_(pc.is_null(lenient.column(name)), pc.not_equal(value, "null"))
+        for i in pc.indices_nonzero(pc.fill_null(lost, False)).to_pylist():
+            found.setdefault(lines[i][0], []).append(
+                f"{name} {_clipped(value[i].as_py())} does not convert to {duck_type}"
+            )
+    return {number: "; ".join(said) for number, said in found.items()}
+
+
+def _clipped(text: str, at: int = 60) -> str:
+    return text if len(text) <= at else text[: at - 3] + "..."
+
+
+def _halved(lines: Sequence[tuple[int, bytes]], schema: pa.Schema) -> dict[int, str]:
+    """The lines DuckDB's strict parse refuses, each with its reason: the run is halved
+    until each refused line stands alone."""
     if not lines:
         return {}
     try:
@@ -224,7 +330,7 @@ def _unconvertible(lines: Sequence[tuple[int, bytes]], schema: pa.Schema) -> dic
         if len(lines) == 1:
             return {lines[0][0]: str(err)}
     half = len(lines) // 2
-    return {**_unconvertible(lines[:half], schema), **_unconvertible(lines[half:], schema)}
+    return {**_halved(lines[:half], schema), **_halved(lines[half:], schema)}
 
 
 def _duckdb_reason(err: duckdb.Error) -> str:

@@ -191,6 +191,35 @@ def test_a_batchs_files_read_side_by_side_give_each_file_in_landing_order(tmp_pa
     assert quarantine == lines and len(lines) == len(files[::5])
 
 
+@pytest.mark.parametrize("blank", [b"", b"\n  \n"], ids=["", "after blank lines"])
+def test_a_file_whose_first_line_names_no_topic_takes_none_from_the_file_before(tmp_path, blank):
+    """A message's topic, on its first line, holds for the lines after it in its own
+    file only: a file parsed with others gives what it gives alone (a foreign file, or a
+    damaged first line, may start without one), blank lines in the file before or not."""
+    root = tmp_path / "landing"
+    writer = LandingWriter(root, "test")
+    (first,) = land(writer, "traffic", [1.0, 2.0])
+    first.write_bytes(first.read_bytes() + blank)
+    (second,) = land(writer, "traffic", [3.0, 4.0])
+    head, rest = second.read_bytes().split(b"\n", 1)
+    line = json.loads(head)
+    del line["_topic"], line["_received_ms"]
+    second.write_bytes(json.dumps(line).encode() + b"\n" + rest)
+    files = [(first.name, "traffic"), (second.name, "traffic")]
+
+    arrivals, quarantine = read_landed(
+        pafs.LocalFileSystem(), str(root), files, {"traffic": TRAFFIC}
+    )
+
+    alone = [read_stream_file(TRAFFIC, path.name, path.read_bytes())[0] for path in (first, second)]
+    assert arrivals["traffic"].to_pylist() == pa.concat_tables(alone).to_pylist()
+    assert (
+        arrivals["traffic"].column("topic").to_pylist()
+        == ["lookout/traffic/1/readings"] * 2 + [None] * 2
+    )
+    assert not quarantine
+
+
 def test_listing_and_planning_import_no_parsing(tmp_path: Path) -> None:
     # The driver's runner of the source starts at every start of the query, and the
     # query waits for it: it lists files and plans batches, the stateful step parses.
