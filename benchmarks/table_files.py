@@ -12,7 +12,13 @@ writers use it:
 before and after `engine.maintenance.compact` (OPTIMIZE + checkpoint), and the
 compaction itself. Medians of `--repeat` tries.
 
+With `--appends N` it appends N one-file commits in a row the way the engine's driver
+commits a batch (`engine.tables.commit_files` through its open tables, on a table made
+by `ensure_table`: a checkpoint every 10 commits), and prints the CPU of the process
+per append, in runs of `--every` appends, as the table's files grow.
+
     python benchmarks/table_files.py [--files 10000 40000 80000] [--repeat 5]
+    python benchmarks/table_files.py --appends 1200 [--every 200]
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
 from engine.maintenance import compact
+from engine.tables import OpenTables, commit_files, ensure_table, write_data_file
 
 SCHEMA = pa.schema([("station", pa.int64()), ("ts", pa.int64())])
 
@@ -76,12 +83,42 @@ def costs(path: str, repeat: int) -> tuple[float, float]:
     )
 
 
+def engine_appends(appends: int, every: int) -> None:
+    """CPU per append of one 100-row file, the engine's way, in runs of `every`."""
+    work = Path(tempfile.mkdtemp(prefix="lookout-appends-"))
+    try:
+        path = str(work / "readings_traffic")
+        ensure_table(path, SCHEMA)
+        opened = OpenTables()
+        rows = pa.table({"station": list(range(100)), "ts": list(range(100))}, schema=SCHEMA)
+        print("| appends | files in the table | CPU per append: mean | median | max |")
+        print("|---:|---:|---:|---:|---:|")
+        cpu: list[float] = []
+        for batch in range(appends):
+            file = write_data_file("readings_traffic", path, rows, batch_id=batch)
+            started = time.process_time()
+            commit_files(path, SCHEMA, [file], "lookout-benchmark", batch, opened=opened)
+            cpu.append((time.process_time() - started) * 1000)
+            if len(cpu) == every or batch == appends - 1:
+                print(f"| {batch + 2 - len(cpu):,}-{batch + 1:,} | {batch + 1:,} | "
+                      f"{statistics.mean(cpu):.1f} ms | {statistics.median(cpu):.1f} ms | "
+                      f"{max(cpu):.1f} ms |", flush=True)  # fmt: skip
+                cpu = []
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, nargs="+", default=[10_000, 40_000, 80_000])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--appends", type=int, help="append this many files the engine's way")
+    parser.add_argument("--every", type=int, default=200, help="with --appends: a row per")
     args = parser.parse_args()
     print(f"machine: {platform.node()} {os.cpu_count()} cores, {platform.platform()}")
+    if args.appends:
+        engine_appends(args.appends, args.every)
+        return
     print("| files | open | append | compaction (+ checkpoint) | open after | append after |")
     print("|---:|---:|---:|---:|---:|---:|")
     for files in args.files:
