@@ -120,22 +120,35 @@ def _duckdb() -> duckdb.DuckDBPyConnection:
     return duckdb.connect(config={"threads": os.cpu_count() or 1})
 
 
+def _cursor() -> duckdb.DuckDBPyConnection:
+    """A cursor of the process's DuckDB, for one parse or query (close it after)."""
+    with _CURSORS:
+        return _duckdb().cursor()
+
+
+def _columns(schema: pa.Schema) -> dict[str, str]:
+    """``schema``'s fields as the DuckDB types its JSON reader converts to."""
+    return {field.name: _DUCKDB_TYPES[field.type] for field in schema}
+
+
+def _has_lines(data: bytes) -> bool:
+    """Whether ``data`` holds anything but whitespace (without copying it, as strip does)."""
+    return bool(data) and not data.isspace()
+
+
 def _parse(buffers: Sequence[bytes], schema: pa.Schema, files: bool = False) -> pa.Table:
     """The landed lines of ``buffers``, one after another, as a table of ``schema`` in
     their order (fields it does not name are ignored; ``files``: and a last column,
     ``filename``, the same for the lines of one buffer). Raises :class:`Refused` when a
     line is not a JSON object or a value does not convert to its field's type."""
-    buffers = [data for data in buffers if data.strip()]
+    buffers = [data for data in buffers if _has_lines(data)]
     if not buffers:
         return _with_files(schema, files).empty_table()
-    columns = {field.name: _DUCKDB_TYPES[field.type] for field in schema}
-    with _CURSORS:
-        cursor = _duckdb().cursor()
-    with cursor:
+    with _cursor() as cursor:
         sources = [io.BytesIO(data) for data in buffers]
         try:
             read = cursor.read_json(
-                sources, format="newline_delimited", columns=columns, filename=files
+                sources, format="newline_delimited", columns=_columns(schema), filename=files
             )
             return read.to_arrow_table().cast(_with_files(schema, files))
         except (duckdb.InvalidInputException, duckdb.ConversionException) as err:
@@ -153,7 +166,7 @@ def _parse_messages(buffers: Sequence[bytes], schema: pa.Schema) -> pa.Table:
     message's first line only; a heartbeat's line has a time of receipt, no topic). A
     message never reaches past the end of its buffer (its file)."""
     table = _parse(buffers, schema)
-    starts = _file_starts([data for data in buffers if data.strip()], table, schema)
+    starts = _file_starts([data for data in buffers if _has_lines(data)], table, schema)
     names = ("_topic", "_received_ms")
     later = pa.array(starts[1:], pa.int64())  # where each file but the first begins
     if all(pc.all(pc.is_valid(table.column(n).take(later))).as_py() is not False for n in names):
@@ -260,9 +273,7 @@ def _duckdb_objects(lines: Sequence[bytes]) -> list[bool]:
             texts.append(line.decode())
         except UnicodeDecodeError:
             texts.append("")  # DuckDB's reader refuses it too
-    with _CURSORS:
-        cursor = _duckdb().cursor()
-    with cursor:
+    with _cursor() as cursor:
         cursor.register("refused", pa.table({"line": texts}))
         judged = cursor.sql(
             "SELECT CASE WHEN json_valid(line) THEN json_type(line) = 'OBJECT' ELSE false END"
@@ -287,10 +298,8 @@ def _nulled(lines: Sequence[tuple[int, bytes]], schema: pa.Schema) -> dict[int, 
     if not lines:
         return {}
     data = io.BytesIO(b"\n".join(line for _, line in lines))
-    typed = {field.name: _DUCKDB_TYPES[field.type] for field in schema}
-    with _CURSORS:
-        cursor = _duckdb().cursor()
-    with cursor:
+    typed = _columns(schema)
+    with _cursor() as cursor:
         try:
             lenient = cursor.read_json(
                 data, format="newline_delimited", columns=typed, ignore_errors=True
