@@ -14,6 +14,10 @@ from lookout.config import ConfigError, load_config
 def _engine(args: argparse.Namespace) -> int:
     from lookout.services import run_engine
 
+    if args.archive_classes:
+        from lookout.services import archive_classes
+
+        return archive_classes(load_config(args.config), args.rules)
     return run_engine(load_config(args.config), args.rules, standby=args.standby)
 
 
@@ -160,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--standby",
         action="store_true",
         help="start Spark now and take over when the engine running on the lakehouse stops",
+    )
+    engine.add_argument(
+        "--archive-classes",
+        action="store_true",
+        help="record the class archive later engine JVMs start from (about a minute; "
+        "docs/runtime.md), then exit; nothing if it is recorded already",
     )
     engine.set_defaults(func=_engine)
 

@@ -125,6 +125,66 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None, standby: bool =
     return 0
 
 
+RECORD_BATCHES = 2
+"""Rehearsal batches a class archive's recording runs: a reading of every stream, then
+a heartbeat."""
+
+
+def archive_classes(
+    config: Config, rule_paths: Sequence[str] | None, timeout_s: float = 600.0
+) -> int:
+    """Record the engine JVM's class archive (`engine.spark.class_archive`) unless it is
+    there already: a standby's rehearsal of the rules' query, in a JVM that writes the
+    archive as it exits. Run in a process that has started no Spark (the JVM is its)."""
+    from pyspark import SparkContext
+
+    from engine.spark.class_archive import archive_path
+    from engine.spark.jvm_output import filter_output
+    from engine.spark.rehearsal import Rehearsal
+    from engine.spark.session import build_session, maven_coordinates
+    from lookout.storage import uses_object_store
+
+    s3 = config.s3 if uses_object_store(config) else None
+    target = archive_path(maven_coordinates(s3))
+    if target.is_file():
+        print(f"lookout engine: the class archive is recorded: {target}")
+        return 0
+    filter_output()
+    try:
+        rules = load_rule_set(config, rule_paths)
+    except RuleCheckError as err:
+        for error in err.errors:
+            print(error.format(), file=sys.stderr)
+        return 2
+    partial = target.with_name(f"{target.stem}.{os.getpid()}.partial")
+    began = time.monotonic()
+    spark = build_session(config.engine, "lookout-class-archive", s3, record_classes=partial)
+    rehearsal = Rehearsal(spark, config, rules.plan, alert_specs(rules), every_s=1.0)
+    rehearsal.start()
+    try:
+        while rehearsal.batches < RECORD_BATCHES:
+            if not rehearsal.running or time.monotonic() - began > timeout_s:
+                ran = f"{rehearsal.batches} of {RECORD_BATCHES} batches"
+                print(f"lookout engine: no class archive: the rehearsal ran {ran}", file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+    finally:
+        rehearsal.stop()
+        spark.stop()
+        # The JVM writes the archive as it exits, which it does when its input closes.
+        jvm = SparkContext._gateway.proc  # type: ignore[union-attr]
+        jvm.stdin.close()
+        jvm.wait(timeout=timeout_s)
+    if not partial.is_file():
+        print(f"lookout engine: the JVM exited ({jvm.returncode}) without writing {partial}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    partial.replace(target)  # whole or not at all: an engine may be starting meanwhile
+    print(f"lookout engine: recorded the class archive in {time.monotonic() - began:.0f} s: "
+          f"{target}")  # fmt: skip
+    return 0
+
+
 def dashboard_command(config: Config) -> list[str]:
     """The streamlit command line serving the dashboard on the configured address."""
     return [

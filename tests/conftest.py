@@ -13,6 +13,7 @@ its own mosquitto; the Spark and browser tests refuse to run there (see
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,9 +86,14 @@ def s3_process() -> Iterator[S3Server]:
 
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
-    """The one SparkSession of the test run (local[2], Delta, RocksDB state store)."""
+    """The one SparkSession of the test run (local[2], Delta, RocksDB state store), its
+    JVM started from the class archive, as an engine's is (recorded first if missing)."""
     from engine.spark.session import build_session
+    from lookout.demo import lookout_argv
+    from rules.language.loader import RULES_DIR
 
+    record = lookout_argv("engine", "--archive-classes", "--rules", str(RULES_DIR))
+    subprocess.run(record, check=True)
     session = build_session(EngineConfig(master="local[2]", shuffle_partitions=2), "lookout-tests")
     yield session
     session.stop()

@@ -147,6 +147,11 @@ class Rehearsal:
         finally:
             job.stop()
 
+    @property
+    def running(self) -> bool:
+        """Whether the rehearsal runs: started, neither stopped nor given up."""
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
     def stop(self) -> None:
         """Stop the rehearsal query (a batch in flight is abandoned) and delete its
         lakehouse."""

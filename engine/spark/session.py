@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 import pyspark
 from pyspark.sql import SparkSession
 
+from engine.spark.class_archive import recording_options, sharing_option
 from engine.spark.spark_home import lookout_cache, spark_home
 from lookout.config import EngineConfig, S3Config, jvm_mebibytes
 from lookout.storage import s3_endpoint
@@ -57,10 +58,11 @@ backlog of a million readings grew it to 1.9 GB in a 2.2 s pause. A 20k readings
 engine settles at about 1.1 GB resident, and a backlog then stays within 1 GB of heap."""
 
 
-def driver_jvm_options(driver_memory: str) -> str:
-    """The driver JVM's options: `JVM_OPTIONS`, and its heap from the start."""
+def driver_jvm_options(driver_memory: str, classes: str = "") -> str:
+    """The driver JVM's options: `JVM_OPTIONS`, its heap from the start, and
+    ``classes``, the options of its class archive (`engine.spark.class_archive`)."""
     initial = min(INITIAL_HEAP_MB, jvm_mebibytes(driver_memory))
-    return f"{JVM_OPTIONS} -Xms{initial}m"
+    return f"{JVM_OPTIONS} -Xms{initial}m {classes}".rstrip()
 
 
 def hadoop_version() -> str:
@@ -155,13 +157,34 @@ def write_local_files_without_checksums(spark: SparkSession) -> None:
     local.setWriteChecksum(False)
 
 
-def build_session(
-    config: EngineConfig, app_name: str = "lookout", s3: S3Config | None = None
-) -> SparkSession:
-    """Create (or return the running) SparkSession with Delta and the state store set up;
-    with `s3`, able to read and checkpoint on S3 as `[s3]` says."""
+def maven_coordinates(s3: S3Config | None) -> str:
+    """The Maven coordinates of the jars the session adds to Spark's: Delta's for this
+    pyspark, and hadoop-aws's with `s3`."""
     from delta import configure_spark_with_delta_pip
 
+    packages = [] if s3 is None else [f"org.apache.hadoop:hadoop-aws:{hadoop_version()}"]
+    # Delta's helper sets only `spark.jars.packages`, read here from a spare builder.
+    return str(
+        configure_spark_with_delta_pip(SparkSession.builder, packages)._options[
+            "spark.jars.packages"
+        ]
+    )
+
+
+def build_session(
+    config: EngineConfig,
+    app_name: str = "lookout",
+    s3: S3Config | None = None,
+    record_classes: Path | None = None,
+) -> SparkSession:
+    """Create (or return the running) SparkSession with Delta and the state store set up;
+    with `s3`, able to read and checkpoint on S3 as `[s3]` says. The driver's JVM maps
+    the class archive recorded for its jars, if there is one, or with `record_classes`
+    writes one there as it exits (`engine.spark.class_archive`)."""
+    coordinates = maven_coordinates(s3)
+    classes = (
+        sharing_option(coordinates) if record_classes is None else recording_options(record_classes)
+    )
     # Spark otherwise picks the host's first non-loopback address; we stay on 127.0.0.1.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers must be this interpreter (the venv), not whatever python3 is on PATH.
@@ -188,7 +211,7 @@ def build_session(
         # minutes as the garbage collector first touches pages it committed long before
         # (at 20k readings/s, 939 -> 1,106 MB from minute 2 to minute 5; pre-touched
         # 1,115 -> 1,152 MB, the same at the end), which hides a real leak's growth.
-        .config("spark.driver.extraJavaOptions", driver_jvm_options(config.driver_memory))
+        .config("spark.driver.extraJavaOptions", driver_jvm_options(config.driver_memory, classes))
         .config("spark.executor.extraJavaOptions", JVM_OPTIONS)
         # What Spark keeps of finished jobs, stages, tasks and SQL executions for its UI,
         # kept even with the UI off: a micro-batch each is several, and at the default
@@ -221,16 +244,9 @@ def build_session(
             "spark.sql.execution.arrow.transformWithStateInPySpark.maxStateRecordsPerBatch", "256"
         )
     )
-    packages = []
     if s3 is not None:
-        packages.append(f"org.apache.hadoop:hadoop-aws:{hadoop_version()}")
         for key, value in s3a_settings(s3).items():
             builder = builder.config(key, value)
-    # Delta's helper sets only `spark.jars.packages`: the Maven coordinates (Delta's for
-    # this pyspark, and ours), read here from a spare builder's options.
-    coordinates = configure_spark_with_delta_pip(SparkSession.builder, packages)._options[
-        "spark.jars.packages"
-    ]
     jars = resolved_jars(coordinates)
     if jars is not None:
         builder = builder.config("spark.jars", ",".join(jars))

@@ -1,0 +1,87 @@
+"""The driver JVM's class archive (`engine.spark.class_archive`): one per Spark home, Java
+and set of jars, mapped by a driver JVM when it has been recorded, and none asked of a
+JVM otherwise."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from engine.spark.class_archive import archive_path, recording_options, sharing_option
+from engine.spark.session import driver_jvm_options, maven_coordinates
+from lookout.demo import lookout_argv
+
+COORDINATES = "io.delta:delta-spark_2.13:4.4.0,io.delta:delta-storage:4.4.0"
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def fake_java(home: Path, content: bytes) -> Path:
+    (home / "bin").mkdir(parents=True, exist_ok=True)
+    java = home / "bin" / "java"
+    java.write_bytes(content)
+    return java
+
+
+@pytest.mark.usefixtures("cache")
+def test_a_driver_maps_the_archive_only_once_it_is_recorded() -> None:
+    archive = archive_path(COORDINATES)
+    assert sharing_option(COORDINATES) == ""  # a JVM asked for a missing one would warn
+    assert driver_jvm_options("4g", sharing_option(COORDINATES)).split()[-1] == "-Xms1024m"
+    archive.write_bytes(b"archive")
+    assert sharing_option(COORDINATES) == f"-XX:SharedArchiveFile={archive}"
+    options = driver_jvm_options("4g", sharing_option(COORDINATES)).split()
+    assert options[-2:] == ["-Xms1024m", f"-XX:SharedArchiveFile={archive}"]
+
+
+@pytest.mark.usefixtures("cache")
+def test_each_java_and_set_of_jars_has_its_own_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    fake_java(tmp_path / "jdk", b"one")
+    first = archive_path(COORDINATES)
+    assert archive_path(COORDINATES) == first
+    assert archive_path(COORDINATES + ",org.apache.hadoop:hadoop-aws:3.4.2") != first
+    fake_java(tmp_path / "jdk", b"another")  # a Java updated in place
+    assert archive_path(COORDINATES) != first
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "other-jdk"))
+    fake_java(tmp_path / "other-jdk", b"another")
+    assert archive_path(COORDINATES) != first
+    assert first.parent.name.startswith("spark-home-")  # beside the jars it is for
+
+
+def test_a_recording_jvm_writes_the_archive_quietly(tmp_path: Path) -> None:
+    options = recording_options(tmp_path / "classes.jsa").split()
+    assert options == [f"-XX:ArchiveClassesAtExit={tmp_path / 'classes.jsa'}", "-Xlog:cds*=error"]
+
+
+def test_a_recorded_archive_is_not_recorded_again(cache: Path) -> None:
+    archive = archive_path(maven_coordinates(None))
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    archive.write_bytes(b"archive")
+    done = subprocess.run(
+        lookout_argv("engine", "--archive-classes"),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "XDG_CACHE_HOME": str(cache)},
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"the class archive is recorded: {archive}" in done.stdout
+    assert archive.read_bytes() == b"archive"
+
+
+@pytest.mark.spark
+def test_the_engine_jvm_maps_its_recorded_archive(spark) -> None:  # type: ignore[no-untyped-def]
+    archive = archive_path(maven_coordinates(None))
+    assert archive.is_file()  # the session's fixture records it when missing
+    jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    assert str(archive) in Path(f"/proc/{jvm}/maps").read_text()
