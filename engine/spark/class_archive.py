@@ -4,8 +4,8 @@ dynamic class data sharing, CDS).
 
 A JVM starting Spark and the engine query loads and verifies tens of thousands of
 classes. Measured here (a standby's first 75 s: Spark's start and its rehearsal), the
-JVM used 6.3 s of CPU to a running session and 11.4 s in all; started from an archive,
-3.9 s and 7.3 s, and Spark was up after 4.5 s instead of 6.5 s. An engine restarted
+JVM used 10.5 s of CPU to a running session and 19.7 s in all; started from an archive,
+6.7 s and 14.1 s, and Spark was up after 5.5 s instead of 7.5 s. An engine restarted
 after a crash, or a standby starting beside a loaded engine, pays that much less.
 
 `lookout engine --archive-classes` records one (about a minute; `lookout.services`): it

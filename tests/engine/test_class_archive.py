@@ -19,7 +19,10 @@ COORDINATES = "io.delta:delta-spark_2.13:4.4.0,io.delta:delta-storage:4.4.0"
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache of the test's own, and so a Spark home of its own: a SparkSession started
+    earlier in the process set SPARK_HOME to the user's."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPARK_HOME", raising=False)
     return tmp_path / "cache"
 
 

@@ -17,7 +17,7 @@ def test_the_jvm_touches_its_whole_heap_at_its_start(spark) -> None:  # type: ig
     runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
     arguments = list(runtime.getInputArguments())
     assert "-XX:+AlwaysPreTouch" in arguments
-    assert "-XX:TieredStopAtLevel=1" in arguments  # the quick JIT compiler only
+    assert not any(a.startswith("-XX:TieredStopAtLevel") for a in arguments)  # C2 too
     assert f"-Xms{INITIAL_HEAP_MB}m" in arguments  # it grows in no pause of a first backlog
 
 
