@@ -22,8 +22,8 @@ def test_the_jvm_touches_its_whole_heap_at_its_start(spark) -> None:  # type: ig
 
 
 def test_the_initial_heap_is_at_most_the_whole_heap() -> None:
-    assert driver_jvm_options("4g").split()[-1] == "-Xms1024m"
-    assert driver_jvm_options("512m").split()[-1] == "-Xms512m"
+    assert driver_jvm_options("4g").split() == ["-XX:+AlwaysPreTouch", "-Xms1024m"]
+    assert driver_jvm_options("512m").split() == ["-XX:+AlwaysPreTouch", "-Xms512m"]
 
 
 @pytest.mark.spark
