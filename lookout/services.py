@@ -129,6 +129,9 @@ RECORD_BATCHES = 2
 """Rehearsal batches a class archive's recording runs: a reading of every stream, then
 a heartbeat."""
 
+ARCHIVE_WRITE_S = 300.0
+"""How long the recording JVM may take to write the archive as it exits (10-15 s here)."""
+
 
 def archive_classes(
     config: Config, rule_paths: Sequence[str] | None, timeout_s: float = 600.0
@@ -161,20 +164,23 @@ def archive_classes(
     spark = build_session(config.engine, "lookout-class-archive", s3, record_classes=partial)
     rehearsal = Rehearsal(spark, config, rules.plan, alert_specs(rules), every_s=1.0)
     rehearsal.start()
+    rehearsed = False
     try:
-        while rehearsal.batches < RECORD_BATCHES:
-            if not rehearsal.running or time.monotonic() - began > timeout_s:
-                ran = f"{rehearsal.batches} of {RECORD_BATCHES} batches"
-                print(f"lookout engine: no class archive: the rehearsal ran {ran}", file=sys.stderr)
-                return 1
+        while not rehearsed and rehearsal.running and time.monotonic() - began <= timeout_s:
             time.sleep(0.2)
+            rehearsed = rehearsal.batches >= RECORD_BATCHES
     finally:
         rehearsal.stop()
         spark.stop()
         # The JVM writes the archive as it exits, which it does when its input closes.
         jvm = SparkContext._gateway.proc  # type: ignore[union-attr]
         jvm.stdin.close()
-        jvm.wait(timeout=timeout_s)
+        jvm.wait(timeout=ARCHIVE_WRITE_S)
+    if not rehearsed:
+        partial.unlink(missing_ok=True)  # the classes of a rehearsal that did not run
+        ran = f"{rehearsal.batches} of {RECORD_BATCHES} batches"
+        print(f"lookout engine: no class archive: the rehearsal ran {ran}", file=sys.stderr)
+        return 1
     if not partial.is_file():
         print(f"lookout engine: the JVM exited ({jvm.returncode}) without writing {partial}",
               file=sys.stderr)  # fmt: skip
