@@ -40,10 +40,12 @@ from engine.alerts import AlertSpec, iso_utc
 from engine.core.pipeline import fed_stages
 from engine.core.plan import Plan
 from engine.maintenance import MaintenanceProcess, TableMaintenance
+from engine.spark.batch_figures import BatchFigures
 from engine.spark.checkpoint_layout import check_checkpoint_layout
-from engine.spark.commit import Committer, table_schemas, writer_id
+from engine.spark.commit import table_schemas, writer_id
 from engine.spark.metrics import ProgressListener, refresh
-from engine.spark.query import QUERY_NAME, engine_components, start_query
+from engine.spark.processor import QUERY_NAME
+from engine.spark.query import engine_components, start_query
 from engine.spark.rule_changes import record_rule_changes
 from engine.spark.session import build_session
 from engine.storage_faults import (
@@ -103,10 +105,10 @@ class EngineJob:
         self.spark = spark or build_session(
             config.engine, s3=config.s3 if uses_object_store(config) else None
         )
-        self.queries: list[tuple[StreamingQuery, Committer]] = []
+        self.queries: list[tuple[StreamingQuery, BatchFigures]] = []
         # Queries given up on a full or read-only disk, until they start again (their
         # last figures stay on the health record), and that fault.
-        self.stopped: list[tuple[StreamingQuery, Committer]] = []
+        self.stopped: list[tuple[StreamingQuery, BatchFigures]] = []
         self.fault: StorageFault | None = None
         self._started = False
         self._listening = False
@@ -162,15 +164,12 @@ class EngineJob:
 
     def _start_queries(self) -> None:
         """Start the query (again, after a storage fault: from its checkpoint, with the
-        committer and counts it had)."""
-        committers = [committer for _, committer in self.stopped]
+        counts it had)."""
+        kept = [figures for _, figures in self.stopped]
         self.stopped.clear()
         if self.components:
-            committer = committers[0] if committers else None
-            if committer is not None:  # the rules may have changed since it committed
-                sources = tuple(name for part in self.components for name in part.sources)
-                committer.schemas = table_schemas(self.plan, sources)
-            self.queries.append(start_query(self.spark, self.config, self.components, committer))
+            figures = kept[0] if kept else None
+            self.queries.append(start_query(self.spark, self.config, self.components, figures))
 
     def apply(self, plan: Plan, alerts: Mapping[str, AlertSpec]) -> None:
         """Run `plan` from now on, without a restart of the engine: the query stops (a
@@ -202,13 +201,13 @@ class EngineJob:
         self.maintenance.paths = [self.config.table(name) for name in tables.engine_tables(plan)]
 
     def stop_queries(self) -> None:
-        """Stop the queries, keeping their committers (and counts) for the next start."""
+        """Stop the queries, keeping their figures (and counts) for the next start."""
         # A batch stopped half-way makes py4j log its interrupted foreachBatch (`stop`).
         logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
-        for query, committer in self.queries:
+        for query, figures in self.queries:
             with contextlib.suppress(Py4JError):
                 query.stop()
-            self.stopped.append((query, committer))
+            self.stopped.append((query, figures))
         self.queries.clear()
 
     def stop(self) -> None:
@@ -227,7 +226,7 @@ class EngineJob:
         logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
         with contextlib.suppress(Py4JError):
             self.spark.streams.removeListener(self.listener)
-        for query, committer in self.queries:
+        for query, _ in self.queries:
             try:
                 if query.isActive and query.status["isTriggerActive"]:
                     log.info("stopping %s during a batch; it runs again at start", query.name)
@@ -238,9 +237,6 @@ class EngineJob:
                 lines = str(err).splitlines()
                 cause = next((x[2:] for x in lines if x.startswith(": ")), type(err).__name__)
                 log.warning("query %s had stopped with Spark: %s", query.name, cause)
-            committer.close()
-        for _, committer in self.stopped:
-            committer.close()
         self.queries.clear()
         self.stopped.clear()
         # A task of a query given up on a failing disk may have left its temporary
@@ -279,9 +275,9 @@ class EngineJob:
         streams: list[dict[str, Any]] = []
         totals: dict[str, int] = {"quarantined": 0}
         heartbeats = 0
-        for query, committer in [*self.queries, *self.stopped]:
+        for query, recorder in [*self.queries, *self.stopped]:
             progress: dict[str, Any] = query.lastProgress or {}
-            seen = committer.health()
+            seen = recorder.health()
             figures = seen["figures"]
             queries.append(
                 {
@@ -501,10 +497,11 @@ class EngineJob:
             removed += remove_temporaries(checkpoint, self.config.s3)
         for name in tables.engine_tables(self.plan):
             location = self.config.table(name)
-            with contextlib.suppress(Exception):
-                writer = writer_id(QUERY_NAME, name)
-                found = tables.remove_orphans(location, writer, self.config.s3)
-                removed += [f"{location}/{file}" for file in found]
+            for partition in range(self.config.engine.shuffle_partitions):
+                with contextlib.suppress(Exception):
+                    writer = writer_id(QUERY_NAME, name, partition)
+                    found = tables.remove_orphans(location, writer, self.config.s3)
+                    removed += [f"{location}/{file}" for file in found]
         if removed:
             log.info("removed what failed writes left: %s", ", ".join(removed))
 
@@ -513,8 +510,8 @@ class EngineJob:
         since, before = self._logged
         now = time.monotonic()
         counts: dict[str, int] = {}
-        for query, committer in self.queries:
-            seen = committer.health()
+        for query, figures in self.queries:
+            seen = figures.health()
             streams = (seen["figures"].get("streams") or {}).items()
             readings = sum(v for k, v in seen["totals"].items() if k.startswith("readings."))
             counts[query.name] = readings

@@ -97,7 +97,7 @@ _SPARK_PHASES = {
     "walCommit": "wal",
     "commitOffsets": "commit_offsets",
 }
-_STEP_PHASES = ("read", "restore", "evaluate", "save", "write")
+_STEP_PHASES = ("read", "restore", "evaluate", "save", "write", "commit")
 
 
 SLOW_BATCH_MS = 5_000
@@ -135,9 +135,10 @@ def serve(address: str, port: int) -> None:
     log.info("metrics on http://%s:%d/metrics", address, port)
 
 
-def observe_step(query: str, figures: Mapping[str, Any], job_s: float, commit_s: float) -> None:
-    """Count one batch's figures (from the stateful step), the time its job took (the
-    source, the shuffle, the stateful step), and its commit time. ``before_step`` is how
+def observe_step(query: str, figures: Mapping[str, Any], job_s: float) -> None:
+    """Count one batch's figures (from the stateful step) and the time its job took (the
+    source, the shuffle, the stateful step, the tasks' commits). ``commit`` is a task's
+    Delta commits, reported with its next batch (they end the task). ``before_step`` is how
     long into the job the first stateful step began (`waited_ms`: the tasks' start, the
     source's listing of the files and the shuffle, the state store's load)."""
     for phase in _STEP_PHASES:
@@ -146,7 +147,6 @@ def observe_step(query: str, figures: Mapping[str, Any], job_s: float, commit_s:
     if (waited := figures.get("waited_ms")) is not None:  # hosts' clocks may differ a little
         BATCH_SECONDS.labels(query, "before_step").observe(max(waited, 0) / 1000)
     BATCH_SECONDS.labels(query, "job").observe(job_s)
-    BATCH_SECONDS.labels(query, "commit").observe(commit_s)
     for stream, counts in (figures.get("streams") or {}).items():
         for what, counter in STREAM_COUNTS.items():
             counter.labels(stream).inc(counts.get(what, 0))

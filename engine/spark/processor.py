@@ -31,13 +31,17 @@ from engine.python_gc import freeze_worker_heap
 if TYPE_CHECKING:
     from engine.alerts import AlertSpec
     from engine.core.plan import Plan
+    from engine.tables import DataFile
     from lookout.config import Config
+
+QUERY_NAME = "engine"
+"""The streaming query's name (its checkpoint folder's, and its tasks' writer ids)."""
 
 OUTPUT_SCHEMA = (
     "kind STRING, table STRING, path STRING, size LONG, records LONG, modified LONG, stats STRING"
 )
-"""One row per file written (kind "file"), and one of health figures (kind "health",
-`stats` its JSON)."""
+"""One row per file written and committed (kind "file"), and one of health figures
+(kind "health", `stats` its JSON)."""
 
 STATE_KEY = T.StructType(
     [
@@ -81,6 +85,8 @@ class EngineProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         freeze_worker_heap()
+        # The files this task's components wrote, per table: committed at its end.
+        self.pending: dict[str, list[DataFile]] = {}
         self.entries = handle.getMapState(ENTRIES, STATE_KEY, STATE_VALUE)
         self.pieces = handle.getMapState(PIECES, STATE_KEY, STATE_VALUE)
 
@@ -92,4 +98,8 @@ class EngineProcessor(StatefulProcessor):
         yield from step.run(self, key[0], rows)
 
     def close(self) -> None:
-        pass
+        """The task ran every component it holds: commit their files (`step.commit`)."""
+        if self.pending:  # none on the driver, which only runs `init`
+            from engine.spark import step
+
+            step.commit(self)

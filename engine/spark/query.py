@@ -7,8 +7,10 @@
       .transformWithState(EngineProcessor)   # the part's files read and parsed,
                                              # sequencing and the whole rule DAG
                                              # (engine.core.pipeline), state in RocksDB,
-                                             # Parquet files written
-      .foreachBatch(Committer)           # the driver commits each table's files once
+                                             # Parquet files written, and committed to
+                                             # Delta once per batch (engine.spark.commit)
+      .foreachBatch(BatchFigures)        # the batch's figures: no reading reaches the
+                                         # driver, the tasks commit their files
 
 Derived streams that feed further rules are evaluated inside the same stateful step,
 as `lookout replay` does in one process: no rule output travels through a Delta table
@@ -28,13 +30,10 @@ from pyspark.sql.streaming import StreamingQuery
 from engine.alerts import AlertSpec
 from engine.core.pipeline import components
 from engine.core.plan import Plan
-from engine.spark.commit import Committer, table_schemas
+from engine.spark.batch_figures import BatchFigures
 from engine.spark.landing_source import NAME, LandingSource, source_options
-from engine.spark.processor import OUTPUT_SCHEMA, Component, EngineProcessor
+from engine.spark.processor import OUTPUT_SCHEMA, QUERY_NAME, Component, EngineProcessor
 from lookout.config import Config
-
-QUERY_NAME = "engine"
-"""The streaming query's name (and its checkpoint folder's)."""
 
 
 def engine_components(plan: Plan, alerts: Mapping[str, AlertSpec]) -> list[Component]:
@@ -46,11 +45,14 @@ def engine_components(plan: Plan, alerts: Mapping[str, AlertSpec]) -> list[Compo
 
 
 def start_query(
-    spark: SparkSession, config: Config, parts: list[Component], committer: Committer | None = None
-) -> tuple[StreamingQuery, Committer]:
+    spark: SparkSession,
+    config: Config,
+    parts: list[Component],
+    figures: BatchFigures | None = None,
+) -> tuple[StreamingQuery, BatchFigures]:
     """Start the engine query over `parts` (checkpointed in the lakehouse); the first
-    part also takes the quarantine folder. `committer`: the one a failed run of the
-    query had (its counts go on), else a new one."""
+    part also takes the quarantine folder. `figures`: those a failed run of the query
+    had (its counts go on), else new ones."""
     spark.dataSource.register(LandingSource)
     plan = parts[0].plan
     options = source_options(
@@ -62,19 +64,18 @@ def start_query(
     )
     checkpoint = config.table(f"_checkpoints/{QUERY_NAME}")
     processor = EngineProcessor(parts, config, memo_id=checkpoint)
-    sources = tuple(name for part in parts for name in part.sources)
-    if committer is None:
-        committer = Committer(config, QUERY_NAME, table_schemas(plan, sources))
+    if figures is None:
+        figures = BatchFigures(QUERY_NAME)
     query = (
         spark.readStream.format(NAME)
         .options(**options)
         .load()
         .groupBy("component")
         .transformWithState(processor, OUTPUT_SCHEMA, "Append", "None")
-        .writeStream.foreachBatch(committer)
+        .writeStream.foreachBatch(figures)
         .queryName(QUERY_NAME)
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime=f"{config.engine.trigger_seconds} seconds")
         .start()
     )
-    return query, committer
+    return query, figures

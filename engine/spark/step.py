@@ -14,12 +14,15 @@ with one row per file. :func:`run`:
    writes only the evaluators it touched, through a `JournaledStore`: one write per
    batch, as each write is a round trip to the JVM);
 3. writes every table's new rows as Parquet files into the table's folder
-   (`engine.outputs`, `engine.tables.write_data_file`) and yields one small row per
-   file, plus one row of health figures. The admitted readings' files are written on
-   a thread while the stages evaluate: Arrow's Parquet writer releases the GIL, so the
-   batch's one task keeps a second core busy (a million readings' file takes ~0.2 s).
-   The driver commits the files (`engine.spark.commit`): only file names and figures
-   reach it, never readings.
+   (`engine.outputs`, `engine.tables.write_data_file`), notes them on the processor and
+   yields one small row per file, plus one row of health figures. The admitted
+   readings' files are written on a thread while the stages evaluate: Arrow's Parquet
+   writer releases the GIL, so the batch's one task keeps a second core busy (a
+   million readings' file takes ~0.2 s).
+
+When the task has run each of its components, :func:`commit` adds the files to their
+tables (`engine.spark.commit`), before Spark commits the task's state: only the file
+rows and figures reach the driver, never readings.
 
 **A pipeline stays in memory between batches** (`_PIPELINES`, per Python worker and
 component):
@@ -56,11 +59,18 @@ from engine.landed_files import read_landed
 from engine.outputs import admitted_tables, batch_tables, evaluated_tables
 from engine.python_gc import collect_frozen, collector_paused, freeze_batch_survivors
 from engine.spark import state_client
+from engine.spark.commit import commit_tables, table_schemas
 from engine.spark.landing_source import folder_filesystem
-from engine.spark.processor import STATE_KEY, STATE_VALUE, Component, EngineProcessor
+from engine.spark.processor import (
+    QUERY_NAME,
+    STATE_KEY,
+    STATE_VALUE,
+    Component,
+    EngineProcessor,
+)
 from engine.spark.state_client import PIPELINED, send_pipelined
 from engine.warm_start import WarmStart, warm_start
-from lookout.config import Config
+from lookout.config import Config, S3Config
 
 # Listed as plain tuples (`engine.spark.state_client`): no field may need conversion.
 assert state_client.plain_schema(STATE_KEY) and state_client.plain_schema(STATE_VALUE)
@@ -70,6 +80,16 @@ _PIPELINES: dict[str, tuple[str, Pipeline]] = {}
 """Per query and component: (the token of the state it saved last, the pipeline)."""
 
 _CODEC = pa.Codec("lz4")
+
+_COMMITS = ThreadPoolExecutor(4, thread_name_prefix="commit")
+"""The threads a worker's tasks commit their tables on, side by side."""
+
+_OPENED: dict[S3Config, tables.OpenTables] = {}
+"""Per storage (S3 settings): the tables a worker keeps open between its batches."""
+
+_COMMITTED_MS: dict[int, float] = {}
+"""Per state-store partition: how long this worker's last task's commits took, told by
+the next batch's first component (a task's commits end it, after its rows)."""
 
 
 def pack_value(value: bytes) -> bytes:
@@ -234,6 +254,8 @@ def run(processor: EngineProcessor, name: str, rows: Iterable[Row]) -> Iterator[
         if warm is not None:
             past = batch_tables(warm.plan, component.alerts, warm.past)
             written += _write(config, past, batch_id)
+        for file in written:
+            processor.pending.setdefault(file.table, []).append(file)
         token = uuid.uuid4().hex
         store.set_token(token)
         _PIPELINES[memo_id] = (token, pipeline)
@@ -265,7 +287,18 @@ def run(processor: EngineProcessor, name: str, rows: Iterable[Row]) -> Iterator[
         "began_ms": began_ms,
         **phases.figures(),
     }
-    yield from written
+    if (committed_ms := _COMMITTED_MS.pop(_partition(), None)) is not None:
+        figures["commit_ms"] = committed_ms
+    for file in written:
+        yield Row(
+            kind="file",
+            table=file.table,
+            path=file.path,
+            size=file.size,
+            records=file.records,
+            modified=file.modified_ms,
+            stats=file.stats,
+        )
     yield Row(
         kind="health",
         table=None,
@@ -313,25 +346,47 @@ def _warm_start(config: Config, pipeline: Pipeline) -> WarmStart | None:
     return warm
 
 
-def _write(config: Config, new_rows: Mapping[str, pa.Table], batch_id: int | None) -> list[Row]:
+def _write(
+    config: Config, new_rows: Mapping[str, pa.Table], batch_id: int | None
+) -> list[tables.DataFile]:
     """Each table's new rows as a Parquet file in its folder, named after the batch
     (so that the files of a batch that never commits can be told:
-    `engine.tables.remove_orphans`); a row per file."""
-    out = []
-    for name, data in new_rows.items():
-        file = tables.write_data_file(name, config.table(name), data, config.s3, batch_id)
-        out.append(
-            Row(
-                kind="file",
-                table=name,
-                path=file.path,
-                size=file.size,
-                records=file.records,
-                modified=file.modified_ms,
-                stats=file.stats,
-            )
-        )
-    return out
+    `engine.tables.remove_orphans`)."""
+    return [
+        tables.write_data_file(name, config.table(name), data, config.s3, batch_id)
+        for name, data in new_rows.items()
+    ]
+
+
+def commit(processor: EngineProcessor) -> None:
+    """Commit the files the task's components wrote (`processor.pending`), each table
+    once, exactly once for this batch and the task's partition (`engine.spark.commit`)."""
+    pending, processor.pending = processor.pending, {}
+    batch_id = _batch_id()
+    if batch_id is None:
+        raise RuntimeError("the engine's files are committed by a streaming batch's task")
+    started = time.perf_counter()
+    _, config = unpacked(processor.packed)
+    opened = _OPENED.setdefault(config.s3, tables.OpenTables(config.s3))
+    writer = (QUERY_NAME, _partition())
+    commit_tables(config, _schemas(processor.packed), pending, writer, batch_id, opened, _COMMITS)
+    _COMMITTED_MS[writer[1]] = round((time.perf_counter() - started) * 1000, 1)
+
+
+@lru_cache(maxsize=4)
+def _schemas(packed: bytes) -> dict[str, pa.Schema]:
+    """The schema of every table the processor's components may write."""
+    components, _ = unpacked(packed)
+    schemas: dict[str, pa.Schema] = {}
+    for component in components.values():
+        schemas.update(table_schemas(component.plan, component.sources))
+    return schemas
+
+
+def _partition() -> int:
+    """The state-store partition this task runs (0 outside a Spark task)."""
+    context = TaskContext.get()
+    return context.partitionId() if context is not None else 0
 
 
 class _Phases:

@@ -15,7 +15,8 @@ from prometheus_client import REGISTRY
 from pyspark.sql.streaming.tws_tester import TwsTester
 
 from engine import tables
-from engine.spark.commit import merge_figures, table_schemas
+from engine.spark.batch_figures import merge_figures
+from engine.spark.commit import table_schemas
 from engine.spark.job import watermark_lag
 from engine.spark.metrics import ProgressListener, observe_step
 from engine.spark.processor import EngineProcessor
@@ -37,11 +38,11 @@ def firing() -> dict[str, float | None]:
 def test_incidents_firing_per_rule_as_the_parts_that_ran_last_reported() -> None:
     traffic = {"component": "traffic", "firing": {"congestion": 2, "accident": 0}}
     rfid = {"component": "rfid", "firing": {"larceny": 1, "missed_shipping": 3}}
-    observe_step("engine", merge_figures([traffic, rfid]), 0.1, 0.01)
+    observe_step("engine", merge_figures([traffic, rfid]), 0.1)
     assert firing() == {"congestion": 2, "accident": 0, "larceny": 1, "missed_shipping": 3}
     # Only the traffic part ran: its incident resolved; the RFID rules' figures stand.
     traffic["firing"] = {"congestion": 1, "accident": 0}
-    observe_step("engine", merge_figures([traffic]), 0.1, 0.01)
+    observe_step("engine", merge_figures([traffic]), 0.1)
     assert firing() == {"congestion": 1, "accident": 0, "larceny": 1, "missed_shipping": 3}
 
 
@@ -59,8 +60,8 @@ def test_the_time_before_the_first_step_is_a_phase_of_the_batch() -> None:
     count, total = before_step()
     traffic = {"component": "traffic", "waited_ms": 900}
     rfid = {"component": "rfid", "waited_ms": 300}
-    observe_step("engine", merge_figures([traffic, rfid]), 1.0, 0.01)
-    observe_step("engine", merge_figures([{"component": "traffic", "waited_ms": -20}]), 1.0, 0.0)
+    observe_step("engine", merge_figures([traffic, rfid]), 1.0)
+    observe_step("engine", merge_figures([{"component": "traffic", "waited_ms": -20}]), 1.0)
     after = before_step()
     assert (after[0] - count, round(after[1] - total, 6)) == (2, 0.3)
 
@@ -78,8 +79,8 @@ def test_live_keys_per_rule_and_per_stream_as_the_parts_that_ran_last_reported()
         "keys": {"missed_shipping": 900},
         "streams": {"tag_readings": {"live_keys": 900, "max_live_keys": 0}},
     }
-    observe_step("engine", merge_figures([traffic, rfid]), 0.1, 0.01)
-    observe_step("engine", merge_figures([traffic]), 0.1, 0.01)
+    observe_step("engine", merge_figures([traffic, rfid]), 0.1)
+    observe_step("engine", merge_figures([traffic]), 0.1)
 
     def sample(name: str, **labels: str) -> float | None:
         return REGISTRY.get_sample_value(name, labels)

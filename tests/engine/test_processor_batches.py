@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
 from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import Row
@@ -32,7 +33,8 @@ from engine import tables
 from engine.core.pipeline import Pipeline
 from engine.landed_files import QUARANTINE_FOLDER
 from engine.spark import step as step_module
-from engine.spark.commit import Committer, rebuilt, table_schemas
+from engine.spark.batch_figures import BatchFigures, rebuilt
+from engine.spark.commit import table_schemas
 from engine.spark.landing_source import (
     FilesPartition,
     LandingReader,
@@ -209,15 +211,13 @@ def test_the_step_says_when_it_began_and_the_log_how_long_into_the_job(
         ", and began 9.1 s into the batch's job"
     )
 
-    class Batch:  # the query's batch as the committer runs it: the step's rows back
+    class Batch:  # the query's batch as `foreachBatch` gets it: the step's rows back
         def toArrow(self) -> pa.Table:
             stats = {**figures, "began_ms": int(time.time() * 1000) + 2_000}
             return pa.Table.from_pylist([{"kind": "health", "stats": orjson.dumps(stats).decode()}])
 
-    committer = Committer(Config(lakehouse=str(tmp_path / "lake")), "engine", {})
     with caplog.at_level(logging.INFO, "lookout.engine"):
-        committer(Batch(), 7)  # type: ignore[arg-type]
-    committer.close()
+        BatchFigures("engine")(Batch(), 7)  # type: ignore[arg-type]
     said = [r.message for r in caplog.records if "batch 7: part traffic rebuilt" in r.message]
     assert len(said) == 1 and said[0].endswith(" s into the batch's job")
     assert 1.5 <= float(said[0].split("began ")[1].split(" s")[0]) <= 2.0
@@ -313,3 +313,56 @@ def test_a_batch_that_fails_half_way_leaves_nothing_behind(
     assert {t: sorted(map(repr, r)) for t, r in got.items()} == {
         t: sorted(map(repr, r)) for t, r in expected.items()
     }
+
+
+def _table_rows(config: Config, name: str) -> int:
+    return DeltaTable(config.table(name)).to_pyarrow_table().num_rows
+
+
+def _data_files(config: Config, name: str) -> set[str]:
+    return {p.name for p in Path(config.table(name)).glob("*.parquet")}
+
+
+def test_a_task_commits_its_files_once_at_its_end_and_a_rerun_deletes_its_copies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The processor's `close` (a task's end) commits every file its components wrote,
+    each table once, tagged with the batch: a batch run again from the state before it
+    (Spark drops a failed task's state) finds its commits done and deletes its copies."""
+    monkeypatch.setattr(step_module, "_batch_id", lambda: 7)
+    step = Step(tmp_path / "lake")
+    rows = Landing(tmp_path).land(minutes(0, 6))
+    before = step.state()
+    _, written = step.run(rows)
+    assert _table_rows(step.config, "readings_traffic") == 0  # not before the task's end
+    step.processor.close()
+    assert _table_rows(step.config, "readings_traffic") == len(written["readings_traffic"]) == 6
+    committed = _data_files(step.config, "readings_traffic")
+    assert step.processor.pending == {}
+
+    step.set_state(before)
+    step_module._PIPELINES.clear()
+    step.run(rows)
+    step.processor.close()
+    assert _table_rows(step.config, "readings_traffic") == 6
+    assert _data_files(step.config, "readings_traffic") == committed
+
+
+def test_each_state_store_partition_commits_as_a_writer_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two tasks of one batch on different partitions both commit to a shared table;
+    partition 0 keeps the writer id the driver's commits had."""
+    monkeypatch.setattr(step_module, "_batch_id", lambda: 3)
+    step = Step(tmp_path / "lake")
+    landing = Landing(tmp_path)
+    for partition, rows in enumerate(
+        [landing.land(minutes(0, 3)), landing.land(minutes(1, 3, seq=3))]
+    ):
+        monkeypatch.setattr(step_module, "_partition", lambda p=partition: p)
+        step.run(rows)
+        step.processor.close()
+    table = DeltaTable(step.config.table("readings_traffic"))
+    assert table.to_pyarrow_table().num_rows == 6
+    assert table.transaction_version("lookout-engine-readings_traffic") == 3
+    assert table.transaction_version("lookout-engine-readings_traffic-p1") == 3

@@ -212,16 +212,13 @@ def test_the_job_waits_out_a_full_disk_and_starts_the_query_again(tmp_path, monk
     queries = [FakeQuery() for _ in range(3)]
     started: list[object] = []
 
-    class Committer:
+    class BatchFigures:
         def health(self) -> dict:
             return {"batches": 0, "figures": {}, "totals": {}, "commit_ms": 0.0}
 
-        def close(self) -> None:
-            pass
-
-    def start_query(spark, config, parts, committer=None):
-        started.append(committer)
-        return queries[len(started) - 1], committer or Committer()
+    def start_query(spark, config, parts, figures=None):
+        started.append(figures)
+        return queries[len(started) - 1], figures or BatchFigures()
 
     monkeypatch.setattr(job_module, "start_query", start_query)
     spark = SimpleNamespace(
@@ -241,7 +238,7 @@ def test_the_job_waits_out_a_full_disk_and_starts_the_query_again(tmp_path, monk
         assert len(started) == 1
         job.fault.retry_at = 0  # due: the lakehouse takes the probe, the query starts again
         job.watch()
-        assert len(started) == 2 and started[1] is not None  # with the committer it had
+        assert len(started) == 2 and started[1] is not None  # with the figures it had
         assert job.fault is not None and not job.ready()
         job.watch()  # it waits for data, with none to run: the fault is over
         assert job.fault is None and job.ready()
