@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from engine import tables
 from engine.core.plan import Plan
-from lookout.config import Config
+from lookout.config import Config, S3Config
 
 
 def table_schemas(plan: Plan, sources: tuple[str, ...]) -> dict[str, pa.Schema]:
@@ -52,49 +52,57 @@ def writer_id(query: str, table: str, partition: int = 0) -> str:
     return base if partition == 0 else f"{base}-p{partition}"
 
 
-def commit_tables(
-    config: Config,
-    schemas: Mapping[str, pa.Schema],
-    files: Mapping[str, Sequence[tables.DataFile]],
-    writer: tuple[str, int],
-    batch_id: int,
-    opened: tables.OpenTables,
-    pool: ThreadPoolExecutor,
-) -> None:
-    """Add each table's `files` to it, or merge them into it (incidents), exactly once
-    for the `writer` (query, partition) and `batch_id`; tables side by side on `pool`.
-    Raises the first failure (the task fails, and the batch runs again)."""
-    query, partition = writer
-    jobs = [
-        pool.submit(
-            _commit,
-            config,
-            table,
-            schemas[table],
-            found,
-            writer_id(query, table, partition),
-            batch_id,
-            opened,
-        )
-        for table, found in sorted(files.items())
-    ]
-    for job in jobs:
-        job.result()
+class TaskCommits:
+    """A Python worker's means to commit its tasks' files: the tables it keeps open
+    between batches (`engine.tables.OpenTables`) and threads to commit them side by
+    side."""
 
+    def __init__(self, s3: S3Config) -> None:
+        self.opened = tables.OpenTables(s3)
+        self._pool = ThreadPoolExecutor(4, thread_name_prefix="commit")
 
-def _commit(
-    config: Config,
-    table: str,
-    schema: pa.Schema,
-    files: Sequence[tables.DataFile],
-    writer: str,
-    batch_id: int,
-    opened: tables.OpenTables,
-) -> bool:
-    location = config.table(table)
-    if table in tables.MERGED:
-        key, update = tables.MERGED[table]
-        return tables.merge_files(
-            location, schema, files, key, update, writer, batch_id, config.s3, opened
+    def commit(
+        self,
+        config: Config,
+        schemas: Mapping[str, pa.Schema],
+        files: Mapping[str, Sequence[tables.DataFile]],
+        writer: tuple[str, int],
+        batch_id: int,
+    ) -> None:
+        """Add each table's `files` to it, or merge them into it (incidents), exactly
+        once for the `writer` (query, partition) and `batch_id`. Raises the first failure
+        (the task fails, and the batch runs again)."""
+        query, partition = writer
+        jobs = [
+            self._pool.submit(
+                self._commit,
+                config,
+                table,
+                schemas[table],
+                found,
+                writer_id(query, table, partition),
+                batch_id,
+            )
+            for table, found in sorted(files.items())
+        ]
+        for job in jobs:
+            job.result()
+
+    def _commit(
+        self,
+        config: Config,
+        table: str,
+        schema: pa.Schema,
+        files: Sequence[tables.DataFile],
+        writer: str,
+        batch_id: int,
+    ) -> bool:
+        location = config.table(table)
+        if table in tables.MERGED:
+            key, update = tables.MERGED[table]
+            return tables.merge_files(
+                location, schema, files, key, update, writer, batch_id, config.s3, self.opened
+            )
+        return tables.commit_files(
+            location, schema, files, writer, batch_id, config.s3, self.opened
         )
-    return tables.commit_files(location, schema, files, writer, batch_id, config.s3, opened)

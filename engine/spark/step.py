@@ -59,7 +59,7 @@ from engine.landed_files import read_landed
 from engine.outputs import admitted_tables, batch_tables, evaluated_tables
 from engine.python_gc import collect_frozen, collector_paused, freeze_batch_survivors
 from engine.spark import state_client
-from engine.spark.commit import commit_tables, table_schemas
+from engine.spark.commit import TaskCommits, table_schemas
 from engine.spark.landing_source import folder_filesystem
 from engine.spark.processor import (
     QUERY_NAME,
@@ -81,11 +81,8 @@ _PIPELINES: dict[str, tuple[str, Pipeline]] = {}
 
 _CODEC = pa.Codec("lz4")
 
-_COMMITS = ThreadPoolExecutor(4, thread_name_prefix="commit")
-"""The threads a worker's tasks commit their tables on, side by side."""
-
-_OPENED: dict[S3Config, tables.OpenTables] = {}
-"""Per storage (S3 settings): the tables a worker keeps open between its batches."""
+_COMMITS: dict[S3Config, TaskCommits] = {}
+"""Per storage (S3 settings): how the worker's tasks commit (open tables, threads)."""
 
 _COMMITTED_MS: dict[int, float] = {}
 """Per state-store partition: how long this worker's last task's commits took, told by
@@ -367,9 +364,10 @@ def commit(processor: EngineProcessor) -> None:
         raise RuntimeError("the engine's files are committed by a streaming batch's task")
     started = time.perf_counter()
     _, config = unpacked(processor.packed)
-    opened = _OPENED.setdefault(config.s3, tables.OpenTables(config.s3))
+    if config.s3 not in _COMMITS:
+        _COMMITS[config.s3] = TaskCommits(config.s3)
     writer = (QUERY_NAME, _partition())
-    commit_tables(config, _schemas(processor.packed), pending, writer, batch_id, opened, _COMMITS)
+    _COMMITS[config.s3].commit(config, _schemas(processor.packed), pending, writer, batch_id)
     _COMMITTED_MS[writer[1]] = round((time.perf_counter() - started) * 1000, 1)
 
 
