@@ -320,17 +320,23 @@ def write_data_file(
     return DataFile(table, name, size, data.num_rows, int(time.time() * 1000), file_stats(data))
 
 
-def remove_orphans(location: str, writer_id: str, s3: S3Config = DEFAULT_S3) -> list[str]:
-    """Delete the data files in the table's folder at `location` that batches of
-    `writer_id` wrote and never committed: named after a batch (:func:`data_file_name`)
-    later than the last one the table holds of that writer, and not in the table. Only
-    while that writer runs no batch (its batch in flight would lose its files). Returns
-    the names deleted; a file that cannot be deleted stays."""
+def remove_orphans(
+    location: str, writer_ids: Sequence[str], s3: S3Config = DEFAULT_S3
+) -> list[str]:
+    """Delete the data files in the table's folder at `location` that batches of the
+    writers `writer_ids` wrote and never committed: named after a batch
+    (:func:`data_file_name`) later than the last one the table holds of some writer
+    (the least of their last batches), and not in the table. Only while those writers
+    run no batch (a batch in flight would lose its files). The table and its folder are
+    read once for all the writers. Returns the names deleted; a file that cannot be
+    deleted stays."""
     try:
         table = DeltaTable(location, storage_options=delta_options(location, s3))
     except TableNotFoundError:
         return []
-    done = table.transaction_version(writer_id)
+    versions = [table.transaction_version(writer) for writer in writer_ids]
+    known = [version for version in versions if version is not None]
+    done = min(known) if known and len(known) == len(versions) else None
     live = {uri.rsplit("/", 1)[-1] for uri in table.file_uris()}
     fs, root = filesystem(location, s3)
     deleted = []

@@ -497,11 +497,13 @@ class EngineJob:
             removed += remove_temporaries(checkpoint, self.config.s3)
         for name in tables.engine_tables(self.plan):
             location = self.config.table(name)
-            for partition in range(self.config.engine.shuffle_partitions):
-                with contextlib.suppress(Exception):
-                    writer = writer_id(QUERY_NAME, name, partition)
-                    found = tables.remove_orphans(location, writer, self.config.s3)
-                    removed += [f"{location}/{file}" for file in found]
+            writers = [
+                writer_id(QUERY_NAME, name, partition)
+                for partition in range(self.config.engine.shuffle_partitions)
+            ]
+            with contextlib.suppress(Exception):
+                found = tables.remove_orphans(location, writers, self.config.s3)
+                removed += [f"{location}/{file}" for file in found]
         if removed:
             log.info("removed what failed writes left: %s", ", ".join(removed))
 

@@ -87,13 +87,25 @@ def test_the_files_of_batches_that_never_committed_are_removed_and_no_other(tmp_
     unnamed = _write(path, None)  # not the engine's batch: never its to remove
     assert all(f.path.startswith("part-b") for f in (committed, failed, replaced))
 
-    assert tables.remove_orphans(path, "w") == [failed.path]
+    assert tables.remove_orphans(path, ["w"]) == [failed.path]
     left = {p.name for p in (tmp_path / "t").glob("*.parquet")}
     assert left == {committed.path, replaced.path, unnamed.path}
     assert DeltaTable(path).to_pyarrow_table().num_rows == 1
     # A table that holds no batch of the writer: each of its batches' files not in it.
-    assert sorted(tables.remove_orphans(path, "another")) == [replaced.path]
-    assert tables.remove_orphans(str(tmp_path / "none"), "w") == []
+    assert sorted(tables.remove_orphans(path, ["another"])) == [replaced.path]
+    assert tables.remove_orphans(str(tmp_path / "none"), ["w"]) == []
+
+
+def test_the_files_later_than_the_least_of_several_writers_batches_are_orphans(tmp_path):
+    """Writers of one table (a query's state-store partitions): a file not in the table
+    is an orphan if it is later than the last batch of any of them."""
+    path = str(tmp_path / "t")
+    tables.ensure_table(path, tables.stream_schema(TRAFFIC))
+    assert tables.commit_files(path, tables.stream_schema(TRAFFIC), [_write(path, 0)], "w", 0)
+    assert tables.commit_files(path, tables.stream_schema(TRAFFIC), [_write(path, 3)], "v", 3)
+    failed = _write(path, 2)  # later than w's last batch, not v's
+    assert tables.remove_orphans(path, ["v"]) == []
+    assert tables.remove_orphans(path, ["v", "w"]) == [failed.path]
 
 
 def test_a_data_file_that_does_not_fit_is_not_left_half_written(tmp_path):
