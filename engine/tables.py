@@ -321,20 +321,23 @@ def write_data_file(
 
 
 def remove_orphans(
-    location: str, writer_ids: Sequence[str], s3: S3Config = DEFAULT_S3
+    location: str,
+    writer_ids: Sequence[str],
+    s3: S3Config = DEFAULT_S3,
+    inherits: str | None = None,
 ) -> list[str]:
     """Delete the data files in the table's folder at `location` that batches of the
     writers `writer_ids` wrote and never committed: named after a batch
     (:func:`data_file_name`) later than the last one the table holds of some writer
     (the least of their last batches), and not in the table. Only while those writers
     run no batch (a batch in flight would lose its files). The table and its folder are
-    read once for all the writers. Returns the names deleted; a file that cannot be
-    deleted stays."""
+    read once for all the writers; `inherits` as for :func:`commit_files`. Returns the
+    names deleted; a file that cannot be deleted stays."""
     try:
         table = DeltaTable(location, storage_options=delta_options(location, s3))
     except TableNotFoundError:
         return []
-    versions = [table.transaction_version(writer) for writer in writer_ids]
+    versions = [committed_version(table, writer, inherits) for writer in writer_ids]
     known = [version for version in versions if version is not None]
     done = min(known) if known and len(known) == len(versions) else None
     live = {uri.rsplit("/", 1)[-1] for uri in table.file_uris()}
@@ -409,6 +412,17 @@ class OpenTables:
         self._open[location] = (table, time.monotonic())
 
 
+def committed_version(table: DeltaTable, writer_id: str, inherits: str | None = None) -> int | None:
+    """The last batch the writer `writer_id` committed to `table` (its transaction
+    version), or, while it has committed none, that of the writer `inherits` names: a
+    writer that took over another's batches (the engine's per-partition writers from the
+    single writer that committed every partition's files before them)."""
+    done = table.transaction_version(writer_id)
+    if done is None and inherits is not None:
+        return table.transaction_version(inherits)
+    return done
+
+
 def commit_files(
     location: str,
     schema: pa.Schema,
@@ -417,16 +431,18 @@ def commit_files(
     batch_id: int,
     s3: S3Config = DEFAULT_S3,
     opened: OpenTables | None = None,
+    inherits: str | None = None,
 ) -> bool:
     """Add `files` (written by :func:`write_data_file`) to the table at `location` in
     one commit, exactly once for (writer_id, batch_id): when the table already holds that
     writer's batch (a re-run after a crash), the files are deleted instead. Returns
     whether it committed. `opened`: the writer's open tables (else the table is opened
-    for this commit)."""
+    for this commit). `inherits`: a writer id whose version stands for `writer_id`'s
+    until that has committed (:func:`committed_version`)."""
     if not files:
         return False
     with (opened or OpenTables(s3)).use(location) as table:
-        done = table.transaction_version(writer_id)
+        done = committed_version(table, writer_id, inherits)
         if done is not None and done >= batch_id:
             fs, root = filesystem(location, s3)
             for file in files:
@@ -462,6 +478,7 @@ def merge_files(
     batch_id: int,
     s3: S3Config = DEFAULT_S3,
     opened: OpenTables | None = None,
+    inherits: str | None = None,
 ) -> bool:
     """Merge the rows of `files` (written by :func:`write_data_file`, each row a whole
     state, at most one per `key`) into the table at `location` by `key`, exactly once
@@ -469,8 +486,7 @@ def merge_files(
     `update` (the table's other columns are left as they are). The
     merge and the writer's version are one commit, so a batch run again after a crash
     finds it done; the files are deleted either way (they are never part of the table).
-    Returns whether it merged. `opened`: the writer's open tables (else the table is
-    opened for this merge)."""
+    Returns whether it merged. `opened` and `inherits`: as for :func:`commit_files`."""
     if not files:
         return False
     fs, root = filesystem(location, s3)
@@ -480,7 +496,7 @@ def merge_files(
         for attempt in range(MERGE_ATTEMPTS):
             try:
                 with (opened or OpenTables(s3)).use(location) as table:
-                    done = table.transaction_version(writer_id)
+                    done = committed_version(table, writer_id, inherits)
                     if done is not None and done >= batch_id:
                         return False
                     (

@@ -7,15 +7,20 @@ an earlier one's checkpoints: Spark stops the query, or the source cannot read t
 offsets. The engine writes `<lakehouse>/_checkpoints/LAYOUT` when it starts on a
 lakehouse without checkpoints, and refuses to start where the file says otherwise or is
 missing beside existing checkpoints (those predate the file: layout 1).
+
+Spark also fixes a query's state-store partitions in its checkpoint, whatever
+`spark.sql.shuffle.partitions` says at a restart: :func:`checkpoint_partitions` reads
+how many the engine query has.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from lookout.config import Config
+from lookout.config import Config, S3Config
 from lookout.storage import filesystem
 
 CHECKPOINT_LAYOUT = 10
@@ -71,3 +76,23 @@ def check_checkpoint_layout(config: Config) -> None:
             f"[lakehouse] path, or move {config.lakehouse} aside), or keep the version that "
             f"wrote it; `lookout replay` recomputes rule outputs from recorded readings."
         )
+
+
+def checkpoint_partitions(checkpoint: str, s3: S3Config) -> int | None:
+    """The state-store partitions of the query checkpointed at `checkpoint`: the
+    `spark.sql.shuffle.partitions` its latest readable offset log entry records (Spark
+    resumes with that count); None without one."""
+    fs, root = filesystem(f"{checkpoint.rstrip('/')}/offsets", s3)
+    try:
+        listing = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    except OSError:
+        return None
+    batches = sorted((int(i.base_name) for i in listing if i.base_name.isdigit()), reverse=True)
+    for batch in batches:
+        try:
+            with fs.open_input_stream(f"{root}/{batch}") as f:
+                lines = f.read().decode().splitlines()
+            return int(json.loads(lines[1])["conf"]["spark.sql.shuffle.partitions"])
+        except (OSError, ValueError, IndexError, KeyError, TypeError):
+            continue  # a torn or foreign entry: an earlier one says the same
+    return None

@@ -16,10 +16,12 @@ rate.
 
 **Writer ids.** Tasks of the same batch may write to the same table (the alerts of
 parts on different state-store partitions), and a writer's version says which batches
-it committed: so each partition is a writer of its own. Partition 0's id is the one a
-query had when the driver committed every table (`lookout-<query>-<table>`), so a
-lakehouse an earlier Lookout wrote goes on where it stopped; Spark fixes a query's
-partitions in its checkpoint, so the ids stay the same across restarts.
+it committed: so each partition is a writer of its own (`lookout-<query>-<table>-p<n>`).
+Spark fixes a query's partitions in its checkpoint, so the ids stay the same across
+restarts. An earlier Lookout committed every partition's files from the driver as one
+writer (`lookout-<query>-<table>`); until a partition's writer has committed, that
+writer's version stands for it, so a lakehouse it wrote goes on where it stopped, a
+batch it committed just before it stopped included.
 """
 
 from __future__ import annotations
@@ -45,11 +47,16 @@ def table_schemas(plan: Plan, sources: tuple[str, ...]) -> dict[str, pa.Schema]:
     return schemas
 
 
-def writer_id(query: str, table: str, partition: int = 0) -> str:
+def writer_id(query: str, table: str, partition: int) -> str:
     """The Delta transaction app id of the commits `query`'s tasks on state-store
     `partition` make to `table` (its version: the batch id)."""
-    base = f"lookout-{query}-{table}"
-    return base if partition == 0 else f"{base}-p{partition}"
+    return f"{single_writer_id(query, table)}-p{partition}"
+
+
+def single_writer_id(query: str, table: str) -> str:
+    """The app id under which an earlier Lookout's driver committed every partition's
+    files of `query` to `table`; the partitions' writers inherit its version."""
+    return f"lookout-{query}-{table}"
 
 
 class TaskCommits:
@@ -80,7 +87,7 @@ class TaskCommits:
                 table,
                 schemas[table],
                 found,
-                writer_id(query, table, partition),
+                (writer_id(query, table, partition), single_writer_id(query, table)),
                 batch_id,
             )
             for table, found in sorted(files.items())
@@ -94,15 +101,25 @@ class TaskCommits:
         table: str,
         schema: pa.Schema,
         files: Sequence[tables.DataFile],
-        writer: str,
+        writer: tuple[str, str],
         batch_id: int,
     ) -> bool:
         location = config.table(table)
+        app_id, inherits = writer
         if table in tables.MERGED:
             key, update = tables.MERGED[table]
             return tables.merge_files(
-                location, schema, files, key, update, writer, batch_id, config.s3, self.opened
+                location,
+                schema,
+                files,
+                key,
+                update,
+                app_id,
+                batch_id,
+                config.s3,
+                self.opened,
+                inherits,
             )
         return tables.commit_files(
-            location, schema, files, writer, batch_id, config.s3, self.opened
+            location, schema, files, app_id, batch_id, config.s3, self.opened, inherits
         )

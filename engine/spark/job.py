@@ -41,8 +41,8 @@ from engine.core.pipeline import fed_stages
 from engine.core.plan import Plan
 from engine.maintenance import MaintenanceProcess, TableMaintenance
 from engine.spark.batch_figures import BatchFigures
-from engine.spark.checkpoint_layout import check_checkpoint_layout
-from engine.spark.commit import table_schemas, writer_id
+from engine.spark.checkpoint_layout import check_checkpoint_layout, checkpoint_partitions
+from engine.spark.commit import single_writer_id, table_schemas, writer_id
 from engine.spark.metrics import ProgressListener, refresh
 from engine.spark.processor import QUERY_NAME
 from engine.spark.query import engine_components, start_query
@@ -492,17 +492,20 @@ class EngineJob:
         temporary checkpoint files, and the data files of batches that never committed.
         Best effort; what was deleted is logged."""
         removed = []
+        checkpoint = self.config.table(f"_checkpoints/{QUERY_NAME}")
         with contextlib.suppress(Exception):
-            checkpoint = self.config.table(f"_checkpoints/{QUERY_NAME}")
             removed += remove_temporaries(checkpoint, self.config.s3)
+        partitions = (
+            checkpoint_partitions(checkpoint, self.config.s3)
+            or self.config.engine.shuffle_partitions
+        )
         for name in tables.engine_tables(self.plan):
             location = self.config.table(name)
-            writers = [
-                writer_id(QUERY_NAME, name, partition)
-                for partition in range(self.config.engine.shuffle_partitions)
-            ]
+            writers = [writer_id(QUERY_NAME, name, partition) for partition in range(partitions)]
             with contextlib.suppress(Exception):
-                found = tables.remove_orphans(location, writers, self.config.s3)
+                found = tables.remove_orphans(
+                    location, writers, self.config.s3, single_writer_id(QUERY_NAME, name)
+                )
                 removed += [f"{location}/{file}" for file in found]
         if removed:
             log.info("removed what failed writes left: %s", ", ".join(removed))

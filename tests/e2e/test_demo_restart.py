@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from engine.spark.checkpoint_layout import checkpoint_partitions
 from engine.spark.job import EngineJob
 from lookout.broker import Broker, free_port
 from lookout.config import Config, EngineConfig
@@ -117,6 +118,7 @@ def test_a_restarted_demo_raises_alerts_from_its_second_run(spark, tmp_path: Pat
         wait_for(lambda: congestion_alerts(config, first_start), 120, "the first run's alerts")
     first = delta_rows(config, "readings_traffic")
     assert len({r["epoch"] for r in first}) == 1
+    assert checkpoint_partitions(config.table("_checkpoints/engine"), config.s3) == 2
 
     # The second run starts after the first one's event time ended (an upper bound of
     # it: the simulator ran for less than this), as a demo started again later would;

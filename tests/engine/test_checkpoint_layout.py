@@ -10,6 +10,7 @@ from engine.spark.checkpoint_layout import (
     CHECKPOINT_LAYOUT,
     CheckpointLayoutError,
     check_checkpoint_layout,
+    checkpoint_partitions,
 )
 from lookout.config import Config
 
@@ -50,3 +51,25 @@ def test_an_unreadable_layout_file_is_named_not_guessed(tmp_path: Path, content:
     (checkpoints / "LAYOUT").write_text(content)
     with pytest.raises(CheckpointLayoutError, match="LAYOUT: expected a layout number"):
         check_checkpoint_layout(config_at(tmp_path / "lake"))
+
+
+def _offset_entry(partitions: int) -> str:
+    """An offset log entry as Spark 4 writes it (version, batch metadata, source offset)."""
+    meta = (
+        '{"batchWatermarkMs":0,"batchTimestampMs":1796518627518,"conf":{'
+        '"spark.sql.streaming.stateStore.providerClass":"org.apache.spark.sql.execution.'
+        'streaming.state.RocksDBStateStoreProvider","spark.sql.shuffle.partitions":'
+        f'"{partitions}","spark.sql.streaming.multipleWatermarkPolicy":"min"}}}}'
+    )
+    return f'v1\n{meta}\n{{"files": []}}'
+
+
+def test_the_partitions_come_from_the_latest_readable_offset_entry(tmp_path: Path) -> None:
+    offsets = tmp_path / "engine" / "offsets"
+    assert checkpoint_partitions(str(tmp_path / "engine"), Config().s3) is None
+    offsets.mkdir(parents=True)
+    (offsets / "9").write_text(_offset_entry(3))
+    (offsets / "10").write_text(_offset_entry(4))
+    (offsets / "11").write_text("v1\n{")  # torn
+    (offsets / ".12.1f3e.tmp").write_text(_offset_entry(5))
+    assert checkpoint_partitions(str(tmp_path / "engine"), Config().s3) == 4

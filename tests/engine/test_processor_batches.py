@@ -351,8 +351,7 @@ def test_a_task_commits_its_files_once_at_its_end_and_a_rerun_deletes_its_copies
 def test_each_state_store_partition_commits_as_a_writer_of_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two tasks of one batch on different partitions both commit to a shared table;
-    partition 0 keeps the writer id the driver's commits had."""
+    """Two tasks of one batch on different partitions both commit to a shared table."""
     monkeypatch.setattr(step_module, "_batch_id", lambda: 3)
     step = Step(tmp_path / "lake")
     landing = Landing(tmp_path)
@@ -364,5 +363,5 @@ def test_each_state_store_partition_commits_as_a_writer_of_its_own(
         step.processor.close()
     table = DeltaTable(step.config.table("readings_traffic"))
     assert table.to_pyarrow_table().num_rows == 6
-    assert table.transaction_version("lookout-engine-readings_traffic") == 3
+    assert table.transaction_version("lookout-engine-readings_traffic-p0") == 3
     assert table.transaction_version("lookout-engine-readings_traffic-p1") == 3

@@ -108,6 +108,18 @@ def test_the_files_later_than_the_least_of_several_writers_batches_are_orphans(t
     assert tables.remove_orphans(path, ["v", "w"]) == [failed.path]
 
 
+def test_a_writer_that_has_not_committed_yet_counts_with_the_version_it_inherits(tmp_path):
+    """A partition's writer that has committed nothing yet stands at the single writer's
+    last batch (a lakehouse an earlier Lookout wrote)."""
+    path = str(tmp_path / "t")
+    tables.ensure_table(path, tables.stream_schema(TRAFFIC))
+    assert tables.commit_files(path, tables.stream_schema(TRAFFIC), [_write(path, 4)], "w", 4)
+    assert tables.commit_files(path, tables.stream_schema(TRAFFIC), [_write(path, 6)], "w-p0", 6)
+    kept, failed = _write(path, 4), _write(path, 5)
+    assert tables.remove_orphans(path, ["w-p0", "w-p1"], inherits="w") == [failed.path]
+    assert (tmp_path / "t" / kept.path).exists()
+
+
 def test_a_data_file_that_does_not_fit_is_not_left_half_written(tmp_path):
     with small_disk(tmp_path / "disk", "1m") as disk:
         (disk / "t").mkdir()

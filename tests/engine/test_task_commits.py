@@ -33,3 +33,27 @@ def test_a_batch_committed_again_is_not_added_twice(tmp_path: Path) -> None:
     assert table.to_pyarrow_table().num_rows == 1
     assert table.transaction_version("lookout-q-t-p1") == 4
     assert not (Path(location) / copy.path).exists()
+
+
+def test_a_partition_writer_takes_over_the_batches_the_single_writer_committed(
+    tmp_path: Path,
+) -> None:
+    """A lakehouse an earlier Lookout wrote: its driver committed every partition's files
+    as one writer, the last batch (5) just before it stopped. Run again, each
+    partition's task finds batch 5 done; batch 6 is committed by the partitions'
+    writers."""
+    config = Config(lakehouse=str(tmp_path))
+    location = config.table("t")
+    tables.ensure_table(location, SCHEMA)
+    assert tables.commit_files(location, SCHEMA, [_file(config, 5)], "lookout-q-t", 5)
+    commits = TaskCommits(config.s3)
+    for partition in (0, 1):
+        commits.commit(config, {"t": SCHEMA}, {"t": [_file(config, 5)]}, ("q", partition), 5)
+    table = DeltaTable(location)
+    assert table.to_pyarrow_table().num_rows == 1
+    for partition in (0, 1):
+        commits.commit(config, {"t": SCHEMA}, {"t": [_file(config, 6)]}, ("q", partition), 6)
+    table = DeltaTable(location)
+    assert table.to_pyarrow_table().num_rows == 3
+    assert table.transaction_version("lookout-q-t-p0") == 6
+    assert table.transaction_version("lookout-q-t") == 5
