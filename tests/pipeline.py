@@ -74,6 +74,13 @@ def running_engine(config: Config, rule_set: RuleSet, spark: Any) -> Iterator[En
         job.stop()
 
 
+def no_batch_running(engine: EngineJob) -> bool:
+    """Whether none of the engine's queries runs a batch. A batch's tasks commit its
+    Delta rows before Spark commits its state, so a test that reads the state store
+    after seeing the rows waits for this too."""
+    return all(not query.status["isTriggerActive"] for query, _ in engine.queries)
+
+
 def table_rows(spark: Any, config: Config, name: str) -> list[dict[str, Any]]:
     """Every row of a Delta table as dicts (empty when the table does not exist yet)."""
     from delta.tables import DeltaTable

@@ -24,7 +24,15 @@ from engine.spark.processor import ENTRIES
 from engine.spark.step import unpack_value
 from rules.language.loader import load_rules
 from tests.e2e.helpers import STREAM, messages, normalised, readings, replay
-from tests.pipeline import delta_rows, publish, running_engine, running_ingest, table_rows, wait_for
+from tests.pipeline import (
+    delta_rows,
+    no_batch_running,
+    publish,
+    running_engine,
+    running_ingest,
+    table_rows,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.mqtt, pytest.mark.slow]
 
@@ -77,6 +85,7 @@ def test_an_edited_rule_restarts_and_an_unchanged_one_resumes(
                     f"{count} rows of {name}",
                     engine=engine,
                 )
+            wait_for(lambda: no_batch_running(engine), 60, "the batch's state", engine=engine)
 
     # The second start said which rules start afresh.
     said = [r.getMessage() for r in caplog.records if r.name == "lookout.engine"]
