@@ -79,7 +79,6 @@ class TaskCommits:
         """Add each table's `files` to it, or merge them into it (incidents), exactly
         once for the `writer` (query, partition) and `batch_id`. Raises the first failure
         (the task fails, and the batch runs again)."""
-        query, partition = writer
         jobs = [
             self._pool.submit(
                 self._commit,
@@ -87,7 +86,7 @@ class TaskCommits:
                 table,
                 schemas[table],
                 found,
-                (writer_id(query, table, partition), single_writer_id(query, table)),
+                writer,
                 batch_id,
             )
             for table, found in sorted(files.items())
@@ -101,11 +100,12 @@ class TaskCommits:
         table: str,
         schema: pa.Schema,
         files: Sequence[tables.DataFile],
-        writer: tuple[str, str],
+        writer: tuple[str, int],
         batch_id: int,
     ) -> bool:
         location = config.table(table)
-        app_id, inherits = writer
+        query, partition = writer
+        app_id, inherits = writer_id(query, table, partition), single_writer_id(query, table)
         if table in tables.MERGED:
             key, update = tables.MERGED[table]
             return tables.merge_files(
