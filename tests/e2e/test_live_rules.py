@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from engine.spark.job import EngineJob
 from lookout.rule_watch import watch_rules
 from lookout.services import alert_specs
 from tests.e2e.helpers import STREAM, messages, normalised, readings, replay
@@ -55,7 +56,8 @@ def test_a_rule_saved_while_the_engine_runs_starts_warm_and_others_carry_on(
         engine.rules_status = watch.status
         publish(mosquitto, messages(first, START + 25_000))
         wait_for(lambda: len(delta_rows(lookout_config, "kept")) >= 120, 180, "kept", engine=engine)
-        position = next(s["watermark_ms"] for s in engine.health()["streams"])
+        # A batch's tasks commit its rows before the batch ends and reports its figures.
+        position = wait_for(lambda: watermark(engine), 30, "the stream's watermark")
 
         (rules / "added.sql").write_text(ADDED)
         saved = time.monotonic()
@@ -110,6 +112,12 @@ def test_a_rule_saved_while_the_engine_runs_starts_warm_and_others_carry_on(
     said = [r.getMessage() for r in caplog.records if r.name == "lookout.engine"]
     assert any("busy (new)" in m and "warmed from" in m for m in said), said
     assert any("still running the last good rules" in m for m in said), said
+
+
+def watermark(engine: EngineJob) -> int | None:
+    """The traffic stream's watermark as the engine's health reports it (None before
+    its first batch has ended)."""
+    return next((s["watermark_ms"] for s in engine.health()["streams"]), None)
 
 
 def _ms(value: object) -> int:
