@@ -5,11 +5,18 @@
 `engine.spark.commit`), and what comes back is small: a row per file a task committed
 (its table and row count) and a row of health figures per component. It keeps those
 for the engine's health record, log and metrics; no reading reaches the driver.
+
+A job that fails, or that a stopping query cancels, is raised as `BatchJobFailed`: its
+Java error without the stack frames. Spark reads the error `foreachBatch` raised to
+tell a stop from a failure, with a regular expression that recurses once per character
+and overflows the thread's stack past about 1,500 of them: py4j's own error, frames
+and all, would kill the query's thread instead of stopping it.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import Counter
@@ -17,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame
 
 from engine.spark.metrics import observe_step
@@ -30,6 +38,24 @@ _COMMIT = "commit_ms"  # a task's commits, reported by its next batch's first pa
 
 def _timings(figures: Mapping[str, Any]) -> dict[str, Any]:
     return {k: figures[k] for k in (*_TIMINGS, _COMMIT, "reused") if k in figures}
+
+
+class BatchJobFailed(RuntimeError):
+    """A batch's job failed or was cancelled (its Java error, the frames left out)."""
+
+
+def without_frames(java_error: str) -> str:
+    """A Java error's text (py4j's: the call, then the exception and its causes with
+    their stacks) as the exceptions' own lines: the stack frames and py4j's line on the
+    call left out."""
+    lines = java_error.splitlines()
+    if lines and lines[0].startswith("An error occurred while calling"):
+        lines = lines[1:]
+    kept = (x.removeprefix(": ") for x in lines if not _FRAME.match(x))
+    return "\n".join(x for x in kept if x.strip())
+
+
+_FRAME = re.compile(r"\s+(at |\.\.\. \d+ more)")
 
 
 def merge_figures(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -86,7 +112,10 @@ class BatchFigures:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started, started_ms = time.perf_counter(), time.time() * 1000
-        rows = batch.toArrow().to_pylist()  # runs the batch's job: read, evaluate, commit
+        try:
+            rows = batch.toArrow().to_pylist()  # runs the batch's job: read, evaluate, commit
+        except Py4JJavaError as error:
+            raise BatchJobFailed(f"batch {batch_id}: {without_frames(str(error))}") from None
         job_s = time.perf_counter() - started
         parts: list[dict[str, Any]] = []  # each component's figures
         written: Counter[str] = Counter()
