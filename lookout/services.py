@@ -141,7 +141,7 @@ def archive_classes(
     archive as it exits. Run in a process that has started no Spark (the JVM is its)."""
     from pyspark import SparkContext
 
-    from engine.spark.class_archive import archive_path
+    from engine.spark.class_archive import archive_path, archive_problem
     from engine.spark.jvm_output import filter_output
     from engine.spark.rehearsal import Rehearsal
     from engine.spark.session import build_session, maven_coordinates
@@ -162,6 +162,7 @@ def archive_classes(
     partial = target.with_name(f"{target.stem}.{os.getpid()}.partial")
     began = time.monotonic()
     spark = build_session(config.engine, "lookout-class-archive", s3, record_classes=partial)
+    class_path = spark.sparkContext._jvm.java.lang.System.getProperty("java.class.path")  # type: ignore[union-attr]
     rehearsal = Rehearsal(spark, config, rules.plan, alert_specs(rules), every_s=1.0)
     rehearsal.start()
     rehearsed = False
@@ -183,6 +184,12 @@ def archive_classes(
         return 1
     if not partial.is_file():
         print(f"lookout engine: the JVM exited ({jvm.returncode}) without writing {partial}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    problem = archive_problem(partial, class_path)
+    if problem is not None:
+        partial.unlink()
+        print(f"lookout engine: no class archive: a JVM could not map it: {problem}",
               file=sys.stderr)  # fmt: skip
         return 1
     partial.replace(target)  # whole or not at all: an engine may be starting meanwhile

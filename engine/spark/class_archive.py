@@ -13,9 +13,10 @@ runs a standby's rehearsal (the engine query over a scratch lakehouse) in a JVM 
 with ``-XX:ArchiveClassesAtExit``, which writes the archive as it exits. An archive
 holds for one Spark home, one Java and one set of jars (Delta's, hadoop-aws when the
 lakehouse is on S3), and is named after them: another Java or Delta finds none and
-starts as before. A JVM that finds an archive it cannot use says so on its output and
-starts without it. Executors of a cluster start without one (their class path is the
-worker's).
+starts as before. A recording is checked before it is put in place (`archive_problem`):
+a JVM given a truncated archive crashes as it starts, and one that finds an archive it
+cannot use says so on its output and starts without it. Executors of a cluster start
+without one (their class path is the worker's).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 from engine.spark.spark_home import spark_home
@@ -62,3 +64,24 @@ def recording_options(into: Path) -> str:
     """The JVM options that write the archive to ``into`` at the JVM's exit, without a
     warning for each class it leaves out (signed jars', generated ones)."""
     return f"-XX:ArchiveClassesAtExit={into} -Xlog:cds*=error"
+
+
+def archive_problem(archive: Path, class_path: str) -> str | None:
+    """Why a driver JVM with this class path could not map ``archive``, in the JVM's
+    words, or None when it maps it. A JVM given a truncated archive crashes at its
+    start (SIGBUS) and one it cannot use starts without it, so a recording is checked
+    before it is put in place: a ``java -version`` that must map it."""
+    java = java_binary()
+    if java is None:
+        return "no java"
+    checked = subprocess.run(
+        [str(java), "-Xshare:on", f"-XX:SharedArchiveFile={archive}", "-cp", class_path,
+         "-XX:ErrorFile=/dev/null", "-XX:-CreateCoredumpOnCrash", "-version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    if checked.returncode == 0:
+        return None
+    said = [x for x in checked.stderr.splitlines() if x.strip() and not x.startswith("#")]
+    return " ".join(said[:3]) or f"java exited with {checked.returncode}"

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.spark.class_archive import archive_path, recording_options, sharing_option
+from engine.spark.class_archive import (
+    archive_path,
+    archive_problem,
+    java_binary,
+    recording_options,
+    sharing_option,
+)
 from engine.spark.session import driver_jvm_options, maven_coordinates
 from lookout.demo import lookout_argv
 
@@ -86,5 +92,28 @@ def test_a_recorded_archive_is_not_recorded_again(cache: Path) -> None:
 def test_the_engine_jvm_maps_its_recorded_archive(spark) -> None:  # type: ignore[no-untyped-def]
     archive = archive_path(maven_coordinates(None))
     assert archive.is_file()  # the session's fixture records it when missing
-    jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-    assert str(archive) in Path(f"/proc/{jvm}/maps").read_text()
+    java = spark.sparkContext._jvm.java.lang
+    mapped = Path(f"/proc/{java.ProcessHandle.current().pid()}/maps").read_text()
+    problem = archive_problem(archive, java.System.getProperty("java.class.path"))
+    assert str(archive) in mapped, problem
+
+
+def jdk_archive() -> Path:
+    """The JDK's own class archive (a static one: a JVM maps it as it would ours)."""
+    java = java_binary()
+    assert java is not None
+    return java.parent.parent / "lib" / "server" / "classes.jsa"
+
+
+def test_an_archive_a_jvm_maps_has_no_problem() -> None:
+    assert archive_problem(jdk_archive(), "") is None
+
+
+def test_a_truncated_or_foreign_archive_is_refused_with_the_jvms_reason(tmp_path: Path) -> None:
+    truncated = tmp_path / "truncated.jsa"
+    truncated.write_bytes(jdk_archive().read_bytes()[:100_000])  # the JVM would crash
+    assert archive_problem(truncated, "") is not None
+    foreign = tmp_path / "foreign.jsa"
+    foreign.write_bytes(b"archive")
+    assert "Unable to read the file header" in (archive_problem(foreign, "") or "")
+    assert not list(tmp_path.glob("hs_err*")) and not list(Path.cwd().glob("hs_err*"))
