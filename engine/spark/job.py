@@ -246,7 +246,7 @@ class EngineJob:
 
     def failed(self) -> str | None:
         """The error of the first query that died, if any (one that died of an error
-        Spark could not report, a stack overflow while reporting one, has none)."""
+        Spark could not report has none; a failed batch's is `BatchJobFailed`'s)."""
         for query, _ in self.queries:
             error = query.exception()
             if error is not None:
