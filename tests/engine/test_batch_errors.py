@@ -64,34 +64,33 @@ def test_a_python_traceback_in_a_java_error_stays() -> None:
     assert without_frames(text) == "\n".join(text.removeprefix(": ").splitlines()[:3])
 
 
-def test_a_cancelled_batch_raises_what_spark_reads_as_a_stop_in_a_few_lines() -> None:
+def cancelled_batch() -> tuple[BatchJobFailed, str]:
+    """What `foreachBatch` raises for batch 12, whose job was cancelled, and the text
+    py4j sends the JVM for it (an error in a callback: its formatted traceback)."""
+
     class Batch:
         def toArrow(self) -> None:
             raise JavaError(CANCELLED)
 
     with pytest.raises(BatchJobFailed) as raised:
         BatchFigures("engine")(Batch(), 12)  # type: ignore[arg-type]
-    # What py4j sends the JVM for an error in a callback: the formatted traceback.
-    sent = "".join(traceback.format_exception(raised.value))
+    return raised.value, "".join(traceback.format_exception(raised.value))
+
+
+def test_a_cancelled_batch_raises_what_spark_reads_as_a_stop_in_a_few_lines() -> None:
+    error, sent = cancelled_batch()
     assert len(sent) < 1_000 and "\tat " not in sent
     assert SPARKS_STOP_CHECK.search(sent) is None  # nothing to recurse over
     # Spark's other test of it: a SparkException's text naming the query's job group.
     assert "org.apache.spark.SparkException" in sent
     assert "cancelled" in sent and GROUP in sent
-    assert str(raised.value).startswith("batch 12: org.apache.spark.SparkException")
+    assert str(error).startswith("batch 12: org.apache.spark.SparkException")
 
 
 @pytest.mark.spark
 def test_spark_reads_a_cancelled_batchs_error_as_its_querys_stop(spark) -> None:  # type: ignore[no-untyped-def]
     """Spark's own check, on the text the JVM gets from py4j for the error raised."""
-
-    class Batch:
-        def toArrow(self) -> None:
-            raise JavaError(CANCELLED)
-
-    with pytest.raises(BatchJobFailed) as raised:
-        BatchFigures("engine")(Batch(), 12)  # type: ignore[arg-type]
-    sent = "".join(traceback.format_exception(raised.value))
+    _, sent = cancelled_batch()
     jvm, context = spark.sparkContext._jvm, spark.sparkContext
     stream_execution = jvm.org.apache.spark.sql.execution.streaming.runtime.StreamExecution
     returned = jvm.py4j.Py4JException(f"An exception was raised by the Python Proxy. {sent}")
