@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from engine.alerts import AlertSpec
+from lookout import standby_priority
 from lookout.config import Config
 from lookout.storage import is_object_store
 from rules.language import ast
@@ -86,11 +87,16 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None, standby: bool =
         return 2
     stop = threading.Event()
     _stop_on_signals(stop)
+    waiting = time.monotonic()
+    # A standby beside a running engine starts Spark at a lower priority, not to take
+    # the CPU its batches need.
+    priority = None
+    if standby and lock is not None and not lock.take():
+        priority = standby_priority.lower()
     job = EngineJob(config, rules.running.plan, alert_specs(rules.running))
     if standby:
         assert lock is not None
-        waiting = time.monotonic()
-        if lock.take():
+        if priority is None:
             log.info("standby: no engine runs on %s; this one runs", config.lakehouse)
         else:
             log.info("standby: Spark is up; waiting for the engine on %s to stop (%s)",
@@ -102,6 +108,8 @@ def run_engine(config: Config, rule_paths: Sequence[str] | None, standby: bool =
                     return 0
             finally:
                 rehearsal.stop()
+            if (problem := priority.restore()) is not None:
+                log.warning("standby: %s", problem)
             log.info("standby: taking over after %.0f s", time.monotonic() - waiting)
             rules.poll(job.use, at_once=True)  # the files may have changed while it waited
             job.started_at_ms = int(time.time() * 1000)
