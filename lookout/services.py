@@ -149,14 +149,14 @@ def archive_classes(
     archive as it exits. Run in a process that has started no Spark (the JVM is its)."""
     from pyspark import SparkContext
 
-    from engine.spark.class_archive import archive_path, archive_problem
+    from engine.spark.class_archive import archive_problem
     from engine.spark.jvm_output import filter_output
     from engine.spark.rehearsal import Rehearsal
-    from engine.spark.session import build_session, maven_coordinates
+    from engine.spark.session import build_session, driver_archive
     from lookout.storage import uses_object_store
 
     s3 = config.s3 if uses_object_store(config) else None
-    target = archive_path(maven_coordinates(s3))
+    target = driver_archive(s3)
     if target.is_file():
         print(f"lookout engine: the class archive is recorded: {target}")
         return 0
@@ -200,6 +200,8 @@ def archive_classes(
         print(f"lookout engine: no class archive: a JVM could not map it: {problem}",
               file=sys.stderr)  # fmt: skip
         return 1
+    # Named after the jars this session resolved, if the check above ran before any had.
+    target = driver_archive(s3)
     partial.replace(target)  # whole or not at all: an engine may be starting meanwhile
     print(f"lookout engine: recorded the class archive in {time.monotonic() - began:.0f} s: "
           f"{target}")  # fmt: skip

@@ -11,11 +11,12 @@ after a crash, or a standby starting beside a loaded engine, pays that much less
 `lookout engine --archive-classes` records one (about a minute; `lookout.services`): it
 runs a standby's rehearsal (the engine query over a scratch lakehouse) in a JVM started
 with ``-XX:ArchiveClassesAtExit``, which writes the archive as it exits. An archive
-holds for one Spark home, one Java and one set of jars (Delta's, hadoop-aws when the
-lakehouse is on S3), and is named after them: another Java or Delta finds none and
-starts as before. A recording is checked before it is put in place (`archive_problem`):
-a JVM given a truncated archive crashes as it starts, and one that finds an archive it
-cannot use says so on its output and starts without it. Executors of a cluster start
+holds for one Spark home, one Java and one set of jar files (Spark's, Delta's,
+hadoop-aws's when the lakehouse is on S3), and is named after them: another Java or
+Delta, or pyspark installed again, finds none and starts as before. A recording is
+checked before it is put in place (`archive_problem`): a JVM given a truncated archive
+crashes as it starts, and one that finds an archive it cannot use says so on its output
+and starts without it. Executors of a cluster start
 without one (their class path is the worker's).
 """
 
@@ -25,6 +26,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from engine.spark.spark_home import spark_home
@@ -40,23 +42,34 @@ def java_binary() -> Path | None:
     return Path(found).resolve() if found else None
 
 
-def archive_path(coordinates: str) -> Path:
-    """Where the archive for this Java and these Maven ``coordinates`` is (or goes): in
-    the Spark home, which names pyspark's version and place."""
-    java = java_binary()
-    if java is None or not java.is_file():
-        identity = "no java"
-    else:
-        stat = java.stat()
-        identity = f"{java} {stat.st_size} {stat.st_mtime_ns}"
-    digest = hashlib.sha256(f"{coordinates}\n{identity}".encode()).hexdigest()[:16]
-    return spark_home() / f"{PREFIX}{digest}.jsa"
+def archive_path(coordinates: str, jars: Sequence[str] = ()) -> Path:
+    """Where the archive is (or goes) for this Java, these Maven ``coordinates`` and the
+    ``jars`` resolved for them: in the Spark home, which names pyspark's version and
+    place. The name also holds the size and time of every jar, Spark's own and
+    ``jars``: a JVM maps an archive only with the very jar files it was recorded with,
+    and a virtual environment installed again in the same place has new ones."""
+    home = spark_home()
+    files = [Path(p) for p in jars]
+    if (home / "jars").is_dir():
+        files += sorted((home / "jars").iterdir())
+    identity = [coordinates, *(_identity(f) for f in (java_binary(), *files))]
+    digest = hashlib.sha256("\n".join(identity).encode()).hexdigest()[:16]
+    return home / f"{PREFIX}{digest}.jsa"
 
 
-def sharing_option(coordinates: str) -> str:
-    """The JVM option that maps the archive for ``coordinates``, or "" when none has
-    been recorded."""
-    archive = archive_path(coordinates)
+def _identity(file: Path | None) -> str:
+    """A file's path, size and modification time, or that it is missing."""
+    try:
+        stat = file.stat() if file is not None else None
+    except OSError:
+        stat = None
+    return f"{file} {stat.st_size} {stat.st_mtime_ns}" if stat else f"{file} missing"
+
+
+def sharing_option(coordinates: str, jars: Sequence[str] = ()) -> str:
+    """The JVM option that maps the archive for ``coordinates`` and ``jars``, or "" when
+    none has been recorded."""
+    archive = archive_path(coordinates, jars)
     return f"-XX:SharedArchiveFile={archive}" if archive.is_file() else ""
 
 

@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 import pyspark
 from pyspark.sql import SparkSession
 
-from engine.spark.class_archive import recording_options, sharing_option
+from engine.spark.class_archive import archive_path, recording_options, sharing_option
 from engine.spark.spark_home import lookout_cache, spark_home
 from lookout.config import EngineConfig, S3Config, jvm_mebibytes
 from lookout.storage import s3_endpoint
@@ -172,6 +172,13 @@ def maven_coordinates(s3: S3Config | None) -> str:
     )
 
 
+def driver_archive(s3: S3Config | None) -> Path:
+    """Where the driver JVM's class archive is (or goes) for the jars a session with
+    `s3` (or without) starts with: Spark's, and those resolved for its packages."""
+    coordinates = maven_coordinates(s3)
+    return archive_path(coordinates, resolved_jars(coordinates) or ())
+
+
 def build_session(
     config: EngineConfig,
     app_name: str = "lookout",
@@ -183,8 +190,11 @@ def build_session(
     the class archive recorded for its jars, if there is one, or with `record_classes`
     writes one there as it exits (`engine.spark.class_archive`)."""
     coordinates = maven_coordinates(s3)
+    jars = resolved_jars(coordinates)
     classes = (
-        sharing_option(coordinates) if record_classes is None else recording_options(record_classes)
+        sharing_option(coordinates, jars or ())
+        if record_classes is None
+        else recording_options(record_classes)
     )
     # Spark otherwise picks the host's first non-loopback address; we stay on 127.0.0.1.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -248,7 +258,6 @@ def build_session(
     if s3 is not None:
         for key, value in s3a_settings(s3).items():
             builder = builder.config(key, value)
-    jars = resolved_jars(coordinates)
     if jars is not None:
         builder = builder.config("spark.jars", ",".join(jars))
     else:

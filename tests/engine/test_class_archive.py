@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.spark import class_archive
 from engine.spark.class_archive import (
     archive_path,
     archive_problem,
@@ -17,7 +18,7 @@ from engine.spark.class_archive import (
     recording_options,
     sharing_option,
 )
-from engine.spark.session import driver_jvm_options, maven_coordinates
+from engine.spark.session import driver_archive, driver_jvm_options
 from lookout.demo import lookout_argv
 
 COORDINATES = "io.delta:delta-spark_2.13:4.4.0,io.delta:delta-storage:4.4.0"
@@ -67,13 +68,32 @@ def test_each_java_and_set_of_jars_has_its_own_archive(
     assert first.parent.name.startswith("spark-home-")  # beside the jars it is for
 
 
+def test_jar_files_written_again_have_another_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "spark-home"
+    (home / "jars").mkdir(parents=True)
+    monkeypatch.setattr(class_archive, "spark_home", lambda: home)
+    spark_jar = home / "jars" / "spark-core.jar"
+    spark_jar.write_bytes(b"classes")
+    delta_jar = tmp_path / "delta-spark.jar"
+    delta_jar.write_bytes(b"classes")
+    first = archive_path(COORDINATES, [str(delta_jar)])
+    assert archive_path(COORDINATES, [str(delta_jar)]) == first
+    os.utime(spark_jar, ns=(1, 1))  # pyspark installed again where it was
+    second = archive_path(COORDINATES, [str(delta_jar)])
+    assert second != first
+    delta_jar.write_bytes(b"other classes")  # Delta's jar downloaded again
+    assert archive_path(COORDINATES, [str(delta_jar)]) not in (first, second)
+
+
 def test_a_recording_jvm_writes_the_archive_quietly(tmp_path: Path) -> None:
     options = recording_options(tmp_path / "classes.jsa").split()
     assert options == [f"-XX:ArchiveClassesAtExit={tmp_path / 'classes.jsa'}", "-Xlog:cds*=error"]
 
 
 def test_a_recorded_archive_is_not_recorded_again(cache: Path) -> None:
-    archive = archive_path(maven_coordinates(None))
+    archive = driver_archive(None)
     archive.parent.mkdir(parents=True, exist_ok=True)
     archive.write_bytes(b"archive")
     done = subprocess.run(
@@ -90,7 +110,7 @@ def test_a_recorded_archive_is_not_recorded_again(cache: Path) -> None:
 
 @pytest.mark.spark
 def test_the_engine_jvm_maps_its_recorded_archive(spark) -> None:  # type: ignore[no-untyped-def]
-    archive = archive_path(maven_coordinates(None))
+    archive = driver_archive(None)
     assert archive.is_file()  # the session's fixture records it when missing
     java = spark.sparkContext._jvm.java.lang
     mapped = Path(f"/proc/{java.ProcessHandle.current().pid()}/maps").read_text()
