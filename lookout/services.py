@@ -149,7 +149,7 @@ def archive_classes(
     archive as it exits. Run in a process that has started no Spark (the JVM is its)."""
     from pyspark import SparkContext
 
-    from engine.spark.class_archive import archive_problem
+    from engine.spark.class_archive import archive_problem, stale_archives
     from engine.spark.jvm_output import filter_output
     from engine.spark.rehearsal import Rehearsal
     from engine.spark.session import build_session, driver_archive
@@ -203,6 +203,9 @@ def archive_classes(
     # Named after the jars this session resolved, if the check above ran before any had.
     target = driver_archive(s3)
     partial.replace(target)  # whole or not at all: an engine may be starting meanwhile
+    for stale in stale_archives(target.parent):
+        stale.unlink(missing_ok=True)
+        print(f"lookout engine: deleted {stale}, of the Spark jars installed before")
     print(f"lookout engine: recorded the class archive in {time.monotonic() - began:.0f} s: "
           f"{target}")  # fmt: skip
     return 0

@@ -47,14 +47,25 @@ def archive_path(coordinates: str, jars: Sequence[str] = ()) -> Path:
     ``jars`` resolved for them: in the Spark home, which names pyspark's version and
     place. The name also holds the size and time of every jar, Spark's own and
     ``jars``: a JVM maps an archive only with the very jar files it was recorded with,
-    and a virtual environment installed again in the same place has new ones."""
+    and a virtual environment installed again in the same place has new ones. It
+    begins with a digest of Spark's own jars (:func:`stale_archives`)."""
     home = spark_home()
-    files = [Path(p) for p in jars]
-    if (home / "jars").is_dir():
-        files += sorted((home / "jars").iterdir())
-    identity = [coordinates, *(_identity(f) for f in (java_binary(), *files))]
+    identity = [coordinates, *(_identity(Path(f)) for f in jars), _identity(java_binary())]
     digest = hashlib.sha256("\n".join(identity).encode()).hexdigest()[:16]
-    return home / f"{PREFIX}{digest}.jsa"
+    return home / f"{PREFIX}{_spark_jars_digest(home)}-{digest}.jsa"
+
+
+def stale_archives(home: Path) -> list[Path]:
+    """The archives in Spark home ``home`` recorded with Spark jars other than its
+    current ones (a pyspark installed before in the same place): no JVM can map them."""
+    current = f"{PREFIX}{_spark_jars_digest(home)}-"
+    return [a for a in home.glob(f"{PREFIX}*.jsa") if not a.name.startswith(current)]
+
+
+def _spark_jars_digest(home: Path) -> str:
+    """A digest of the path, size and time of every jar of Spark home ``home``."""
+    jars = sorted((home / "jars").iterdir()) if (home / "jars").is_dir() else []
+    return hashlib.sha256("\n".join(map(_identity, jars)).encode()).hexdigest()[:8]
 
 
 def _identity(file: Path | None) -> str:

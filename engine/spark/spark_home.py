@@ -55,7 +55,20 @@ def spark_home() -> Path:
         except OSError as error:
             log.warning("cannot make %s (%s): Spark starts from %s", home, error, real)
             return real
+        remove_abandoned(home.parent)
     return home
+
+
+def remove_abandoned(cache: Path) -> list[Path]:
+    """Delete the Spark homes in ``cache`` whose pyspark is gone (a virtual environment
+    deleted: its home holds a class archive of about 170 MB); return them."""
+    removed = []
+    for home in cache.glob("spark-home-*"):
+        jars = home / "jars"
+        if home.suffix != ".tmp" and jars.is_symlink() and not jars.exists():
+            shutil.rmtree(home, ignore_errors=True)
+            removed.append(home)
+    return removed
 
 
 def _links_to(home: Path, real: Path) -> bool:

@@ -17,6 +17,7 @@ from engine.spark.class_archive import (
     java_binary,
     recording_options,
     sharing_option,
+    stale_archives,
 )
 from engine.spark.session import driver_archive, driver_jvm_options
 from lookout.demo import lookout_argv
@@ -80,11 +81,16 @@ def test_jar_files_written_again_have_another_archive(
     delta_jar.write_bytes(b"classes")
     first = archive_path(COORDINATES, [str(delta_jar)])
     assert archive_path(COORDINATES, [str(delta_jar)]) == first
+    first.write_bytes(b"archive")
     os.utime(spark_jar, ns=(1, 1))  # pyspark installed again where it was
     second = archive_path(COORDINATES, [str(delta_jar)])
     assert second != first
+    second.write_bytes(b"archive")
     delta_jar.write_bytes(b"other classes")  # Delta's jar downloaded again
-    assert archive_path(COORDINATES, [str(delta_jar)]) not in (first, second)
+    third = archive_path(COORDINATES, [str(delta_jar)])
+    assert third not in (first, second)
+    third.write_bytes(b"archive")
+    assert stale_archives(home) == [first]  # the others are of today's Spark jars
 
 
 def test_a_recording_jvm_writes_the_archive_quietly(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.spark.spark_home import pyspark_home, spark_home
+from engine.spark.spark_home import pyspark_home, remove_abandoned, spark_home
 
 
 @pytest.fixture
@@ -36,6 +36,20 @@ def test_the_home_is_made_once_and_remade_when_incomplete(cache: Path) -> None:
     (home / "jars").unlink()
     assert spark_home() == home
     assert (home / "jars").resolve() == (pyspark_home() / "jars").resolve()
+
+
+def test_a_new_home_deletes_those_whose_pyspark_is_gone(cache: Path, tmp_path: Path) -> None:
+    homes = cache / "lookout"
+    gone, building = homes / "spark-home-4.2.0-0123456789ab", homes / "spark-home-x.1.tmp"
+    for home in (gone, building):
+        home.mkdir(parents=True)
+        (home / "jars").symlink_to(tmp_path / "deleted-venv" / "pyspark" / "jars")
+    (gone / "lookout-classes-0-0.jsa").write_bytes(b"archive")
+    home = spark_home()
+    assert not gone.exists()
+    assert building.exists()  # another process's, in the making
+    assert home.parent == homes
+    assert remove_abandoned(homes) == [] and home.is_dir()
 
 
 def test_a_spark_of_the_users_own_is_left_as_it_is(
