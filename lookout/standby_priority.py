@@ -11,7 +11,7 @@ Linux gives each thread its own nice value, so both directions set every thread 
 process and its descendants. Where the kernel groups processes by session
 (``/proc/<pid>/autogroup``), the nice values of threads only order threads within a
 group and groups share the CPU equally; so a standby that leads its own session (as
-`lookout demo` and a service manager start it) lowers its group's nice value too. A
+service managers and the benchmarks start each part) lowers its group's nice value too. A
 standby in a cgroup with its own CPU weight (a systemd unit's ``CPUWeight=``) is
 ordered by that weight, which this module does not change.
 

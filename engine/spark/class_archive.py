@@ -16,8 +16,8 @@ hadoop-aws's when the lakehouse is on S3), and is named after them: another Java
 Delta, or pyspark installed again, finds none and starts as before. A recording is
 checked before it is put in place (`archive_problem`): a JVM given a truncated archive
 crashes as it starts, and one that finds an archive it cannot use says so on its output
-and starts without it. Executors of a cluster start
-without one (their class path is the worker's).
+and starts without it. Executors of a cluster start without one (their class path is
+the worker's).
 """
 
 from __future__ import annotations
